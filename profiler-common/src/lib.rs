@@ -1,0 +1,197 @@
+//! Types shared by the BPF programs and the daemon. Every struct is `#[repr(C)]` with explicit
+//! padding and a compile-time size check, because both sides read the same bytes.
+#![no_std]
+
+/// Function id meaning "no MPI function" (a burst opened before any call was seen).
+pub const NO_FUNC: u32 = u32::MAX;
+
+/// How many hardware counters a burst carries (instructions, cycles).
+pub const NUM_COUNTERS: usize = 2;
+
+/// The attach cookie of each uprobe describes the probed function, so one pair of BPF programs
+/// serves every MPI function without a map lookup:
+///
+/// | bits  | meaning                                                       |
+/// |-------|---------------------------------------------------------------|
+/// | 0–15  | function id (index into the daemon's function table)          |
+/// | 16–19 | argument index of the element count, `NO_ARG` if none         |
+/// | 20–23 | argument index of the datatype, `NO_ARG` if none              |
+/// | 24–27 | datatype encoding (`DTYPE_*`)                                 |
+/// | 28    | polling call: counted, but it neither ends nor starts a burst |
+pub mod cookie {
+    pub const NO_ARG: u64 = 0xf;
+    /// No byte accounting at this attach point (for example Fortran wrappers, whose arguments
+    /// are pointers; the C call nested inside them accounts the bytes).
+    pub const DTYPE_NONE: u64 = 0;
+    /// Open MPI: the datatype handle points at an object holding its size at a fixed offset.
+    pub const DTYPE_OPENMPI: u64 = 1;
+    /// MPICH: builtin datatype handles encode their size in bits 8–15.
+    pub const DTYPE_MPICH: u64 = 2;
+    pub const POLLING: u64 = 1 << 28;
+
+    pub const fn encode(func: u16, count_arg: u64, dtype_arg: u64, dtype: u64, polling: bool) -> u64 {
+        func as u64
+            | (count_arg & 0xf) << 16
+            | (dtype_arg & 0xf) << 20
+            | (dtype & 0xf) << 24
+            | if polling { POLLING } else { 0 }
+    }
+    pub const fn func(c: u64) -> u32 {
+        (c & 0xffff) as u32
+    }
+    pub const fn count_arg(c: u64) -> u64 {
+        (c >> 16) & 0xf
+    }
+    pub const fn dtype_arg(c: u64) -> u64 {
+        (c >> 20) & 0xf
+    }
+    pub const fn dtype(c: u64) -> u64 {
+        (c >> 24) & 0xf
+    }
+    pub const fn polling(c: u64) -> bool {
+        c & POLLING != 0
+    }
+}
+
+/// One burst at or above the duration filter, sent through the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BurstRecord {
+    pub pid: u32,
+    pub tid: u32,
+    /// CLOCK_MONOTONIC nanoseconds at the return of the call that opened the burst.
+    pub start_ns: u64,
+    /// Wall duration minus the time spent inside polling calls during the burst.
+    pub duration_ns: u64,
+    /// On-CPU time of the thread in the burst, minus on-CPU time inside polling calls.
+    pub oncpu_ns: u64,
+    /// Counter deltas (instructions, cycles); valid only when `flags & BURST_HAS_COUNTERS`.
+    pub counters: [u64; NUM_COUNTERS],
+    /// Return address of the outermost call that opened / closed the burst (virtual address).
+    pub start_site: u64,
+    pub end_site: u64,
+    pub start_func: u32,
+    pub end_func: u32,
+    /// Polling calls made inside the burst.
+    pub polling_calls: u32,
+    pub flags: u32,
+}
+pub const BURST_HAS_COUNTERS: u32 = 1;
+const _: () = assert!(core::mem::size_of::<BurstRecord>() == 80);
+
+/// Sent when a process calls exec, so the daemon can look for MPI libraries it has not seen.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecRecord {
+    pub pid: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<ExecRecord>() == 8);
+
+/// Per-thread state, in an LRU hash keyed by tid: the return probe may run on another CPU than
+/// the entry probe, so per-CPU storage would be wrong.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThreadState {
+    pub pid: u32,
+    /// Nesting depth of MPI calls (Fortran wrapper → C, MPI → PMPI); only depth 0↔1 matters.
+    pub depth: u32,
+    pub outer_func: u32,
+    pub burst_start_func: u32,
+    pub outer_entry_ns: u64,
+    /// Return address of the outermost call in progress.
+    pub outer_site: u64,
+    pub outer_bytes: u64,
+    pub outer_flags: u32,
+    pub polling_calls: u32,
+    /// 0 when no burst is open.
+    pub burst_start_ns: u64,
+    pub burst_start_site: u64,
+    pub burst_start_oncpu: u64,
+    pub burst_start_counters: [u64; NUM_COUNTERS],
+    /// Time spent in polling calls since the burst opened (wall, on-CPU, counters).
+    pub polled_ns: u64,
+    pub polled_oncpu: u64,
+    pub polled_counters: [u64; NUM_COUNTERS],
+    /// On-CPU snapshot at the entry of the polling call in progress.
+    pub poll_entry_oncpu: u64,
+    pub poll_entry_counters: [u64; NUM_COUNTERS],
+    /// On-CPU time accumulated up to the last switch-out, and the last switch-in time
+    /// (0 while the thread is off CPU).
+    pub oncpu_ns: u64,
+    pub switched_in_ns: u64,
+    /// Per-thread counter totals, virtualised from per-CPU counters at sched_switch.
+    pub counters: [u64; NUM_COUNTERS],
+    pub switch_in_counters: [u64; NUM_COUNTERS],
+}
+/// `outer_flags` bits.
+pub const OUTER_POLLING: u32 = 1;
+pub const OUTER_BYTES_DONE: u32 = 2;
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 192);
+
+/// Key of the per-thread, per-function call statistics. Keyed by thread, not process, so that
+/// only one CPU at a time updates an entry and plain adds are exact without atomics.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FuncKey {
+    pub tid: u32,
+    pub func: u32,
+}
+const _: () = assert!(core::mem::size_of::<FuncKey>() == 8);
+
+/// Calls, time inside the call and bytes, summed in kernel per (thread, function).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FuncStats {
+    /// The thread's process, so the daemon can sum threads per process.
+    pub pid: u32,
+    pub _pad: u32,
+    pub calls: u64,
+    pub time_ns: u64,
+    pub bytes: u64,
+    /// Calls whose datatype size was known, so `bytes` covers exactly these.
+    pub sized_calls: u64,
+}
+const _: () = assert!(core::mem::size_of::<FuncStats>() == 40);
+
+/// Burst totals per thread (keyed by tid, like `FuncKey`), summed in kernel for every burst
+/// whatever the duration filter, so useful time is exact. `filtered_*` are the bursts below the
+/// filter that were not shipped.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BurstTotals {
+    pub pid: u32,
+    pub _pad: u32,
+    pub bursts: u64,
+    pub burst_ns: u64,
+    pub burst_oncpu_ns: u64,
+    pub filtered_bursts: u64,
+    pub filtered_ns: u64,
+    /// Bursts at or above the filter that the ring buffer had no room for.
+    pub dropped_bursts: u64,
+}
+const _: () = assert!(core::mem::size_of::<BurstTotals>() == 56);
+
+/// Indices of the per-CPU self-monitoring counters.
+pub mod lost {
+    /// Bursts lost because the ring buffer was full.
+    pub const BURSTS: u32 = 0;
+    /// Exec notifications lost because their ring buffer was full.
+    pub const EXECS: u32 = 1;
+    /// Thread states that could not be created (LRU map update failed).
+    pub const THREAD_STATES: u32 = 2;
+    /// Per-thread statistics that could not be created (map full).
+    pub const THREAD_STATS: u32 = 3;
+    pub const COUNT: u32 = 4;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for BurstRecord {}
+    unsafe impl aya::Pod for ExecRecord {}
+    unsafe impl aya::Pod for ThreadState {}
+    unsafe impl aya::Pod for FuncKey {}
+    unsafe impl aya::Pod for FuncStats {}
+    unsafe impl aya::Pod for BurstTotals {}
+}

@@ -1,0 +1,373 @@
+//! mpiburst BPF programs: one uprobe/uretprobe pair attached to every MPI entry point (the attach
+//! cookie says which function it is), sched_switch for per-thread on-CPU time and counter
+//! virtualisation, and sched_process_exec to find new MPI libraries.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::{bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_perf_event_read_value, bpf_probe_read_user,
+    },
+    macros::{map, tracepoint, uprobe, uretprobe},
+    maps::{HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    EbpfContext,
+};
+use profiler_common::{
+    cookie, lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, ThreadState,
+    BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS, OUTER_BYTES_DONE, OUTER_POLLING,
+};
+
+/// Bursts shorter than this are only summed in kernel. Set by the daemon at load time.
+#[no_mangle]
+static MIN_BURST_NS: u64 = 0;
+/// Byte offset of the size field inside an Open MPI datatype object (checked by the daemon
+/// against the library's own predefined datatypes).
+#[no_mangle]
+static OMPI_DTYPE_SIZE_OFFSET: u64 = 24;
+/// 1 when the daemon filled the counter arrays with per-CPU perf events.
+#[no_mangle]
+static COUNTERS_ENABLED: u32 = 0;
+
+#[map]
+static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(65536, 0);
+#[map]
+static FUNC_STATS: HashMap<FuncKey, FuncStats> = HashMap::with_max_entries(65536, 0);
+#[map]
+static BURST_TOTALS: HashMap<u32, BurstTotals> = HashMap::with_max_entries(16384, 0);
+#[map]
+static BURSTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+#[map]
+static EXECS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::COUNT, 0);
+/// Per-CPU counters, one array per counter: a perf-event array cannot be larger than the number
+/// of CPUs.
+#[map]
+static COUNTER_INSTRUCTIONS: PerfEventArray<u32> = PerfEventArray::new(0);
+#[map]
+static COUNTER_CYCLES: PerfEventArray<u32> = PerfEventArray::new(0);
+
+#[inline(always)]
+fn config<T: Copy>(v: &'static T) -> T {
+    // The loader rewrites these globals; a volatile read keeps the compiler from folding the
+    // compile-time defaults into the code.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+#[inline(always)]
+fn count_lost(index: u32) {
+    if let Some(p) = LOST.get_ptr_mut(index) {
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn read_counter(array: &PerfEventArray<u32>) -> u64 {
+    let mut value = bpf_perf_event_value { counter: 0, enabled: 0, running: 0 };
+    let rc = unsafe {
+        bpf_perf_event_read_value(
+            array as *const _ as *mut _,
+            BPF_F_CURRENT_CPU,
+            &mut value,
+            core::mem::size_of::<bpf_perf_event_value>() as u32,
+        )
+    };
+    if rc == 0 {
+        value.counter
+    } else {
+        0
+    }
+}
+
+#[inline(always)]
+fn read_counters() -> [u64; NUM_COUNTERS] {
+    if config(&COUNTERS_ENABLED) == 0 {
+        return [0; NUM_COUNTERS];
+    }
+    [read_counter(&COUNTER_INSTRUCTIONS), read_counter(&COUNTER_CYCLES)]
+}
+
+/// On-CPU time and counter totals of a running thread, up to now.
+#[inline(always)]
+fn thread_now(st: &ThreadState, now: u64) -> (u64, [u64; NUM_COUNTERS]) {
+    let mut counters = st.counters;
+    // switched_in_ns is 0 only while the thread is off CPU, which a probe on it cannot observe;
+    // the check keeps a lost sched_switch from turning into a huge on-CPU time.
+    if st.switched_in_ns == 0 {
+        return (st.oncpu_ns, counters);
+    }
+    let cur = read_counters();
+    for i in 0..NUM_COUNTERS {
+        counters[i] += cur[i].wrapping_sub(st.switch_in_counters[i]);
+    }
+    (st.oncpu_ns + now.saturating_sub(st.switched_in_ns), counters)
+}
+
+#[inline(always)]
+fn thread_state(tid: u32, pid: u32, now: u64) -> Option<&'static mut ThreadState> {
+    if let Some(p) = THREADS.get_ptr_mut(tid) {
+        return Some(unsafe { &mut *p });
+    }
+    // A thread seen for the first time is running right now: start its on-CPU clock here.
+    let fresh = ThreadState {
+        pid,
+        outer_func: NO_FUNC,
+        burst_start_func: NO_FUNC,
+        switched_in_ns: now,
+        switch_in_counters: read_counters(),
+        ..ThreadState::default()
+    };
+    if THREADS.insert(tid, fresh, BPF_NOEXIST as u64).is_err() {
+        // Another CPU may have inserted it in between; anything else is a full map.
+        if THREADS.get_ptr_mut(tid).is_none() {
+            count_lost(lost::THREAD_STATES);
+        }
+    }
+    THREADS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
+}
+
+#[inline(always)]
+fn get_or_insert<K, V>(map: &HashMap<K, V>, key: &K, initial: V) -> Option<&'static mut V> {
+    if let Some(p) = map.get_ptr_mut(key) {
+        return Some(unsafe { &mut *p });
+    }
+    let _ = map.insert(key, initial, BPF_NOEXIST as u64);
+    let p = map.get_ptr_mut(key);
+    if p.is_none() {
+        count_lost(lost::THREAD_STATS);
+    }
+    p.map(|p| unsafe { &mut *p })
+}
+
+#[inline(always)]
+fn arg(regs: &pt_regs, index: u64) -> u64 {
+    // The verifier rejects a context load at a computed offset, which is what a plain match
+    // compiles to: load every register at its fixed offset first, then select.
+    let [a0, a1, a2, a3, a4, a5] = unsafe {
+        use core::ptr::read_volatile as rv;
+        [rv(&regs.rdi), rv(&regs.rsi), rv(&regs.rdx), rv(&regs.rcx), rv(&regs.r8), rv(&regs.r9)]
+    };
+    match index {
+        0 => a0,
+        1 => a1,
+        2 => a2,
+        3 => a3,
+        4 => a4,
+        5 => a5,
+        _ => 0,
+    }
+}
+
+/// Bytes of a call's (count, datatype) pair, or None where the datatype size is unknown.
+#[inline(always)]
+fn call_bytes(regs: &pt_regs, c: u64) -> Option<u64> {
+    let count = arg(regs, cookie::count_arg(c)) as i32;
+    let handle = arg(regs, cookie::dtype_arg(c));
+    let size = match cookie::dtype(c) {
+        cookie::DTYPE_OPENMPI => {
+            let addr = handle.checked_add(config(&OMPI_DTYPE_SIZE_OFFSET))?;
+            unsafe { bpf_probe_read_user(addr as *const u64) }.ok()?
+        }
+        // MPICH builtin datatypes: handle kind "builtin" (01) and object kind "datatype"
+        // (0011) in the top six bits; the size sits in bits 8–15.
+        cookie::DTYPE_MPICH if (handle as u32) & 0xfc00_0000 == 0x4c00_0000 => (handle >> 8) & 0xff,
+        _ => return None,
+    };
+    if count < 0 || size > 1 << 20 {
+        return None;
+    }
+    Some(count as u64 * size)
+}
+
+#[inline(always)]
+fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32, end_site: u64) {
+    if st.burst_start_ns == 0 {
+        return;
+    }
+    let (oncpu_now, counters_now) = thread_now(st, now);
+    let duration = now.saturating_sub(st.burst_start_ns).saturating_sub(st.polled_ns);
+    let oncpu = oncpu_now
+        .saturating_sub(st.burst_start_oncpu)
+        .saturating_sub(st.polled_oncpu);
+    let start_ns = st.burst_start_ns;
+    st.burst_start_ns = 0;
+
+    // Entries are per thread, so plain adds are exact: one thread runs on one CPU at a time.
+    let initial = BurstTotals { pid: st.pid, ..BurstTotals::default() };
+    let Some(totals) = get_or_insert(&BURST_TOTALS, &tid, initial) else { return };
+    totals.bursts += 1;
+    totals.burst_ns += duration;
+    totals.burst_oncpu_ns += oncpu;
+    if duration < config(&MIN_BURST_NS) {
+        totals.filtered_bursts += 1;
+        totals.filtered_ns += duration;
+        return;
+    }
+    let Some(mut entry) = BURSTS.reserve::<BurstRecord>(0) else {
+        totals.dropped_bursts += 1;
+        count_lost(lost::BURSTS);
+        return;
+    };
+    let mut counters = [0u64; NUM_COUNTERS];
+    for i in 0..NUM_COUNTERS {
+        counters[i] = counters_now[i]
+            .wrapping_sub(st.burst_start_counters[i])
+            .wrapping_sub(st.polled_counters[i]);
+    }
+    entry.write(BurstRecord {
+        pid: st.pid,
+        tid,
+        start_ns,
+        duration_ns: duration,
+        oncpu_ns: oncpu,
+        counters,
+        start_site: st.burst_start_site,
+        end_site,
+        start_func: st.burst_start_func,
+        end_func,
+        polling_calls: st.polling_calls,
+        flags: if config(&COUNTERS_ENABLED) != 0 { BURST_HAS_COUNTERS } else { 0 },
+    });
+    // No wakeup per record: the daemon drains on a timer; a wakeup costs more than the probe.
+    entry.submit(BPF_RB_NO_WAKEUP as u64);
+}
+
+#[uprobe]
+pub fn mpi_enter(ctx: ProbeContext) -> u32 {
+    let c = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let id = bpf_get_current_pid_tgid();
+    let (tid, pid) = (id as u32, (id >> 32) as u32);
+    let Some(st) = thread_state(tid, pid, now) else { return 0 };
+    let regs = unsafe { &*ctx.regs };
+    if st.depth == 0 {
+        st.outer_func = cookie::func(c);
+        st.outer_entry_ns = now;
+        st.outer_bytes = 0;
+        if cookie::polling(c) {
+            st.outer_flags = OUTER_POLLING;
+            let (oncpu, counters) = thread_now(st, now);
+            st.poll_entry_oncpu = oncpu;
+            st.poll_entry_counters = counters;
+        } else {
+            st.outer_flags = 0;
+            // The return address at entry is the call site: user stacks cannot be walked
+            // without frame pointers, but the top of stack always holds it.
+            let site = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
+            st.outer_site = site;
+            close_burst(st, tid, now, cookie::func(c), site);
+        }
+    }
+    st.depth += 1;
+    // Bytes come from the first C-level call inside the outermost one (a Fortran wrapper passes
+    // pointers; the C call it makes has the values).
+    if st.outer_flags & OUTER_BYTES_DONE == 0 && cookie::dtype(c) != cookie::DTYPE_NONE {
+        st.outer_flags |= OUTER_BYTES_DONE;
+        if let Some(bytes) = call_bytes(regs, c) {
+            st.outer_bytes = bytes;
+        } else {
+            st.outer_flags &= !OUTER_BYTES_DONE;
+        }
+    }
+    0
+}
+
+#[uretprobe]
+pub fn mpi_exit(_ctx: RetProbeContext) -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(p) = THREADS.get_ptr_mut(tid) else { return 0 };
+    let st = unsafe { &mut *p };
+    // Depth 0 here means the daemon attached while this call was already running.
+    if st.depth == 0 {
+        return 0;
+    }
+    st.depth -= 1;
+    if st.depth != 0 {
+        return 0;
+    }
+    let elapsed = now.saturating_sub(st.outer_entry_ns);
+    let key = FuncKey { tid, func: st.outer_func };
+    let initial = FuncStats { pid: st.pid, ..FuncStats::default() };
+    if let Some(s) = get_or_insert(&FUNC_STATS, &key, initial) {
+        s.calls += 1;
+        s.time_ns += elapsed;
+        if st.outer_flags & OUTER_BYTES_DONE != 0 {
+            s.bytes += st.outer_bytes;
+            s.sized_calls += 1;
+        }
+    }
+    if st.outer_flags & OUTER_POLLING != 0 {
+        // A polling call stays inside the burst; only its time is taken out of it.
+        let (oncpu, counters) = thread_now(st, now);
+        st.polled_ns += elapsed;
+        st.polled_oncpu += oncpu.saturating_sub(st.poll_entry_oncpu);
+        for i in 0..NUM_COUNTERS {
+            st.polled_counters[i] += counters[i].wrapping_sub(st.poll_entry_counters[i]);
+        }
+        st.polling_calls += 1;
+        return 0;
+    }
+    let (oncpu, counters) = thread_now(st, now);
+    st.burst_start_ns = now;
+    st.burst_start_func = st.outer_func;
+    st.burst_start_site = st.outer_site;
+    st.burst_start_oncpu = oncpu;
+    st.burst_start_counters = counters;
+    st.polled_ns = 0;
+    st.polled_oncpu = 0;
+    st.polled_counters = [0; NUM_COUNTERS];
+    st.polling_calls = 0;
+    0
+}
+
+// Field offsets of sched/sched_switch (see its tracefs format file); stable across kernels.
+const PREV_PID: usize = 24;
+const NEXT_PID: usize = 56;
+
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let prev: u32 = unsafe { ctx.read_at(PREV_PID) }.unwrap_or(0);
+    let next: u32 = unsafe { ctx.read_at(NEXT_PID) }.unwrap_or(0);
+    if prev != 0 {
+        if let Some(p) = THREADS.get_ptr_mut(prev) {
+            let st = unsafe { &mut *p };
+            if st.switched_in_ns != 0 {
+                let (oncpu, counters) = thread_now(st, now);
+                st.oncpu_ns = oncpu;
+                st.counters = counters;
+                st.switched_in_ns = 0;
+            }
+        }
+    }
+    if next != 0 {
+        if let Some(p) = THREADS.get_ptr_mut(next) {
+            let st = unsafe { &mut *p };
+            st.switched_in_ns = now;
+            st.switch_in_counters = read_counters();
+        }
+    }
+    0
+}
+
+// Field offset of sched/sched_process_exec's pid.
+const EXEC_PID: usize = 12;
+
+#[tracepoint]
+pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
+    let pid: u32 = unsafe { ctx.read_at(EXEC_PID) }.unwrap_or(0);
+    if EXECS.output::<ExecRecord>(&ExecRecord { pid, _pad: 0 }, BPF_RB_NO_WAKEUP as u64).is_err() {
+        count_lost(lost::EXECS);
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,357 @@
+//! Capture stage: loads the BPF programs, attaches them to MPI library files, and drains what
+//! the kernel collected (burst records, exec notifications, per-thread totals, loss counters).
+
+mod counters;
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    os::fd::{AsFd, OwnedFd},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        TracePoint, UProbe,
+    },
+    Ebpf, EbpfLoader,
+};
+pub use counters::{online_cpus, CounterEvent, CounterSetup};
+use profiler_common::{lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, ThreadState};
+
+use crate::config::CaptureConfig;
+
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error(
+        "cannot load the BPF programs: {0}; mpiburst needs root (CAP_BPF, CAP_PERFMON) and a \
+         kernel with BTF and uprobes"
+    )]
+    Load(#[from] aya::EbpfError),
+    #[error("BPF program {program}: {source}")]
+    Program { program: &'static str, source: aya::programs::ProgramError },
+    #[error("BPF map {map}: {source}")]
+    Map { map: &'static str, source: aya::maps::MapError },
+    #[error("BPF map {0} is missing from the object; rebuild with `cargo xtask build`")]
+    MissingMap(&'static str),
+    #[error("cannot attach to {function} at {path}+{offset:#x}: {source}")]
+    Attach { function: String, path: PathBuf, offset: u64, source: aya::programs::ProgramError },
+    #[error("cannot open the {event} counter on CPU {cpu}: {source}; use `capture.counters = \"auto\"` or \"off\" where the PMU lacks it")]
+    PerfEvent { event: &'static str, cpu: u32, source: std::io::Error },
+    #[error("cannot put a perf counter into BPF map {map}: {source}")]
+    CounterMap { map: &'static str, source: std::io::Error },
+    #[error("{what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it with `mount -t tracefs nodev {TRACEFS}`")]
+    Tracefs(std::io::Error),
+}
+
+/// One place to attach: a function's entry in a library file, with the cookie that tells the
+/// BPF programs which function it is and how to count its bytes.
+#[derive(Clone, Debug)]
+pub struct AttachPoint {
+    pub function: String,
+    pub file_offset: u64,
+    pub cookie: u64,
+}
+
+/// Per-thread values read from the kernel maps, summed by the caller per process.
+#[derive(Debug, Default)]
+pub struct KernelTotals {
+    /// (tid, function id) → stats; each value names its pid.
+    pub functions: Vec<(FuncKey, FuncStats)>,
+    /// tid → burst totals; each value names its pid.
+    pub bursts: Vec<(u32, BurstTotals)>,
+}
+
+/// Losses the kernel side counted (all are exported; none is silent).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Lost {
+    pub bursts: u64,
+    pub execs: u64,
+    pub thread_states: u64,
+    pub thread_stats: u64,
+}
+
+/// Cumulative run time and run count of one BPF program (kernel BPF stats).
+#[derive(Clone, Debug)]
+pub struct ProgramStats {
+    pub name: &'static str,
+    pub run_time: Duration,
+    pub run_count: u64,
+}
+
+const PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "sched_switch", "sched_process_exec"];
+
+pub struct Capture {
+    ebpf: Ebpf,
+    bursts: RingBuf<MapData>,
+    execs: RingBuf<MapData>,
+    /// Library files already attached, by (device, inode): a file is attached once however many
+    /// paths or processes lead to it.
+    attached: HashSet<(u64, u64)>,
+    probes: usize,
+    /// Names of the counter events when counters are on, or why they are off.
+    pub counters: Result<[CounterEvent; 2], String>,
+    _counter_fds: Vec<OwnedFd>,
+    _stats_fd: Option<OwnedFd>,
+}
+
+fn ensure_tracefs() -> Result<(), CaptureError> {
+    if Path::new(TRACEFS).join("events").is_dir() {
+        return Ok(());
+    }
+    let target = std::ffi::CString::new(TRACEFS).unwrap();
+    // SAFETY: all pointers are valid NUL-terminated strings; data may be NULL for tracefs.
+    let rc = unsafe {
+        libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
+    };
+    if rc != 0 {
+        return Err(CaptureError::Tracefs(std::io::Error::last_os_error()));
+    }
+    tracing::info!("mounted tracefs at {TRACEFS}");
+    Ok(())
+}
+
+impl Capture {
+    /// Loads the programs and attaches the scheduler tracepoints. MPI libraries are attached
+    /// afterwards with [`Capture::attach_library`].
+    pub fn load(config: &CaptureConfig) -> Result<Self, CaptureError> {
+        ensure_tracefs()?;
+        let cpus = online_cpus()?;
+        let setup = counters::open(config.counters, &cpus)?;
+        let ring_bytes = (config.ring_buffer_mib.next_power_of_two()) << 20;
+        let min_burst_ns = config.min_burst_us * 1000;
+        let counters_enabled: u32 = matches!(setup, CounterSetup::Enabled(_)).into();
+        let max_cpu = cpus.iter().copied().max().unwrap_or(0) + 1;
+        let mut ebpf = EbpfLoader::new()
+            .override_global("MIN_BURST_NS", &min_burst_ns, true)
+            .override_global("COUNTERS_ENABLED", &counters_enabled, true)
+            .map_max_entries("BURSTS", ring_bytes)
+            .map_max_entries("COUNTER_INSTRUCTIONS", max_cpu)
+            .map_max_entries("COUNTER_CYCLES", max_cpu)
+            .load(BPF_OBJECT)?;
+        // Kernel BPF statistics (run time per program) are on while this fd is open.
+        let stats_fd = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .map_err(|e| tracing::warn!("BPF run-time statistics unavailable: {e}"))
+            .ok();
+
+        let (counter_events, counter_fds) = match setup {
+            CounterSetup::Enabled(c) => {
+                for (slot, map) in ["COUNTER_INSTRUCTIONS", "COUNTER_CYCLES"].into_iter().enumerate() {
+                    let Some(aya::maps::Map::PerfEventArray(data)) = ebpf.map(map) else {
+                        return Err(CaptureError::MissingMap(map));
+                    };
+                    for (fd, &cpu) in c.fds[slot].iter().zip(&cpus) {
+                        counters::set_perf_array_fd(data.fd().as_fd(), cpu, fd.as_fd())
+                            .map_err(|source| CaptureError::CounterMap { map, source })?;
+                    }
+                }
+                let [a, b] = c.fds;
+                (Ok(c.events), a.into_iter().chain(b).collect())
+            }
+            CounterSetup::Disabled(reason) => (Err(reason), Vec::new()),
+        };
+
+        for name in ["mpi_enter", "mpi_exit"] {
+            let program: &mut UProbe = program_mut(&mut ebpf, name)?;
+            program.load().map_err(|source| CaptureError::Program { program: name, source })?;
+        }
+        for (name, tracepoint) in [("sched_switch", "sched_switch"), ("sched_process_exec", "sched_process_exec")] {
+            let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
+            program.load().map_err(|source| CaptureError::Program { program: name, source })?;
+            program.attach("sched", tracepoint).map_err(|source| CaptureError::Program { program: name, source })?;
+        }
+        let bursts = take_ring(&mut ebpf, "BURSTS")?;
+        let execs = take_ring(&mut ebpf, "EXECS")?;
+        Ok(Capture {
+            ebpf,
+            bursts,
+            execs,
+            attached: HashSet::new(),
+            probes: 0,
+            counters: counter_events,
+            _counter_fds: counter_fds,
+            _stats_fd: stats_fd,
+        })
+    }
+
+    pub fn is_attached(&self, dev_inode: (u64, u64)) -> bool {
+        self.attached.contains(&dev_inode)
+    }
+
+    /// Number of uprobe + uretprobe pairs attached so far.
+    pub fn probes(&self) -> usize {
+        self.probes
+    }
+
+    /// Attaches entry and return probes at every point of one library file, for all processes
+    /// (present and future) that map it. A file already attached is skipped.
+    pub fn attach_library(
+        &mut self,
+        path: &Path,
+        dev_inode: (u64, u64),
+        points: &[AttachPoint],
+    ) -> Result<usize, CaptureError> {
+        if !self.attached.insert(dev_inode) {
+            return Ok(0);
+        }
+        for name in ["mpi_enter", "mpi_exit"] {
+            let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
+            for p in points {
+                let point = UProbeAttachPoint {
+                    location: UProbeAttachLocation::AbsoluteOffset(p.file_offset),
+                    cookie: Some(p.cookie),
+                };
+                program.attach(point, path, UProbeScope::AllProcesses).map_err(|source| CaptureError::Attach {
+                    function: p.function.clone(),
+                    path: path.to_path_buf(),
+                    offset: p.file_offset,
+                    source,
+                })?;
+            }
+        }
+        self.probes += points.len();
+        Ok(points.len())
+    }
+
+    /// Hands every burst record waiting in the ring buffer to `sink`; returns how many.
+    pub fn drain_bursts(&mut self, mut sink: impl FnMut(BurstRecord)) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.bursts.next() {
+            if item.len() >= std::mem::size_of::<BurstRecord>() {
+                // SAFETY: the BPF side writes exactly one BurstRecord per entry; read_unaligned
+                // because ring-buffer entries are only 8-byte aligned by contract.
+                sink(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<BurstRecord>()) });
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Pids that called exec since the last drain.
+    pub fn drain_execs(&mut self) -> Vec<u32> {
+        let mut pids = Vec::new();
+        while let Some(item) = self.execs.next() {
+            if item.len() >= std::mem::size_of::<ExecRecord>() {
+                // SAFETY: as in drain_bursts.
+                pids.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ExecRecord>()) }.pid);
+            }
+        }
+        pids
+    }
+
+    /// Reads the per-thread call statistics and burst totals.
+    pub fn read_totals(&self) -> Result<KernelTotals, CaptureError> {
+        let functions: HashMap<&MapData, FuncKey, FuncStats> = map_ref(&self.ebpf, "FUNC_STATS")?;
+        let bursts: HashMap<&MapData, u32, BurstTotals> = map_ref(&self.ebpf, "BURST_TOTALS")?;
+        Ok(KernelTotals {
+            functions: functions.iter().filter_map(Result::ok).collect(),
+            bursts: bursts.iter().filter_map(Result::ok).collect(),
+        })
+    }
+
+    /// Removes every kernel entry of the given (ended) processes, after their final read.
+    pub fn forget_processes(&mut self, pids: &HashSet<u32>) -> Result<(), CaptureError> {
+        remove_entries::<FuncKey, FuncStats>(&mut self.ebpf, "FUNC_STATS", |v| pids.contains(&v.pid))?;
+        remove_entries::<u32, BurstTotals>(&mut self.ebpf, "BURST_TOTALS", |v| pids.contains(&v.pid))?;
+        remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", |v| pids.contains(&v.pid))
+    }
+
+    pub fn lost(&self) -> Result<Lost, CaptureError> {
+        let array: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, "LOST")?;
+        let sum = |index: u32| -> u64 { array.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+        Ok(Lost {
+            bursts: sum(lost::BURSTS),
+            execs: sum(lost::EXECS),
+            thread_states: sum(lost::THREAD_STATES),
+            thread_stats: sum(lost::THREAD_STATS),
+        })
+    }
+
+    /// Run time and count of each program, from the kernel's BPF statistics.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        PROGRAMS
+            .iter()
+            .filter_map(|&name| {
+                let info = self.ebpf.program(name)?.info().ok()?;
+                Some(ProgramStats { name, run_time: info.run_time(), run_count: info.run_count() })
+            })
+            .collect()
+    }
+}
+
+fn remove_entries<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    owned: impl Fn(&V) -> bool,
+) -> Result<(), CaptureError> {
+    let mut map: HashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
+    let keys: Vec<K> = map.iter().filter_map(Result::ok).filter(|(_, v)| owned(v)).map(|(k, _)| k).collect();
+    for k in keys {
+        // An entry already gone (LRU eviction) is what we wanted anyway.
+        let _ = map.remove(&k);
+    }
+    Ok(())
+}
+
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, CaptureError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    let program = ebpf
+        .program_mut(name)
+        .ok_or(CaptureError::Program { program: name, source: aya::programs::ProgramError::UnexpectedProgramType })?;
+    program.try_into().map_err(|source| CaptureError::Program { program: name, source })
+}
+
+fn take_ring(ebpf: &mut Ebpf, name: &'static str) -> Result<RingBuf<MapData>, CaptureError> {
+    let map = ebpf.take_map(name).ok_or(CaptureError::MissingMap(name))?;
+    RingBuf::try_from(map).map_err(|source| CaptureError::Map { map: name, source })
+}
+
+fn map_ref<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, CaptureError>
+where
+    T: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.map(name).ok_or(CaptureError::MissingMap(name))?;
+    T::try_from(map).map_err(|source| CaptureError::Map { map: name, source })
+}
+
+fn map_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T, CaptureError>
+where
+    T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.map_mut(name).ok_or(CaptureError::MissingMap(name))?;
+    T::try_from(map).map_err(|source| CaptureError::Map { map: name, source })
+}
+
+/// Sums per-thread kernel totals per process.
+pub fn per_process(totals: &KernelTotals) -> BTreeMap<u32, (BurstTotals, BTreeMap<u32, FuncStats>)> {
+    let mut out: BTreeMap<u32, (BurstTotals, BTreeMap<u32, FuncStats>)> = BTreeMap::new();
+    for (_, t) in &totals.bursts {
+        let e = &mut out.entry(t.pid).or_default().0;
+        e.pid = t.pid;
+        e.bursts += t.bursts;
+        e.burst_ns += t.burst_ns;
+        e.burst_oncpu_ns += t.burst_oncpu_ns;
+        e.filtered_bursts += t.filtered_bursts;
+        e.filtered_ns += t.filtered_ns;
+        e.dropped_bursts += t.dropped_bursts;
+    }
+    for (k, s) in &totals.functions {
+        let e = out.entry(s.pid).or_default().1.entry(k.func).or_default();
+        e.pid = s.pid;
+        e.calls += s.calls;
+        e.time_ns += s.time_ns;
+        e.bytes += s.bytes;
+        e.sized_calls += s.sized_calls;
+    }
+    out
+}

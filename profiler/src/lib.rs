@@ -1,0 +1,8 @@
+//! mpiburst: an always-on, eBPF-based profiler for MPI jobs. One module per stage, see
+//! DESIGN.md: capture → discovery → analysis → export.
+
+pub mod model;
+pub mod analysis;
+pub mod discovery;
+pub mod capture;
+pub mod config;
