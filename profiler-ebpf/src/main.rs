@@ -324,6 +324,18 @@ pub fn mpi_exit(_ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// Empty programs: the bare uprobe + uretprobe cost that `cargo xtask bench overhead` compares
+/// the real probes against, on the same function in the same run.
+#[uprobe]
+pub fn floor_enter(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+#[uretprobe]
+pub fn floor_exit(_ctx: RetProbeContext) -> u32 {
+    0
+}
+
 // Field offsets of sched/sched_switch (see its tracefs format file); stable across kernels.
 const PREV_PID: usize = 24;
 const NEXT_PID: usize = 56;

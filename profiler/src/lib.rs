@@ -6,3 +6,7 @@ pub mod analysis;
 pub mod discovery;
 pub mod capture;
 pub mod config;
+pub mod export;
+pub mod store;
+pub mod cli;
+pub mod daemon;

@@ -2,6 +2,7 @@
 //! the kernel collected (burst records, exec notifications, per-thread totals, loss counters).
 
 mod counters;
+mod multi;
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -12,10 +13,7 @@ use std::{
 
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
-        TracePoint, UProbe,
-    },
+    programs::TracePoint,
     Ebpf, EbpfLoader,
 };
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
@@ -40,8 +38,8 @@ pub enum CaptureError {
     Map { map: &'static str, source: aya::maps::MapError },
     #[error("BPF map {0} is missing from the object; rebuild with `cargo xtask build`")]
     MissingMap(&'static str),
-    #[error("cannot attach to {function} at {path}+{offset:#x}: {source}")]
-    Attach { function: String, path: PathBuf, offset: u64, source: aya::programs::ProgramError },
+    #[error("cannot attach {program} to {function} of {path}: {source}")]
+    Attach { function: String, path: PathBuf, program: &'static str, source: std::io::Error },
     #[error("cannot open the {event} counter on CPU {cpu}: {source}; use `capture.counters = \"auto\"` or \"off\" where the PMU lacks it")]
     PerfEvent { event: &'static str, cpu: u32, source: std::io::Error },
     #[error("cannot put a perf counter into BPF map {map}: {source}")]
@@ -87,7 +85,11 @@ pub struct ProgramStats {
     pub run_count: u64,
 }
 
-const PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "sched_switch", "sched_process_exec"];
+/// Probe programs attached through uprobe_multi links: the real pair, then the empty pair that
+/// only the overhead benchmark uses.
+const UPROBE_PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit"];
+
+const TRACEPOINT_PROGRAMS: [&str; 2] = ["sched_switch", "sched_process_exec"];
 
 pub struct Capture {
     ebpf: Ebpf,
@@ -97,6 +99,10 @@ pub struct Capture {
     /// paths or processes lead to it.
     attached: HashSet<(u64, u64)>,
     probes: usize,
+    /// The uprobe programs, loaded for uprobe_multi links, in UPROBE_PROGRAMS order.
+    uprobe_programs: Vec<OwnedFd>,
+    /// One link per (library, program); closing it detaches all its probes.
+    links: Vec<OwnedFd>,
     /// Names of the counter events when counters are on, or why they are off.
     pub counters: Result<[CounterEvent; 2], String>,
     _counter_fds: Vec<OwnedFd>,
@@ -122,7 +128,7 @@ fn ensure_tracefs() -> Result<(), CaptureError> {
 impl Capture {
     /// Loads the programs and attaches the scheduler tracepoints. MPI libraries are attached
     /// afterwards with [`Capture::attach_library`].
-    pub fn load(config: &CaptureConfig) -> Result<Self, CaptureError> {
+    pub fn load(config: &CaptureConfig, ompi_dtype_size_offset: u64) -> Result<Self, CaptureError> {
         ensure_tracefs()?;
         let cpus = online_cpus()?;
         let setup = counters::open(config.counters, &cpus)?;
@@ -133,6 +139,7 @@ impl Capture {
         let mut ebpf = EbpfLoader::new()
             .override_global("MIN_BURST_NS", &min_burst_ns, true)
             .override_global("COUNTERS_ENABLED", &counters_enabled, true)
+            .override_global("OMPI_DTYPE_SIZE_OFFSET", &ompi_dtype_size_offset, true)
             .map_max_entries("BURSTS", ring_bytes)
             .map_max_entries("COUNTER_INSTRUCTIONS", max_cpu)
             .map_max_entries("COUNTER_CYCLES", max_cpu)
@@ -159,14 +166,11 @@ impl Capture {
             CounterSetup::Disabled(reason) => (Err(reason), Vec::new()),
         };
 
-        for name in ["mpi_enter", "mpi_exit"] {
-            let program: &mut UProbe = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program { program: name, source })?;
-        }
-        for (name, tracepoint) in [("sched_switch", "sched_switch"), ("sched_process_exec", "sched_process_exec")] {
+        let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
+        for name in TRACEPOINT_PROGRAMS {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
             program.load().map_err(|source| CaptureError::Program { program: name, source })?;
-            program.attach("sched", tracepoint).map_err(|source| CaptureError::Program { program: name, source })?;
+            program.attach("sched", name).map_err(|source| CaptureError::Program { program: name, source })?;
         }
         let bursts = take_ring(&mut ebpf, "BURSTS")?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
@@ -176,6 +180,8 @@ impl Capture {
             execs,
             attached: HashSet::new(),
             probes: 0,
+            uprobe_programs,
+            links: Vec::new(),
             counters: counter_events,
             _counter_fds: counter_fds,
             _stats_fd: stats_fd,
@@ -202,20 +208,34 @@ impl Capture {
         if !self.attached.insert(dev_inode) {
             return Ok(0);
         }
-        for name in ["mpi_enter", "mpi_exit"] {
-            let program: &mut UProbe = program_mut(&mut self.ebpf, name)?;
-            for p in points {
-                let point = UProbeAttachPoint {
-                    location: UProbeAttachLocation::AbsoluteOffset(p.file_offset),
-                    cookie: Some(p.cookie),
-                };
-                program.attach(point, path, UProbeScope::AllProcesses).map_err(|source| CaptureError::Attach {
-                    function: p.function.clone(),
+        self.attach_programs([0, 1], path, points)
+    }
+
+    /// Attaches the empty floor programs instead of the real ones: the reference cost of a bare
+    /// uprobe + uretprobe pair for the overhead benchmark.
+    pub fn attach_floor(&mut self, path: &Path, points: &[AttachPoint]) -> Result<usize, CaptureError> {
+        self.attach_programs([2, 3], path, points)
+    }
+
+    /// Attaches the (entry, return) programs at these indices of UPROBE_PROGRAMS.
+    fn attach_programs(&mut self, programs: [usize; 2], path: &Path, points: &[AttachPoint]) -> Result<usize, CaptureError> {
+        if points.is_empty() {
+            return Ok(0);
+        }
+        let offsets: Vec<u64> = points.iter().map(|p| p.file_offset).collect();
+        let cookies: Vec<u64> = points.iter().map(|p| p.cookie).collect();
+        // Return probes first: an entry probe without its return probe would leave the thread's
+        // depth counter raised and hide all its later calls.
+        for (index, ret) in [(programs[1], true), (programs[0], false)] {
+            let link = multi::attach(self.uprobe_programs[index].as_fd(), path, &offsets, &cookies, ret).map_err(|source| {
+                CaptureError::Attach {
+                    function: format!("{} entry points", points.len()),
                     path: path.to_path_buf(),
-                    offset: p.file_offset,
+                    program: UPROBE_PROGRAMS[index],
                     source,
-                })?;
-            }
+                }
+            })?;
+            self.links.push(link);
         }
         self.probes += points.len();
         Ok(points.len())
@@ -277,12 +297,17 @@ impl Capture {
 
     /// Run time and count of each program, from the kernel's BPF statistics.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
-        PROGRAMS
+        let probes = UPROBE_PROGRAMS[..2]
             .iter()
-            .filter_map(|&name| {
-                let info = self.ebpf.program(name)?.info().ok()?;
-                Some(ProgramStats { name, run_time: info.run_time(), run_count: info.run_count() })
-            })
+            .zip(&self.uprobe_programs)
+            .filter_map(|(&name, fd)| multi::run_stats(fd.as_fd()).map(|(run_time, run_count)| (name, run_time, run_count)));
+        let tracepoints = TRACEPOINT_PROGRAMS.iter().filter_map(|&name| {
+            let info = self.ebpf.program(name)?.info().ok()?;
+            Some((name, info.run_time(), info.run_count()))
+        });
+        probes
+            .chain(tracepoints)
+            .map(|(name, run_time, run_count)| ProgramStats { name, run_time, run_count })
             .collect()
     }
 }

@@ -1,0 +1,188 @@
+//! Deterministic synthetic burst streams of an SPMD loop, for tests, the clustering benchmark and
+//! demos without MPI: every rank runs the same phases in every iteration, with jitter, optional
+//! imbalance, parity-dependent work and outliers, separated by collective calls, plus the tiny
+//! bursts that back-to-back MPI calls produce.
+
+use std::sync::Arc;
+
+use crate::model::{Burst, CallSite, HwCounters};
+
+/// Core clock used to turn cycles into time.
+const CLOCK_GHZ: f64 = 2.5;
+/// Wall time of each collective call that ends a phase, and of each call between tiny bursts.
+const MPI_CALL_NS: u64 = 5_000;
+/// Duration of a tiny burst between back-to-back MPI calls.
+const TINY_BURST_NS: u64 = 2_000;
+
+/// One compute phase of the loop body.
+#[derive(Clone, Debug)]
+pub struct Phase {
+    pub instructions: f64,
+    pub ipc: f64,
+    /// Half-width of the uniform relative jitter applied to instructions and IPC.
+    pub jitter: f64,
+    /// One rank doing a multiple of the work: (rank, factor).
+    pub imbalance: Option<(u32, f64)>,
+    /// Work multiplier on odd iterations (1 for none).
+    pub odd_iteration_factor: f64,
+    /// Only ranks below this run the phase (for example I/O aggregators); `None` for all ranks.
+    pub run_by: Option<u32>,
+}
+
+impl Phase {
+    pub fn new(instructions: f64, ipc: f64, jitter: f64) -> Self {
+        Phase {
+            instructions,
+            ipc,
+            jitter,
+            imbalance: None,
+            odd_iteration_factor: 1.0,
+            run_by: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SyntheticJob {
+    pub ranks: u32,
+    pub iterations: u32,
+    pub phases: Vec<Phase>,
+    /// Tiny bursts each rank runs after each phase, before the collective.
+    pub tiny_bursts_per_phase: u32,
+    /// Share of phase bursts replaced by outliers: instructions ×0.2–5, IPC ×0.5–1.5.
+    pub outlier_share: f64,
+    /// Whether bursts carry hardware counters.
+    pub counters: bool,
+    pub seed: u64,
+}
+
+/// splitmix64: tiny, seedable, and good enough for test data.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [low, high).
+    fn uniform(&mut self, low: f64, high: f64) -> f64 {
+        low + (high - low) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}
+
+impl SyntheticJob {
+    /// All bursts, rank by rank in time order.
+    pub fn bursts(&self) -> Vec<Burst> {
+        let mut random = SplitMix64(self.seed);
+        let module: Arc<str> = Arc::from("synthetic");
+        let site = |offset: u64| CallSite {
+            module: module.clone(),
+            offset,
+        };
+        let allreduce: Arc<str> = Arc::from("MPI_Allreduce");
+        let isend: Arc<str> = Arc::from("MPI_Isend");
+        let mut bursts = Vec::new();
+        let mut now: u64 = 1_700_000_000_000_000_000;
+        for iteration in 0..self.iterations {
+            for (k, phase) in self.phases.iter().enumerate() {
+                // Phase k runs from the collective at site 0x1000·k to the next phase's one; its
+                // tiny bursts sit between point-to-point calls at the sites in between.
+                let opening = 0x1000 * k as u64;
+                let collective = (
+                    &allreduce,
+                    site(0x1000 * ((k + 1) % self.phases.len()) as u64),
+                );
+                let tiny_sites = u64::from(self.tiny_bursts_per_phase);
+                let mut phase_end = now;
+                for rank in 0..phase.run_by.map_or(self.ranks, |r| r.min(self.ranks)) {
+                    let mut instructions =
+                        phase.instructions * random.uniform(1.0 - phase.jitter, 1.0 + phase.jitter);
+                    let mut ipc =
+                        phase.ipc * random.uniform(1.0 - phase.jitter, 1.0 + phase.jitter);
+                    if iteration % 2 == 1 {
+                        instructions *= phase.odd_iteration_factor;
+                    }
+                    if let Some((_, factor)) = phase.imbalance.filter(|&(r, _)| r == rank) {
+                        instructions *= factor;
+                    }
+                    if random.uniform(0.0, 1.0) < self.outlier_share {
+                        instructions *= random.uniform(0.2f64.ln(), 5f64.ln()).exp();
+                        ipc *= random.uniform(0.5, 1.5);
+                    }
+                    let cycles = instructions / ipc;
+                    let duration_ns = (cycles / CLOCK_GHZ) as u64;
+                    let start_ns = now + u64::from(rank) * 100;
+                    let counters = self.counters.then_some(HwCounters {
+                        instructions: instructions as u64,
+                        cycles: cycles as u64,
+                    });
+                    let closing = if tiny_sites == 0 {
+                        collective.clone()
+                    } else {
+                        (&isend, site(opening + 1))
+                    };
+                    bursts.push(self.burst(
+                        rank,
+                        start_ns,
+                        duration_ns,
+                        counters,
+                        (&allreduce, site(opening)),
+                        closing,
+                    ));
+                    let mut t = start_ns + duration_ns + MPI_CALL_NS;
+                    for tiny in 0..tiny_sites {
+                        let closing = if tiny + 1 == tiny_sites {
+                            collective.clone()
+                        } else {
+                            (&isend, site(opening + tiny + 2))
+                        };
+                        let counters = self.counters.then_some(HwCounters {
+                            instructions: 4_000,
+                            cycles: 5_000,
+                        });
+                        bursts.push(self.burst(
+                            rank,
+                            t,
+                            TINY_BURST_NS,
+                            counters,
+                            (&isend, site(opening + tiny + 1)),
+                            closing,
+                        ));
+                        t += TINY_BURST_NS + MPI_CALL_NS;
+                    }
+                    phase_end = phase_end.max(t);
+                }
+                now = phase_end + MPI_CALL_NS;
+            }
+        }
+        bursts
+    }
+
+    fn burst(
+        &self,
+        rank: u32,
+        start_ns: u64,
+        duration_ns: u64,
+        counters: Option<HwCounters>,
+        opened_by: (&Arc<str>, CallSite),
+        closed_by: (&Arc<str>, CallSite),
+    ) -> Burst {
+        Burst {
+            pid: 1000 + rank,
+            tid: 1000 + rank,
+            rank,
+            start_ns,
+            duration_ns,
+            oncpu_ns: duration_ns,
+            counters,
+            start_func: opened_by.0.clone(),
+            end_func: closed_by.0.clone(),
+            start_site: opened_by.1,
+            end_site: closed_by.1,
+        }
+    }
+}

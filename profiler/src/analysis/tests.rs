@@ -1,0 +1,363 @@
+//! End-to-end oracles from reference 000 §6.3 (E1–E3, E5), on synthetic SPMD jobs.
+
+use super::synthetic::{Phase, SyntheticJob};
+use super::*;
+
+/// E1's loop: three phases of 10⁶, 5·10⁶ and 2·10⁷ instructions at IPC 2.0, 0.6 and 1.2
+/// (0.2, 3.3 and 6.7 ms), 3 % jitter, 50 iterations, with tiny bursts after each phase.
+fn e1_job(ranks: u32, counters: bool) -> SyntheticJob {
+    SyntheticJob {
+        ranks,
+        iterations: 50,
+        phases: vec![
+            Phase::new(1e6, 2.0, 0.03),
+            Phase::new(5e6, 0.6, 0.03),
+            Phase::new(2e7, 1.2, 0.03),
+        ],
+        tiny_bursts_per_phase: 3,
+        outlier_share: 0.0,
+        counters,
+        seed: 0x5eed ^ u64::from(ranks),
+    }
+}
+
+fn analyse_job(job: &SyntheticJob) -> (Vec<Burst>, Analysis) {
+    let bursts = job.bursts();
+    let analysis =
+        analyse(&bursts, job.ranks, &AnalysisParams::default()).expect("analysis succeeds");
+    (bursts, analysis)
+}
+
+/// The phase (index into the job's phases) of a cluster, from the region its bursts run: phase k
+/// starts at the collective at offset 0x1000·k.
+fn phases_of(cluster: &ClusterStats) -> Vec<u64> {
+    let mut phases: Vec<u64> = cluster
+        .regions
+        .iter()
+        .map(|r| r.start.offset / 0x1000)
+        .collect();
+    phases.sort_unstable();
+    phases.dedup();
+    phases
+}
+
+fn assert_perfect_phases(analysis: &Analysis, expected_phases_by_id: &[u64], context: &str) {
+    let phases: Vec<Vec<u64>> = analysis.clusters.iter().map(phases_of).collect();
+    let expected: Vec<Vec<u64>> = expected_phases_by_id.iter().map(|&p| vec![p]).collect();
+    assert_eq!(phases, expected, "{context}: phases of clusters 1, 2, …");
+    for cluster in &analysis.clusters {
+        assert_eq!(cluster.spmd_score, 1.0, "{context}: cluster {}", cluster.id);
+    }
+    assert!(
+        analysis.noise.is_none(),
+        "{context}: noise {:?}",
+        analysis.noise
+    );
+    assert!(
+        (analysis.global_score - 1.0).abs() < 1e-9,
+        "{context}: global {}",
+        analysis.global_score
+    );
+    assert!(
+        analysis
+            .clusters
+            .windows(2)
+            .all(|w| w[0].time_ns >= w[1].time_ns),
+        "{context}: numbered by time"
+    );
+}
+
+#[test]
+fn e1_three_phases_give_three_perfect_clusters() {
+    for counters in [true, false] {
+        for ranks in [2, 4, 8] {
+            let (_, analysis) = analyse_job(&e1_job(ranks, counters));
+            let context = format!("{ranks} ranks, counters {counters}");
+            let expected_set = if counters {
+                FeatureSet::InstructionsIpc
+            } else {
+                FeatureSet::OnCpuTimePerRegion
+            };
+            assert_eq!(analysis.features.used, expected_set, "{context}");
+            // Phase 2 (2·10⁷ instructions) holds the most time, then phase 1, then phase 0.
+            assert_perfect_phases(&analysis, &[2, 1, 0], &context);
+            for cluster in &analysis.clusters {
+                assert_eq!(
+                    cluster.bursts,
+                    50 * u64::from(ranks),
+                    "{context}: cluster {}",
+                    cluster.id
+                );
+                assert!(
+                    cluster.lb_duration > 0.95,
+                    "{context}: cluster {} LB {}",
+                    cluster.id,
+                    cluster.lb_duration
+                );
+                assert_eq!(cluster.ipc.is_some(), counters, "{context}");
+            }
+            // The tiny bursts are filtered, and they hold well under 1 % of the time.
+            assert_eq!(
+                analysis.filter.bursts_kept,
+                150 * u64::from(ranks),
+                "{context}"
+            );
+            assert!(analysis.filter.time_filtered_share < 0.01, "{context}");
+        }
+    }
+}
+
+#[test]
+fn e1_cluster_statistics_match_the_phases() {
+    let (_, analysis) = analyse_job(&e1_job(4, true));
+    let top = &analysis.clusters[0];
+    let ipc = top.ipc.expect("counters");
+    assert!((ipc - 1.2).abs() < 0.01, "IPC {ipc}");
+    let instructions = top.instructions_mean.expect("counters");
+    assert!(
+        (instructions / 2e7 - 1.0).abs() < 0.01,
+        "instructions {instructions}"
+    );
+    // 2·10⁷ / 1.2 / 2.5 GHz = 6.67 ms, jitter ±6 %.
+    assert!(
+        top.duration.p50_ns > 6_300_000 && top.duration.p50_ns < 7_000_000,
+        "{:?}",
+        top.duration
+    );
+    assert!(
+        top.duration.p10_ns <= top.duration.p50_ns && top.duration.p99_ns <= top.duration.max_ns
+    );
+    assert_eq!(top.regions.len(), 1);
+    assert_eq!(top.regions[0].bursts, 200);
+    let shares: f64 = analysis.clusters.iter().map(|c| c.time_share).sum::<f64>()
+        + analysis.filter.time_filtered_share;
+    assert!((shares - 1.0).abs() < 1e-9, "shares add up to {shares}");
+}
+
+#[test]
+fn e2_imbalanced_rank_joins_its_phase_cluster() {
+    for counters in [true, false] {
+        for ranks in [2u32, 4, 8] {
+            let mut job = e1_job(ranks, counters);
+            job.phases[1].imbalance = Some((0, 1.5));
+            let (_, analysis) = analyse_job(&job);
+            let context = format!("{ranks} ranks, counters {counters}");
+            // Rank 0's phase-1 bursts are ln 1.5 away from the others', far beyond every Eps of
+            // the list, so DBSCAN keeps them apart at every step: a majority cluster in m − 1
+            // ranks and rank 0's own cluster (sometimes two, when density splits its 50
+            // instances), in the same aligned columns.
+            // * m ≥ 4: the majority holds more than half of each such column, so column-majority
+            //   absorption moves rank 0's instances into it at the first step, and the phase is
+            //   frozen as one perfect cluster.
+            // * m = 2: one rank against one is no majority; both clusters score 1/2 through all
+            //   steps, and the final sequence-based merge joins them (rank 0's cluster appears
+            //   only in the other one's columns).
+            assert_perfect_phases(&analysis, &[2, 1, 0], &context);
+            let phase = &analysis.clusters[1];
+            let merges = &analysis.clustering.sequence_merges;
+            if ranks == 2 {
+                assert_eq!(merges.len(), 1, "{context}");
+                assert_eq!(merges[0].cluster, phase.id, "{context}");
+                assert!(merges[0].parts >= 2, "{context}");
+                let last = analysis.clustering.steps.last().expect("steps ran");
+                assert_eq!(
+                    (last.clusters, last.perfect_clusters),
+                    (2 + merges[0].parts, 2),
+                    "{context}"
+                );
+            } else {
+                assert!(merges.is_empty(), "{context}: {merges:?}");
+                assert!(analysis.clustering.absorbed_by_column >= 50, "{context}");
+            }
+            let m = f64::from(ranks);
+            let expected = (1.0 + 0.5 / m) / 1.5;
+            assert!(
+                (phase.lb_duration - expected).abs() <= 0.03,
+                "{context}: LB_dur {} vs {expected}",
+                phase.lb_duration
+            );
+            if counters {
+                let lb_inst = phase.lb_instructions.expect("counters");
+                assert!(
+                    (lb_inst - expected).abs() <= 0.03,
+                    "{context}: LB_inst {lb_inst}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn e3_parity_alternating_phase_gives_two_alternating_perfect_clusters() {
+    for counters in [true, false] {
+        let mut job = e1_job(4, counters);
+        job.phases[1].odd_iteration_factor = 1.25;
+        let (bursts, analysis) = analyse_job(&job);
+        let context = format!("counters {counters}");
+        assert_eq!(analysis.clusters.len(), 4, "{context}");
+        for cluster in &analysis.clusters {
+            assert_eq!(cluster.spmd_score, 1.0, "{context}: cluster {}", cluster.id);
+        }
+        let phase_one: Vec<ClusterId> = analysis
+            .clusters
+            .iter()
+            .filter(|c| phases_of(c) == [1])
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(phase_one.len(), 2, "{context}");
+        // Along each rank's time-line the phase alternates between the two clusters.
+        for rank in 0..4 {
+            let sequence: Vec<ClusterId> = bursts
+                .iter()
+                .zip(&analysis.labels)
+                .filter(|(b, label)| {
+                    b.rank == rank && label.is_some_and(|l| phase_one.contains(&l))
+                })
+                .map(|(_, label)| label.unwrap())
+                .collect();
+            assert_eq!(sequence.len(), 50);
+            assert!(
+                sequence.windows(2).all(|w| w[0] != w[1]),
+                "{context}: rank {rank} {sequence:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn e5_a_too_small_eps_scores_lower_than_acr() {
+    let mut job = e1_job(8, true);
+    job.phases[1].jitter = 0.3;
+    let bursts = job.bursts();
+    let refined = analyse(&bursts, 8, &AnalysisParams::default()).unwrap();
+    let smallest_eps = refined.clustering.steps[0].eps;
+    let params = AnalysisParams {
+        clustering: ClusteringMethod::Dbscan {
+            eps: smallest_eps / 4.0,
+            min_points: None,
+        },
+        ..AnalysisParams::default()
+    };
+    let fine = analyse(&bursts, 8, &params).unwrap();
+    assert!(
+        fine.global_score < refined.global_score - 0.1,
+        "Eps {}: {} vs ACR {}",
+        smallest_eps / 4.0,
+        fine.global_score,
+        refined.global_score
+    );
+    assert!(fine.clusters.len() > refined.clusters.len());
+    // ACR's scores rise over its steps while the clusters merge.
+    let steps = &refined.clustering.steps;
+    assert!(steps.first().unwrap().global_score < steps.last().unwrap().global_score);
+    assert!(steps.first().unwrap().clusters > steps.last().unwrap().clusters);
+}
+
+#[test]
+fn a_phase_of_a_rank_subgroup_scores_its_share_of_ranks() {
+    // Two of eight ranks run an extra phase (I/O aggregators, say): its cluster scores 2/8 in
+    // every column, stays below 1 through all steps, and lowers the global score by 3/4 of its
+    // time share.
+    let mut job = e1_job(8, true);
+    job.phases.push(Phase {
+        run_by: Some(2),
+        ..Phase::new(4e7, 0.4, 0.03)
+    });
+    let (_, analysis) = analyse_job(&job);
+    assert_eq!(analysis.clusters.len(), 4);
+    let subgroup: Vec<&ClusterStats> = analysis
+        .clusters
+        .iter()
+        .filter(|c| phases_of(c) == [3])
+        .collect();
+    assert_eq!(subgroup.len(), 1);
+    assert_eq!(subgroup[0].spmd_score, 0.25);
+    assert!((subgroup[0].lb_duration - 0.25).abs() < 0.01);
+    assert_eq!(analysis.clustering.steps.len(), 10);
+    let expected = 1.0 - 0.75 * subgroup[0].time_ns as f64 / analysis.filter.time_kept_ns as f64;
+    assert!(
+        (analysis.global_score - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        analysis.global_score
+    );
+}
+
+#[test]
+fn results_are_deterministic_and_independent_of_input_order() {
+    let mut job = e1_job(4, true);
+    job.outlier_share = 0.02;
+    job.phases[1].jitter = 0.2;
+    let bursts = job.bursts();
+    let params = AnalysisParams::default();
+    let first = serde_json::to_string(&analyse(&bursts, 4, &params).unwrap()).unwrap();
+    let second = serde_json::to_string(&analyse(&bursts, 4, &params).unwrap()).unwrap();
+    assert_eq!(first, second);
+
+    let reversed: Vec<Burst> = bursts.iter().rev().cloned().collect();
+    let mut from_reversed = analyse(&reversed, 4, &params).unwrap();
+    from_reversed.labels.reverse();
+    assert_eq!(serde_json::to_string(&from_reversed).unwrap(), first);
+
+    // serde_json's default float parser may miss the last bit, so compare what is exact.
+    let parsed: Analysis = serde_json::from_str(&first).unwrap();
+    assert_eq!(parsed.labels, from_reversed.labels);
+    assert_eq!(parsed.clusters.len(), from_reversed.clusters.len());
+}
+
+#[test]
+fn duration_filter_keeps_the_share_and_stops_at_a_gap() {
+    let job = e1_job(2, true);
+    let bursts = job.bursts();
+    let (kept, report) = features::duration_filter(&bursts, DurationFilter::default()).unwrap();
+    // 99 % of the time is reached inside the shortest phase (2 % of the time); the threshold then
+    // drops to that phase's shortest burst, above the 2 µs tiny bursts.
+    let shortest_phase = bursts
+        .iter()
+        .filter(|b| b.start_site.offset == 0)
+        .map(|b| b.duration_ns)
+        .min()
+        .unwrap();
+    assert!(report.criterion_threshold_ns > shortest_phase);
+    assert_eq!(report.threshold_ns, shortest_phase);
+    assert_eq!(kept.len(), 300);
+    assert!(report.time_filtered_share > 0.0 && report.time_filtered_share < 0.01);
+
+    let (kept, report) =
+        features::duration_filter(&bursts, DurationFilter::MinDurationNs(1_000_000)).unwrap();
+    assert_eq!((kept.len(), report.threshold_ns), (200, 1_000_000));
+    assert!(features::duration_filter(&bursts, DurationFilter::KeepTimeShare(1.5)).is_err());
+}
+
+#[test]
+fn errors_name_the_cause() {
+    let mut bursts = e1_job(2, true).bursts();
+    bursts[0].counters = None;
+    let forced = AnalysisParams {
+        features: FeatureSelection::Fixed(FeatureSet::InstructionsIpc),
+        ..Default::default()
+    };
+    assert!(matches!(
+        analyse(&bursts, 2, &forced),
+        Err(AnalysisError::MissingCounters { missing: 1, .. })
+    ));
+    // Automatic selection falls back instead.
+    assert_eq!(
+        analyse(&bursts, 2, &AnalysisParams::default())
+            .unwrap()
+            .features
+            .used,
+        FeatureSet::OnCpuTimePerRegion
+    );
+    assert!(matches!(
+        analyse(&bursts, 1, &AnalysisParams::default()),
+        Err(AnalysisError::TooManyRanks { seen: 2, ranks: 1 })
+    ));
+}
+
+#[test]
+fn empty_input_gives_an_empty_analysis() {
+    let analysis = analyse(&[], 0, &AnalysisParams::default()).unwrap();
+    assert!(analysis.clusters.is_empty() && analysis.noise.is_none() && analysis.labels.is_empty());
+    assert_eq!(analysis.global_score, 0.0);
+    serde_json::from_str::<Analysis>(&serde_json::to_string(&analysis).unwrap()).unwrap();
+}

@@ -1,0 +1,113 @@
+//! Command line. Options given here override the config file, which overrides the defaults.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, ConfigError, CounterMode};
+
+#[derive(Parser, Debug)]
+#[command(name = "mpiburst", version, about = "Always-on eBPF profiler for MPI jobs")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the daemon: probe MPI libraries, serve /metrics and the JSON API, print job reports.
+    Run(RunArgs),
+    /// Run the daemon and also write everything it captures to a recording file.
+    Record {
+        /// Recording file to write (JSON Lines, see docs/recording.md).
+        #[arg(short, long)]
+        output: PathBuf,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Print the report of every job in a recording.
+    Report {
+        /// A recording written by `mpiburst record`.
+        recording: PathBuf,
+    },
+    /// Print configuration.
+    Config {
+        /// Print the complete default configuration file, with comments.
+        #[arg(long)]
+        default: bool,
+        /// Print the effective configuration after merging this file and the defaults.
+        #[arg(long, conflicts_with = "default")]
+        file: Option<PathBuf>,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Configuration file (TOML); see `mpiburst config --default`.
+    #[arg(short, long)]
+    pub config: Option<PathBuf>,
+    /// Address for /metrics and the JSON API.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Node name exported with every job.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Duration filter in microseconds: shorter bursts are summed in kernel only.
+    #[arg(long)]
+    pub min_burst_us: Option<u64>,
+    /// Seconds between reports of running jobs (0: only at job end).
+    #[arg(long)]
+    pub report_interval: Option<f64>,
+    /// Counters per burst.
+    #[arg(long, value_enum)]
+    pub counters: Option<CounterMode>,
+    /// Extra MPI library file to probe (repeatable).
+    #[arg(long = "library")]
+    pub libraries: Vec<PathBuf>,
+}
+
+impl RunArgs {
+    /// The effective configuration: these options over the file over the defaults.
+    pub fn config(&self) -> Result<Config, ConfigError> {
+        let mut c = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        if let Some(v) = self.listen {
+            c.daemon.listen = v;
+        }
+        if let Some(v) = &self.node {
+            c.daemon.node = v.clone();
+        }
+        if let Some(v) = self.min_burst_us {
+            c.capture.min_burst_us = v;
+        }
+        if let Some(v) = self.report_interval {
+            c.daemon.report_interval_s = v;
+        }
+        if let Some(v) = self.counters {
+            c.capture.counters = v;
+        }
+        c.mpi.libraries.extend(self.libraries.iter().cloned());
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_line_overrides_file_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[capture]\nmin_burst_us = 500\nring_buffer_mib = 8\n").unwrap();
+        let cli = Cli::parse_from(["mpiburst", "run", "-c", path.to_str().unwrap(), "--min-burst-us", "50"]);
+        let Command::Run(args) = cli.command else { panic!("parsed {:?}", cli.command) };
+        let c = args.config().unwrap();
+        assert_eq!(c.capture.min_burst_us, 50, "CLI wins over the file");
+        assert_eq!(c.capture.ring_buffer_mib, 8, "the file wins over the default");
+        assert_eq!(c.capture.drain_interval_ms, Config::default().capture.drain_interval_ms);
+    }
+}

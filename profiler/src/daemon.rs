@@ -1,0 +1,482 @@
+//! The daemon loop: attaches to MPI libraries as they are found, drains the kernel on timers,
+//! maps processes to jobs, keeps the per-job store, and feeds the exports.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use profiler_common::{cookie, BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
+
+use crate::{
+    capture::{self, AttachPoint, Capture, CaptureError},
+    config::{Config, FunctionClass},
+    discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
+    export::{
+        http::{self, Shared, SharedState},
+        recording::{RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION},
+        report, SelfStats,
+    },
+    model::{Burst, HwCounters, JobId},
+    store::{CallStats, Job, JobMeta, RankRecord, RankTotals},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error(transparent)]
+    Recording(#[from] crate::export::recording::RecordingError),
+    #[error("cannot serve HTTP on {addr}: {source}; choose another `daemon.listen` address (or --listen)")]
+    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("no MPI library found in the ld.so cache, in running processes or in `mpi.libraries`; install Open MPI or MPICH, or list the library files in `mpi.libraries` in the config")]
+    NoLibraries,
+}
+
+/// Scan an exec'ed process's maps after these delays (counted from when the exec notification
+/// is drained, itself up to one drain interval late): the dynamic loader maps its libraries
+/// within milliseconds of exec; the later scans catch libraries opened with dlopen.
+const EXEC_SCAN_DELAYS: [Duration; 3] = [Duration::ZERO, Duration::from_secs(1), Duration::from_secs(5)];
+
+/// The identity of a pid as the store uses it.
+#[derive(Clone)]
+struct Member {
+    job: JobId,
+    rank: u32,
+}
+
+pub struct Daemon {
+    config: Config,
+    node: String,
+    capture: Capture,
+    functions: Vec<String>,
+    shared: SharedState,
+    resolver: AddressResolver,
+    members: HashMap<u32, Member>,
+    scans: Vec<(Instant, u32)>,
+    recording: Option<RecordingWriter>,
+    /// Unix time minus CLOCK_MONOTONIC (the BPF clock), in ns.
+    unix_offset_ns: i128,
+    libraries: usize,
+    ompi_dtype_offset: Option<u64>,
+    counters_note: String,
+    hardware_counters: bool,
+    last_report: Instant,
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}
+
+pub fn unix_now_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME) as u64
+}
+
+fn process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl Daemon {
+    /// Loads the BPF programs, attaches every MPI library already known, and opens the
+    /// recording if one is asked for.
+    pub fn start(config: Config, recording: Option<PathBuf>) -> Result<Self, DaemonError> {
+        let node = config.node_name();
+        // C libraries are probed from the start so no MPI_Init is missed. Fortran libraries wait
+        // until a process maps one (they add hundreds of probes, and every probe costs a grace
+        // period at detach); until then the C call inside each Fortran wrapper counts the call.
+        let configured = |l: &MpiLibrary| config.mpi.libraries.iter().any(|p| p.canonicalize().is_ok_and(|p| p == l.path));
+        let mut libraries: Vec<MpiLibrary> = discovery::discover_libraries(&config.mpi.libraries)
+            .unwrap_or_else(|e| {
+                tracing::warn!("library discovery: {e}");
+                Vec::new()
+            })
+            .into_iter()
+            .filter(|l| l.binding == Binding::C || configured(l))
+            .collect();
+        libraries.extend(discovery::all_process_libraries());
+        if libraries.is_empty() {
+            return Err(DaemonError::NoLibraries);
+        }
+        let ompi_dtype_offset = libraries
+            .iter()
+            .filter(|l| l.flavor == MpiFlavor::OpenMpi && l.binding == Binding::C)
+            .find_map(|l| match discovery::openmpi_datatype_size_offset(l) {
+                Ok(offset) => Some(offset),
+                Err(e) => {
+                    tracing::warn!("Open MPI bytes per call unavailable for {}: {e}", l.path.display());
+                    None
+                }
+            });
+        let capture = Capture::load(&config.capture, ompi_dtype_offset.unwrap_or(0))?;
+        let (counters_note, hardware_counters) = match &capture.counters {
+            Ok(events) if events.iter().all(|e| e.is_hardware()) => {
+                (format!("hardware counters: {}, {}", events[0].name, events[1].name), true)
+            }
+            Ok(events) => (
+                format!(
+                    "software counters {} and {} in the counter slots (test mode; no instructions or cycles)",
+                    events[0].name, events[1].name
+                ),
+                false,
+            ),
+            Err(reason) => (reason.clone(), false),
+        };
+        let functions: Vec<String> = config.mpi.functions.iter().map(|f| f.name.clone()).collect();
+        let recording = match recording {
+            Some(path) => Some(RecordingWriter::create(
+                &path,
+                RecordingHeader {
+                    version: FORMAT_VERSION,
+                    node: node.clone(),
+                    started_ns: unix_now_ns(),
+                    min_burst_ns: config.capture.min_burst_us * 1000,
+                    counter_events: capture.counters.as_ref().ok().map(|e| e.map(|e| e.name.to_string())),
+                    counters_note: counters_note.clone(),
+                    functions: functions.clone(),
+                },
+            )?),
+            None => None,
+        };
+        let mut daemon = Daemon {
+            node,
+            capture,
+            functions,
+            shared: Arc::new(Mutex::new(Shared::default())),
+            resolver: AddressResolver::new(),
+            members: HashMap::new(),
+            scans: Vec::new(),
+            recording,
+            unix_offset_ns: clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC),
+            libraries: 0,
+            ompi_dtype_offset,
+            counters_note,
+            hardware_counters,
+            last_report: Instant::now(),
+            config,
+        };
+        for lib in &libraries {
+            daemon.attach(lib);
+        }
+        tracing::info!(
+            "attached {} probes to {} MPI libraries; {}",
+            daemon.capture.probes(),
+            daemon.libraries,
+            daemon.counters_note
+        );
+        Ok(daemon)
+    }
+
+    fn attach(&mut self, lib: &MpiLibrary) {
+        if self.capture.is_attached((lib.dev, lib.inode)) {
+            return;
+        }
+        let points = match discovery::probe_points(lib, &self.functions) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("skipping {}: {e}", lib.path.display());
+                return;
+            }
+        };
+        let dtype = match (lib.binding, lib.flavor) {
+            // Fortran wrappers pass pointers; the C call inside them accounts the bytes.
+            (Binding::Fortran, _) => cookie::DTYPE_NONE,
+            (Binding::C, MpiFlavor::Mpich) => cookie::DTYPE_MPICH,
+            (Binding::C, MpiFlavor::OpenMpi) => match (self.ompi_dtype_offset, discovery::openmpi_datatype_size_offset(lib)) {
+                (Some(loaded), Ok(this)) if loaded == this => cookie::DTYPE_OPENMPI,
+                _ => {
+                    tracing::warn!("{}: datatype layout unknown, bytes per call are not counted", lib.path.display());
+                    cookie::DTYPE_NONE
+                }
+            },
+        };
+        let attach_points: Vec<AttachPoint> = points
+            .points
+            .iter()
+            .filter_map(|p| {
+                let id = self.functions.iter().position(|f| *f == p.function)?;
+                let spec = &self.config.mpi.functions[id];
+                let (count, dt, kind) = match (spec.count_arg, spec.datatype_arg) {
+                    (Some(c), Some(d)) if dtype != cookie::DTYPE_NONE => (c as u64, d as u64, dtype),
+                    _ => (cookie::NO_ARG, cookie::NO_ARG, cookie::DTYPE_NONE),
+                };
+                Some(AttachPoint {
+                    function: p.function.clone(),
+                    file_offset: p.file_offset,
+                    cookie: cookie::encode(id as u16, count, dt, kind, spec.class == FunctionClass::Polling),
+                })
+            })
+            .collect();
+        match self.capture.attach_library(&lib.path, (lib.dev, lib.inode), &attach_points) {
+            Ok(n) => {
+                self.libraries += 1;
+                tracing::info!(
+                    "attached {n} entry points of {} ({:?} {:?}); {} functions not in this library",
+                    lib.path.display(),
+                    lib.flavor,
+                    lib.binding,
+                    points.missing.len()
+                );
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+
+    pub fn shared(&self) -> SharedState {
+        self.shared.clone()
+    }
+
+    fn unix_ns(&self, monotonic_ns: u64) -> u64 {
+        (monotonic_ns as i128 + self.unix_offset_ns) as u64
+    }
+
+    fn function_name(&self, id: u32) -> Arc<str> {
+        if id == NO_FUNC {
+            return Arc::from("-");
+        }
+        Arc::from(self.functions.get(id as usize).map(String::as_str).unwrap_or("?"))
+    }
+
+    /// Finds (or makes) the job and rank of a pid, and registers it in the store.
+    fn member(&mut self, pid: u32, shared: &mut Shared) -> Member {
+        if let Some(m) = self.members.get(&pid) {
+            return m.clone();
+        }
+        let now = unix_now_ns();
+        let (meta, rank) = match discovery::identify(pid, &self.node) {
+            Ok(id) => (
+                JobMeta {
+                    id: id.job.clone(),
+                    node: self.node.clone(),
+                    size: id.size,
+                    source: format!("{:?}", id.source),
+                    executable: std::fs::read_link(format!("/proc/{pid}/exe"))
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    first_seen_ns: now,
+                    ended_ns: None,
+                },
+                id.rank,
+            ),
+            // Keep the data of a process that left before it could be identified.
+            Err(e) => {
+                tracing::debug!("pid {pid}: {e}");
+                (
+                    JobMeta {
+                        id: JobId(format!("pid:{pid}")),
+                        node: self.node.clone(),
+                        size: 1,
+                        source: format!("unidentified ({e})"),
+                        executable: String::new(),
+                        first_seen_ns: now,
+                        ended_ns: None,
+                    },
+                    0,
+                )
+            }
+        };
+        let member = Member { job: meta.id.clone(), rank };
+        let job = shared.store.jobs.entry(meta.id.clone()).or_insert_with(|| {
+            tracing::info!("new job {} ({}), {} ranks", meta.id, meta.source, meta.size);
+            if let Some(w) = &mut self.recording {
+                if let Err(e) = w.job(&meta) {
+                    tracing::error!("{e}");
+                }
+            }
+            Job::new(meta)
+        });
+        job.ranks.entry(rank).or_insert_with(|| RankRecord {
+            rank,
+            pid,
+            first_seen_ns: now,
+            ended_ns: None,
+            totals: RankTotals::default(),
+            functions: BTreeMap::new(),
+        });
+        self.members.insert(pid, member.clone());
+        member
+    }
+
+    fn ingest(&mut self, record: BurstRecord, shared: &mut Shared) -> Result<(), DaemonError> {
+        let member = self.member(record.pid, shared);
+        let has_counters = record.flags & BURST_HAS_COUNTERS != 0;
+        let burst = Burst {
+            pid: record.pid,
+            tid: record.tid,
+            rank: member.rank,
+            start_ns: self.unix_ns(record.start_ns),
+            duration_ns: record.duration_ns,
+            oncpu_ns: record.oncpu_ns,
+            counters: (has_counters && self.hardware_counters)
+                .then(|| HwCounters { instructions: record.counters[0], cycles: record.counters[1] }),
+            start_func: self.function_name(record.start_func),
+            end_func: self.function_name(record.end_func),
+            start_site: self.resolver.resolve(record.pid, record.start_site),
+            end_site: self.resolver.resolve(record.pid, record.end_site),
+        };
+        if let Some(w) = &mut self.recording {
+            w.burst(RecordedBurst {
+                job: member.job.clone(),
+                burst: burst.clone(),
+                event_counts: has_counters.then_some(record.counters),
+            })?;
+        }
+        if let Some(job) = shared.store.jobs.get_mut(&member.job) {
+            job.push_burst(burst, self.config.daemon.max_bursts_per_job);
+        }
+        Ok(())
+    }
+
+    /// One drain: exec notifications, pending library scans, and the burst ring buffer.
+    pub fn drain(&mut self) -> Result<usize, DaemonError> {
+        let now = Instant::now();
+        for pid in self.capture.drain_execs() {
+            self.scans.extend(EXEC_SCAN_DELAYS.iter().map(|d| (now + *d, pid)));
+        }
+        let (due, later): (Vec<_>, Vec<_>) = self.scans.drain(..).partition(|(t, _)| *t <= now);
+        self.scans = later;
+        let shared = self.shared.clone();
+        let mut shared = shared.lock().unwrap();
+        for (_, pid) in due {
+            let libraries = discovery::process_libraries(pid).unwrap_or_default();
+            for lib in &libraries {
+                self.attach(lib);
+            }
+            // Identify MPI processes while they surely live, not when their first data arrives.
+            if !libraries.is_empty() {
+                self.member(pid, &mut shared);
+            }
+        }
+        let mut records = Vec::new();
+        self.capture.drain_bursts(|r| records.push(r));
+        for r in &records {
+            self.ingest(*r, &mut shared)?;
+        }
+        Ok(records.len())
+    }
+
+    /// Reads the exact in-kernel totals, notices ended ranks and jobs, and prints reports.
+    pub fn update_totals(&mut self, final_update: bool) -> Result<(), DaemonError> {
+        // Liveness first: whatever the kernel holds for a pid already gone is final.
+        let gone: HashSet<u32> = self.members.keys().copied().filter(|&pid| !process_alive(pid)).collect();
+        let totals = self.capture.read_totals()?;
+        let per_process = capture::per_process(&totals);
+        let now = unix_now_ns();
+        let shared = self.shared.clone();
+        let mut shared = shared.lock().unwrap();
+        for (pid, (bursts, functions)) in &per_process {
+            let member = self.member(*pid, &mut shared);
+            let Some(rank) = shared.store.jobs.get_mut(&member.job).and_then(|j| j.ranks.get_mut(&member.rank)) else {
+                continue;
+            };
+            rank.totals = RankTotals {
+                bursts: bursts.bursts,
+                burst_ns: bursts.burst_ns,
+                burst_oncpu_ns: bursts.burst_oncpu_ns,
+                filtered_bursts: bursts.filtered_bursts,
+                filtered_ns: bursts.filtered_ns,
+                dropped_bursts: bursts.dropped_bursts,
+            };
+            rank.functions = functions
+                .iter()
+                .map(|(id, s)| {
+                    let name = self.functions.get(*id as usize).cloned().unwrap_or_else(|| format!("#{id}"));
+                    (name, CallStats { calls: s.calls, time_ns: s.time_ns, bytes: s.bytes, sized_calls: s.sized_calls })
+                })
+                .collect();
+        }
+        let ended: HashSet<u32> = if final_update { self.members.keys().copied().collect() } else { gone.clone() };
+        for pid in &ended {
+            let Some(member) = self.members.get(pid).cloned() else { continue };
+            let Some(job) = shared.store.jobs.get_mut(&member.job) else { continue };
+            if let Some(rank) = job.ranks.get_mut(&member.rank) {
+                if gone.contains(pid) && rank.ended_ns.is_none() {
+                    rank.ended_ns = Some(now);
+                }
+                if let Some(w) = &mut self.recording {
+                    w.rank(&member.job, rank)?;
+                }
+            }
+        }
+        if !gone.is_empty() {
+            self.capture.forget_processes(&gone)?;
+            for pid in &gone {
+                self.members.remove(pid);
+                self.resolver.forget(*pid);
+            }
+        }
+        let mut finished = Vec::new();
+        for job in shared.store.jobs.values_mut() {
+            if job.meta.ended_ns.is_none() && !job.ranks.is_empty() && job.ranks.values().all(|r| r.ended_ns.is_some()) {
+                job.meta.ended_ns = Some(now);
+                finished.push(job.meta.id.clone());
+                if let Some(w) = &mut self.recording {
+                    w.job(&job.meta)?;
+                }
+            }
+        }
+        for id in &finished {
+            println!("{}", report::render(&shared.store.jobs[id], now, &self.counters_note));
+        }
+        let interval = self.config.daemon.report_interval_s;
+        if final_update || (interval > 0.0 && self.last_report.elapsed().as_secs_f64() >= interval) {
+            self.last_report = Instant::now();
+            for job in shared.store.jobs.values().filter(|j| !j.is_ended()) {
+                println!("{}", report::render(job, now, &self.counters_note));
+            }
+        }
+        let grace = (self.config.daemon.ended_job_grace_s * 1e9) as u64;
+        for id in shared.store.evict_ended(now, grace) {
+            tracing::info!("job {id} evicted {} s after its end", self.config.daemon.ended_job_grace_s);
+        }
+        shared.health = SelfStats {
+            lost: self.capture.lost()?,
+            programs: self.capture.program_stats(),
+            probes: self.capture.probes(),
+            libraries: self.libraries,
+            counter_events: match &self.capture.counters {
+                Ok(e) => format!("{},{}", e[0].name, e[1].name),
+                Err(_) => "none".into(),
+            },
+            hardware_counters: self.hardware_counters,
+        };
+        if let Some(w) = &mut self.recording {
+            w.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Runs until SIGINT or SIGTERM, then drains once more, writes the final state and detaches
+    /// (dropping the BPF object closes every link).
+    pub async fn run(mut self) -> Result<(), DaemonError> {
+        let listen = self.config.daemon.listen;
+        let (addr, server) =
+            http::bind(listen, self.shared()).await.map_err(|source| DaemonError::Listen { addr: listen, source })?;
+        let server = tokio::spawn(server);
+        eprintln!("mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs");
+        let mut drain = tokio::time::interval(self.config.drain_interval());
+        let mut stats = tokio::time::interval(self.config.stats_interval());
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|source| DaemonError::Capture(CaptureError::Io { what: "SIGTERM handler".into(), source }))?;
+        loop {
+            tokio::select! {
+                _ = drain.tick() => { self.drain()?; }
+                _ = stats.tick() => { self.update_totals(false)?; }
+                _ = tokio::signal::ctrl_c() => break,
+                _ = sigterm.recv() => break,
+            }
+        }
+        tracing::info!("shutting down: final drain");
+        self.drain()?;
+        self.update_totals(true)?;
+        if let Some(w) = self.recording.take() {
+            w.finish(RecordingEnd { ended_ns: unix_now_ns(), lost: self.capture.lost()? })?;
+        }
+        server.abort();
+        Ok(())
+    }
+}

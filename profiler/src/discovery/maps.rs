@@ -1,0 +1,280 @@
+//! Address → call site: turns a return address seen by BPF into (module, file offset), which is
+//! the same in every process and on every node running the same binary, unlike the address.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::model::CallSite;
+
+use super::error::DiscoveryError;
+use super::libraries::build_id;
+
+/// One line of `/proc/<pid>/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset that `start` maps.
+    pub offset: u64,
+    pub inode: u64,
+    /// The mapped file, or `None` for anonymous memory and pseudo mappings such as `[heap]`.
+    pub path: Option<PathBuf>,
+    /// The file was unlinked or replaced after it was mapped (an upgrade under a running job),
+    /// so `path` now names a different file or none.
+    pub deleted: bool,
+}
+
+/// Reads and parses `/proc/<pid>/maps`.
+pub fn read_maps(pid: u32) -> Result<Vec<Mapping>, DiscoveryError> {
+    let path = PathBuf::from(format!("/proc/{pid}/maps"));
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| DiscoveryError::proc_read(pid, path.clone(), e))?;
+    text.lines()
+        .map(|line| {
+            parse_line(line).ok_or_else(|| DiscoveryError::ProcFormat {
+                path: path.clone(),
+                detail: format!("malformed line {line:?}"),
+            })
+        })
+        .collect()
+}
+
+fn parse_line(line: &str) -> Option<Mapping> {
+    // Fields are separated by single spaces except before the path, which the kernel pads; the
+    // path itself may contain spaces, so it is the rest of the line rather than a field.
+    let mut rest = line;
+    let mut field = || {
+        let (f, r) = rest.split_once(' ').unwrap_or((rest, ""));
+        rest = r;
+        f
+    };
+    let (start, end) = field().split_once('-')?;
+    let _perms = field();
+    let offset = field();
+    let _dev = field();
+    let inode = field();
+    let name = rest.trim_start();
+    let (name, deleted) = match name.strip_suffix(" (deleted)") {
+        Some(n) => (n, true),
+        None => (name, false),
+    };
+    let inode: u64 = inode.parse().ok()?;
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        inode,
+        path: (inode != 0 && name.starts_with('/')).then(|| PathBuf::from(name)),
+        deleted,
+    })
+}
+
+/// A mapping reduced to what resolution needs; the module id is computed once per file.
+struct Region {
+    start: u64,
+    end: u64,
+    offset: u64,
+    module: Option<Arc<str>>,
+}
+
+/// Resolves addresses of MPI processes to call sites, caching each process's maps.
+///
+/// The cache of a process is re-read when an address falls outside every cached mapping, because
+/// libraries loaded after the first read (dlopen, late plugins) are otherwise invisible. Call
+/// [`AddressResolver::forget`] when a process exits; the maps of an exited process stay usable
+/// until then, so bursts drained after the exit still resolve.
+#[derive(Default)]
+pub struct AddressResolver {
+    processes: HashMap<u32, Vec<Region>>,
+    /// Module id per mapped file, keyed by inode and path; libraries are shared by every rank
+    /// of a job, so each build-id is read once.
+    modules: HashMap<(u64, PathBuf), Arc<str>>,
+}
+
+impl AddressResolver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The call site of `address` in process `pid`: module build-id (hex) or path, and the file
+    /// offset. Anonymous memory, and processes that exited before their maps were read, give
+    /// [`CallSite::unknown`].
+    pub fn resolve(&mut self, pid: u32, address: u64) -> CallSite {
+        if let Some(site) = self.lookup(pid, address) {
+            return site;
+        }
+        match read_maps(pid) {
+            Ok(maps) => {
+                let regions = maps.iter().map(|m| self.region(pid, m)).collect();
+                self.processes.insert(pid, regions);
+            }
+            Err(e) => {
+                tracing::debug!(pid, error = %e, "cannot read maps; call site unknown");
+                return CallSite::unknown(address);
+            }
+        }
+        self.lookup(pid, address)
+            .unwrap_or_else(|| CallSite::unknown(address))
+    }
+
+    /// Drops the cached maps of a process that has exited.
+    pub fn forget(&mut self, pid: u32) {
+        self.processes.remove(&pid);
+    }
+
+    /// `None` when no cached mapping contains the address, so the maps must be read again.
+    fn lookup(&self, pid: u32, address: u64) -> Option<CallSite> {
+        let regions = self.processes.get(&pid)?;
+        let i = regions.partition_point(|r| r.end <= address);
+        let region = regions.get(i).filter(|r| r.start <= address)?;
+        Some(match &region.module {
+            Some(module) => CallSite {
+                module: module.clone(),
+                offset: address - region.start + region.offset,
+            },
+            None => CallSite::unknown(address),
+        })
+    }
+
+    fn region(&mut self, pid: u32, m: &Mapping) -> Region {
+        let module = m.path.as_ref().map(|path| {
+            self.modules
+                .entry((m.inode, path.clone()))
+                .or_insert_with(|| module_id(pid, path, m.deleted))
+                .clone()
+        });
+        Region {
+            start: m.start,
+            end: m.end,
+            offset: m.offset,
+            module,
+        }
+    }
+}
+
+fn module_id(pid: u32, path: &Path, deleted: bool) -> Arc<str> {
+    // The path is the one the process sees; through /proc/<pid>/root it also names the right file
+    // for a process in another mount namespace (a container).
+    if !deleted {
+        let in_process_root =
+            Path::new(&format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
+        match build_id(&in_process_root) {
+            Ok(Some(id)) => return Arc::from(id),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(pid, path = %path.display(), error = %e, "no build-id"),
+        }
+    }
+    Arc::from(path.to_string_lossy().as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::libraries::DynamicSymbols;
+
+    #[test]
+    fn parses_file_anonymous_and_deleted_lines() {
+        let file = parse_line(
+            "7f1c2a000000-7f1c2a028000 r-xp 00028000 fd:01 1311 /usr/lib/x86_64-linux-gnu/my lib.so",
+        )
+        .unwrap();
+        assert_eq!(file.start, 0x7f1c2a000000);
+        assert_eq!(file.end, 0x7f1c2a028000);
+        assert_eq!(file.offset, 0x28000);
+        assert_eq!(file.inode, 1311);
+        assert_eq!(
+            file.path.as_deref(),
+            Some(Path::new("/usr/lib/x86_64-linux-gnu/my lib.so"))
+        );
+        assert!(!file.deleted);
+
+        let heap = parse_line(
+            "55d4c5a1b000-55d4c5a3c000 rw-p 00000000 00:00 0                          [heap]",
+        )
+        .unwrap();
+        assert_eq!(heap.path, None);
+        let anon = parse_line("7f1c2a100000-7f1c2a200000 rw-p 00000000 00:00 0 ").unwrap();
+        assert_eq!(anon.path, None);
+
+        let gone = parse_line("7f00-8f00 r-xp 00000000 fd:01 77 /tmp/libx.so (deleted)").unwrap();
+        assert!(gone.deleted);
+        assert_eq!(gone.path.as_deref(), Some(Path::new("/tmp/libx.so")));
+
+        assert_eq!(parse_line("not a maps line"), None);
+    }
+
+    #[test]
+    fn libc_function_resolves_to_its_symbol_offset_and_libc_build_id() {
+        let pid = std::process::id();
+        let address = libc::getpid as *const () as usize as u64;
+        let maps = read_maps(pid).unwrap();
+        let libc_path = maps
+            .iter()
+            .find(|m| m.start <= address && address < m.end)
+            .and_then(|m| m.path.clone())
+            .expect("getpid lies in a file mapping");
+
+        let mut resolver = AddressResolver::new();
+        let site = resolver.resolve(pid, address);
+
+        let symbols = DynamicSymbols::read(&libc_path).unwrap();
+        let expected_offset = symbols
+            .function_offset("getpid")
+            .expect("libc exports getpid");
+        let expected_module = build_id(&libc_path)
+            .unwrap()
+            .expect("Debian's libc has a build-id");
+        assert_eq!(site.offset, expected_offset);
+        assert_eq!(&*site.module, expected_module.as_str());
+    }
+
+    #[test]
+    fn anonymous_memory_and_exited_processes_are_unknown() {
+        let mut resolver = AddressResolver::new();
+        let heap = Box::new(0u64);
+        let address = &*heap as *const u64 as u64;
+        assert_eq!(
+            resolver.resolve(std::process::id(), address),
+            CallSite::unknown(address)
+        );
+
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(resolver.resolve(pid, 0x1000), CallSite::unknown(0x1000));
+    }
+
+    #[test]
+    fn libraries_loaded_after_the_first_read_are_found() {
+        let pid = std::process::id();
+        let mut resolver = AddressResolver::new();
+        resolver.resolve(pid, libc::getpid as *const () as usize as u64);
+
+        // zlib is not linked into the test binary, so it appears only after this dlopen.
+        let name = std::ffi::CString::new("libz.so.1").unwrap();
+        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(
+            !handle.is_null(),
+            "zlib (libz.so.1) must be installed for this test"
+        );
+        let symbol = std::ffi::CString::new("zlibVersion").unwrap();
+        let address = unsafe { libc::dlsym(handle, symbol.as_ptr()) } as u64;
+
+        let site = resolver.resolve(pid, address);
+        let zlib = read_maps(pid)
+            .unwrap()
+            .into_iter()
+            .find(|m| m.start <= address && address < m.end)
+            .and_then(|m| m.path)
+            .unwrap();
+        let expected = DynamicSymbols::read(&zlib)
+            .unwrap()
+            .function_offset("zlibVersion")
+            .unwrap();
+        assert_eq!(&*site.module, build_id(&zlib).unwrap().unwrap().as_str());
+        assert_eq!(site.offset, expected);
+        resolver.forget(pid);
+        assert!(resolver.processes.is_empty());
+    }
+}

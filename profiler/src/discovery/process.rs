@@ -1,0 +1,569 @@
+//! pid → identity: which job a process belongs to, its rank and the job's size, whatever
+//! launched it (Open MPI's mpirun, MPICH's Hydra, Slurm's srun, a singleton).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::JobId;
+
+use super::error::DiscoveryError;
+use super::libraries::is_mpi_library_name;
+use super::maps::read_maps;
+
+/// Where the rank of a [`ProcessIdentity`] came from. The job id's prefix (`slurm:`, `pmix:` or a
+/// launcher name) says where the job came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum IdentitySource {
+    /// `OMPI_COMM_WORLD_RANK`, set by Open MPI's launchers.
+    OpenMpiEnv,
+    /// `PMIX_RANK`, set by any PMIx server (Open MPI, PRRTE, Slurm with `--mpi=pmix`).
+    PmixEnv,
+    /// `PMI_RANK`, set by MPICH's Hydra and other PMI-1/2 launchers.
+    HydraEnv,
+    /// `SLURM_PROCID`, set by srun.
+    SlurmEnv,
+    /// No rank variable: the rank is the process's place among the job's MPI processes.
+    Launcher,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessIdentity {
+    pub pid: u32,
+    pub job: JobId,
+    pub rank: u32,
+    pub size: u32,
+    pub node: String,
+    pub source: IdentitySource,
+}
+
+/// Identifies MPI process `pid` on node `node`.
+///
+/// The job is the Slurm step (`slurm:<job>.<step>`) if there is one, else the PMIx namespace
+/// (`pmix:<ns>`), else the outermost launcher process above `pid` (`<comm>:<pid>@<start time>`,
+/// so a reused pid is a different job). A process without any launcher is a singleton: its own
+/// job, of size 1. Hydra exports no job id, so MPICH jobs outside Slurm are named by their
+/// launcher, which keeps concurrent jobs on one node apart.
+pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError> {
+    let env = LaunchEnv::read(pid)?;
+    let own = read_stat(pid)?;
+    // The walk up the process tree is needed only when the environment does not say it all.
+    let mut launcher = None;
+    let mut root = || -> Result<ProcStat, DiscoveryError> {
+        if launcher.is_none() {
+            launcher = Some(outermost_launcher(&own)?.unwrap_or_else(|| own.clone()));
+        }
+        Ok(launcher.clone().expect("just set"))
+    };
+    let job = match (
+        &env.slurm_job_id,
+        &env.slurm_step_id,
+        &env.pmix_namespace,
+        &env.ompi_jobid,
+    ) {
+        (Some(job), Some(step), _, _) => format!("slurm:{job}.{step}"),
+        // Open MPI (ORTE) names its PMIx namespace after the job id, so both give the same id.
+        (_, _, Some(namespace), _) | (_, _, None, Some(namespace)) => format!("pmix:{namespace}"),
+        _ => {
+            let root = root()?;
+            format!("{}:{}@{}", root.comm, root.pid, root.start_time)
+        }
+    };
+    let (rank, size, source) = match env.rank() {
+        Some((rank, source)) => {
+            let size = match env.size() {
+                Some(size) => size,
+                None => job_members(&root()?)?.len() as u32,
+            };
+            (rank, size, source)
+        }
+        None => {
+            let members = job_members(&root()?)?;
+            let rank = members
+                .iter()
+                .position(|m| m.pid == pid)
+                .ok_or(DiscoveryError::NotMpiProcess { pid })?;
+            (rank as u32, members.len() as u32, IdentitySource::Launcher)
+        }
+    };
+    Ok(ProcessIdentity {
+        pid,
+        job: JobId(job),
+        rank,
+        size,
+        node: node.to_string(),
+        source,
+    })
+}
+
+/// This machine's host name, the default node name.
+pub fn hostname() -> Result<String, DiscoveryError> {
+    let mut buf = [0u8; 256];
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return Err(DiscoveryError::Hostname(std::io::Error::last_os_error()));
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+}
+
+/// The launcher variables of a process's environment, and nothing else: the environment of a
+/// user's process may hold credentials, so each variable is matched against this allow-list as
+/// it is parsed and every other one is dropped unseen. There is deliberately no field that could
+/// hold an arbitrary variable.
+#[derive(Debug, Default)]
+struct LaunchEnv {
+    ompi_rank: Option<u32>,
+    ompi_size: Option<u32>,
+    ompi_jobid: Option<String>,
+    pmix_rank: Option<u32>,
+    pmix_namespace: Option<String>,
+    pmi_rank: Option<u32>,
+    pmi_size: Option<u32>,
+    slurm_job_id: Option<String>,
+    slurm_step_id: Option<String>,
+    slurm_procid: Option<u32>,
+    slurm_ntasks: Option<u32>,
+    slurm_step_num_tasks: Option<u32>,
+}
+
+impl LaunchEnv {
+    fn read(pid: u32) -> Result<Self, DiscoveryError> {
+        let path = PathBuf::from(format!("/proc/{pid}/environ"));
+        let raw = std::fs::read(&path).map_err(|e| DiscoveryError::proc_read(pid, path, e))?;
+        let mut env = LaunchEnv::default();
+        for entry in raw.split(|&b| b == 0) {
+            env.keep(entry);
+        }
+        Ok(env)
+    }
+
+    fn keep(&mut self, entry: &[u8]) {
+        let Some(eq) = entry.iter().position(|&b| b == b'=') else {
+            return;
+        };
+        let (name, value) = (&entry[..eq], &entry[eq + 1..]);
+        let text = || {
+            std::str::from_utf8(value)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let number = || std::str::from_utf8(value).ok()?.parse::<u32>().ok();
+        match name {
+            b"OMPI_COMM_WORLD_RANK" => self.ompi_rank = number(),
+            b"OMPI_COMM_WORLD_SIZE" => self.ompi_size = number(),
+            b"OMPI_MCA_ess_base_jobid" => self.ompi_jobid = text(),
+            b"PMIX_RANK" => self.pmix_rank = number(),
+            b"PMIX_NAMESPACE" => self.pmix_namespace = text(),
+            b"PMI_RANK" => self.pmi_rank = number(),
+            b"PMI_SIZE" => self.pmi_size = number(),
+            b"SLURM_JOB_ID" => self.slurm_job_id = text(),
+            b"SLURM_STEP_ID" => self.slurm_step_id = text(),
+            b"SLURM_PROCID" => self.slurm_procid = number(),
+            b"SLURM_NTASKS" => self.slurm_ntasks = number(),
+            b"SLURM_STEP_NUM_TASKS" => self.slurm_step_num_tasks = number(),
+            _ => {}
+        }
+    }
+
+    /// MPI launchers' variables come before Slurm's: an mpirun inside a batch script passes the
+    /// script's `SLURM_PROCID=0` on to every rank it starts.
+    fn rank(&self) -> Option<(u32, IdentitySource)> {
+        None.or(self.ompi_rank.map(|r| (r, IdentitySource::OpenMpiEnv)))
+            .or(self.pmix_rank.map(|r| (r, IdentitySource::PmixEnv)))
+            .or(self.pmi_rank.map(|r| (r, IdentitySource::HydraEnv)))
+            .or(self.slurm_procid.map(|r| (r, IdentitySource::SlurmEnv)))
+    }
+
+    fn size(&self) -> Option<u32> {
+        self.ompi_size
+            .or(self.pmi_size)
+            .or(self.slurm_step_num_tasks)
+            .or(self.slurm_ntasks)
+    }
+}
+
+/// Launchers by the name the kernel reports for them (`comm`).
+const LAUNCHERS: [&str; 11] = [
+    "mpirun",
+    "mpiexec",
+    "orterun",
+    "prterun",
+    "prte",
+    "orted",
+    "prted",
+    "mpiexec.hydra",
+    "hydra_pmi_proxy",
+    "srun",
+    "slurmstepd",
+];
+
+fn is_launcher(comm: &str) -> bool {
+    // Distributions install launchers under alternative names (mpirun.openmpi, mpirun.mpich),
+    // and `comm` is the name that was executed.
+    LAUNCHERS.iter().any(|l| {
+        comm.strip_prefix(l)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+    })
+}
+
+#[derive(Clone, Debug)]
+struct ProcStat {
+    pid: u32,
+    comm: String,
+    ppid: u32,
+    /// Clock ticks after boot; with the pid it names a process uniquely across pid reuse.
+    start_time: u64,
+}
+
+fn read_stat(pid: u32) -> Result<ProcStat, DiscoveryError> {
+    let path = PathBuf::from(format!("/proc/{pid}/stat"));
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| DiscoveryError::proc_read(pid, path.clone(), e))?;
+    let malformed = || DiscoveryError::ProcFormat {
+        path: path.clone(),
+        detail: format!("{text:?}"),
+    };
+    // comm may contain spaces and parentheses, so it ends at the last ')'.
+    let (open, close) = (
+        text.find('(').ok_or_else(malformed)?,
+        text.rfind(')').ok_or_else(malformed)?,
+    );
+    let comm = text.get(open + 1..close).ok_or_else(malformed)?.to_string();
+    // Fields after comm, counted from 3 (state) as in proc(5): ppid is 4, starttime 22.
+    let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
+    let field = |n: usize| {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(malformed)
+    };
+    Ok(ProcStat {
+        pid,
+        comm,
+        ppid: field(4)? as u32,
+        start_time: field(22)?,
+    })
+}
+
+/// The outermost known launcher above a process: on the launching node that is mpirun or
+/// mpiexec rather than the per-node proxy below it, so all local ranks of a job share it.
+fn outermost_launcher(process: &ProcStat) -> Result<Option<ProcStat>, DiscoveryError> {
+    let mut outermost = None;
+    let mut ppid = process.ppid;
+    while ppid > 1 {
+        let parent = match read_stat(ppid) {
+            Ok(parent) => parent,
+            // A parent that exited leaves the child to a reaper; the chain above is gone.
+            Err(DiscoveryError::ProcessGone { .. }) => break,
+            Err(e) => return Err(e),
+        };
+        ppid = parent.ppid;
+        if is_launcher(&parent.comm) {
+            outermost = Some(parent);
+        }
+    }
+    Ok(outermost)
+}
+
+/// The MPI processes of the job under `root`, in rank order. They are the topmost processes in
+/// root's tree that map an MPI library; their own children (a rank that forks) are not ranks.
+/// Ranks are started in rank order, so ordering by (start time, pid) reproduces the ranks.
+fn job_members(root: &ProcStat) -> Result<Vec<ProcStat>, DiscoveryError> {
+    let maps_mpi = |pid: u32| {
+        read_maps(pid)
+            .map(|maps| {
+                maps.iter()
+                    .any(|m| m.path.as_deref().is_some_and(is_mpi_library_name))
+            })
+            .unwrap_or(false)
+    };
+    let mut members = Vec::new();
+    if maps_mpi(root.pid) {
+        members.push(root.clone());
+    } else {
+        let mut children: HashMap<u32, Vec<ProcStat>> = HashMap::new();
+        let entries = std::fs::read_dir("/proc")
+            .map_err(|e| DiscoveryError::proc_read(root.pid, "/proc".into(), e))?;
+        for pid in entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        {
+            if let Ok(stat) = read_stat(pid) {
+                children.entry(stat.ppid).or_default().push(stat);
+            }
+        }
+        let mut pending = vec![root.pid];
+        while let Some(parent) = pending.pop() {
+            for child in children.remove(&parent).unwrap_or_default() {
+                if maps_mpi(child.pid) {
+                    members.push(child);
+                } else {
+                    pending.push(child.pid);
+                }
+            }
+        }
+    }
+    members.sort_by_key(|m| (m.start_time, m.pid));
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::test_support::Spawned;
+    use std::collections::BTreeSet;
+    use std::process::Command;
+
+    /// The processes named `comm` below `root`.
+    fn descendants(root: u32, comm: &str) -> Vec<u32> {
+        let mut all: Vec<ProcStat> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| read_stat(e.file_name().to_str()?.parse().ok()?).ok())
+            .collect();
+        let mut tree = BTreeSet::from([root]);
+        loop {
+            let before = tree.len();
+            tree.extend(
+                all.iter()
+                    .filter(|p| tree.contains(&p.ppid))
+                    .map(|p| p.pid)
+                    .collect::<Vec<_>>(),
+            );
+            if tree.len() == before {
+                break;
+            }
+        }
+        all.retain(|p| p.pid != root && tree.contains(&p.pid) && p.comm == comm);
+        all.iter().map(|p| p.pid).collect()
+    }
+
+    /// Whether `pid` runs `comm` with its environment in place: exec sets the name before the
+    /// new environment, and a process read in between looks as if it had none.
+    fn started(pid: u32, comm: &str) -> bool {
+        read_stat(pid).is_ok_and(|s| s.comm == comm)
+            && std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| !e.is_empty())
+    }
+
+    fn wait_for_ranks(launch: &Spawned, comm: &str, n: usize) -> Vec<u32> {
+        launch.wait_until(|| {
+            let pids = descendants(launch.pid(), comm);
+            Some(pids).filter(|p| p.len() == n && p.iter().all(|&pid| started(pid, comm)))
+        })
+    }
+
+    fn openmpi(args: &[&str]) -> Command {
+        let mut cmd = Command::new("mpirun.openmpi");
+        cmd.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--mca",
+            "mpi_yield_when_idle",
+            "1",
+        ])
+        .args(args);
+        cmd
+    }
+
+    /// A process with exactly `vars` as its environment and no launcher above it.
+    fn with_env(vars: &[(&str, &str)]) -> Spawned {
+        let mut cmd = Command::new("/bin/sleep");
+        cmd.arg("10").env_clear().envs(vars.iter().copied());
+        Spawned::start(cmd)
+    }
+
+    fn identify_when_started(process: &Spawned) -> ProcessIdentity {
+        process.wait_until(|| started(process.pid(), "sleep").then_some(()));
+        identify(process.pid(), "node-a").unwrap()
+    }
+
+    #[test]
+    fn concurrent_open_mpi_and_mpich_jobs_are_separate_jobs() {
+        let ompi = Spawned::start(openmpi(&["-np", "2", "sleep", "10"]));
+        let mpich = Spawned::start({
+            let mut cmd = Command::new("mpirun.mpich");
+            cmd.args(["-np", "2", "sleep", "10"]);
+            cmd
+        });
+        let ompi_ranks = wait_for_ranks(&ompi, "sleep", 2);
+        let mpich_ranks = wait_for_ranks(&mpich, "sleep", 2);
+
+        let identify_all = |pids: &[u32]| -> Vec<ProcessIdentity> {
+            pids.iter()
+                .map(|&pid| identify(pid, "node-a").unwrap())
+                .collect()
+        };
+        let ompi_ids = identify_all(&ompi_ranks);
+        let mpich_ids = identify_all(&mpich_ranks);
+        for (ids, source) in [
+            (&ompi_ids, IdentitySource::OpenMpiEnv),
+            (&mpich_ids, IdentitySource::HydraEnv),
+        ] {
+            assert_eq!(ids[0].job, ids[1].job, "{ids:?}");
+            assert_eq!(
+                ids.iter().map(|i| i.rank).collect::<BTreeSet<_>>(),
+                BTreeSet::from([0, 1])
+            );
+            assert!(
+                ids.iter()
+                    .all(|i| i.size == 2 && i.source == source && i.node == "node-a"),
+                "{ids:?}"
+            );
+        }
+        assert_ne!(ompi_ids[0].job, mpich_ids[0].job);
+        assert!(ompi_ids[0].job.0.starts_with("pmix:"), "{:?}", ompi_ids[0]);
+        // The outermost launcher, not Hydra's per-node proxy between it and the ranks.
+        let expected = format!("mpirun.mpich:{}@", mpich.pid());
+        assert!(
+            mpich_ids[0].job.0.starts_with(&expected),
+            "{:?}",
+            mpich_ids[0]
+        );
+    }
+
+    #[test]
+    fn without_rank_variables_ranks_follow_start_order_under_the_launcher() {
+        let mut cmd = Command::new("mpirun.mpich");
+        cmd.args([
+            "-np",
+            "2",
+            "env",
+            "-u",
+            "PMI_RANK",
+            "-u",
+            "PMI_SIZE",
+            "LD_PRELOAD=libmpich.so.12",
+            "sleep",
+            "10",
+        ]);
+        let launch = Spawned::start(cmd);
+        let pids = wait_for_ranks(&launch, "sleep", 2);
+        let ids = launch.wait_until(|| {
+            let ids: Vec<_> = pids
+                .iter()
+                .map(|&pid| identify(pid, "n").ok())
+                .collect::<Option<_>>()?;
+            Some(ids).filter(|ids: &Vec<ProcessIdentity>| ids.iter().all(|i| i.size == 2))
+        });
+        let mut by_start: Vec<ProcStat> = pids.iter().map(|&pid| read_stat(pid).unwrap()).collect();
+        by_start.sort_by_key(|p| (p.start_time, p.pid));
+        for id in &ids {
+            assert_eq!(id.source, IdentitySource::Launcher);
+            assert_eq!(id.job, ids[0].job);
+            let expected = by_start.iter().position(|p| p.pid == id.pid).unwrap() as u32;
+            assert_eq!(id.rank, expected, "{ids:?}");
+        }
+    }
+
+    #[test]
+    fn slurm_step_takes_precedence_over_pmix() {
+        let process = with_env(&[
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_STEP_ID", "7"),
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "16"),
+            ("SLURM_STEP_NUM_TASKS", "8"),
+            ("PMIX_NAMESPACE", "slurm.pmix.4242.7"),
+        ]);
+        let id = identify_when_started(&process);
+        assert_eq!(id.job, JobId("slurm:4242.7".into()));
+        assert_eq!(
+            (id.rank, id.size, id.source),
+            (3, 8, IdentitySource::SlurmEnv)
+        );
+    }
+
+    #[test]
+    fn pmix_namespace_names_the_job_without_slurm() {
+        let process = with_env(&[
+            ("PMIX_NAMESPACE", "prterun-x-1@1"),
+            ("PMIX_RANK", "1"),
+            ("SLURM_JOB_ID", "9"),
+            ("SLURM_NTASKS", "4"),
+        ]);
+        let id = identify_when_started(&process);
+        assert_eq!(id.job, JobId("pmix:prterun-x-1@1".into()));
+        assert_eq!(
+            (id.rank, id.size, id.source),
+            (1, 4, IdentitySource::PmixEnv)
+        );
+    }
+
+    #[test]
+    fn variables_outside_the_allow_list_are_never_kept() {
+        let secret = "s3cr3t-value-that-must-not-leak";
+        let process = with_env(&[
+            ("OMPI_MCA_ess_base_jobid", "1208680449"),
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            ("SECRET_TOKEN", secret),
+        ]);
+        let id = identify_when_started(&process);
+        assert_eq!(id.job, JobId("pmix:1208680449".into()));
+        assert_eq!(
+            (id.rank, id.size, id.source),
+            (2, 3, IdentitySource::OpenMpiEnv)
+        );
+        let env = LaunchEnv::read(process.pid()).unwrap();
+        for text in [
+            format!("{id:?}"),
+            format!("{env:?}"),
+            serde_json::to_string(&id).unwrap(),
+        ] {
+            assert!(!text.contains("SECRET") && !text.contains(secret), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_process_without_launcher_or_variables_is_a_singleton_if_it_maps_mpi() {
+        let mut cmd = Command::new("/bin/sleep");
+        cmd.arg("10").env_clear().env("LD_PRELOAD", "libmpi.so.40");
+        let singleton = Spawned::start(cmd);
+        let pid = singleton.pid();
+        let id = singleton.wait_until(|| identify(pid, "n").ok());
+        let stat = read_stat(pid).unwrap();
+        assert_eq!(id.job, JobId(format!("sleep:{pid}@{}", stat.start_time)));
+        assert_eq!(
+            (id.rank, id.size, id.source),
+            (0, 1, IdentitySource::Launcher)
+        );
+
+        let plain = with_env(&[]);
+        plain.wait_until(|| (read_stat(plain.pid()).ok()?.comm == "sleep").then_some(()));
+        let err = identify(plain.pid(), "n").unwrap_err();
+        assert!(matches!(err, DiscoveryError::NotMpiProcess { .. }), "{err}");
+    }
+
+    #[test]
+    fn launcher_names_include_distribution_alternatives() {
+        for comm in [
+            "mpirun",
+            "mpirun.openmpi",
+            "mpirun.mpich",
+            "mpiexec.hydra",
+            "hydra_pmi_proxy",
+            "slurmstepd",
+            "prterun",
+        ] {
+            assert!(is_launcher(comm), "{comm}");
+        }
+        for comm in ["mpirunner", "bash", "sleep", "srun_helper"] {
+            assert!(!is_launcher(comm), "{comm}");
+        }
+    }
+
+    #[test]
+    fn exited_processes_and_the_host_name() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(matches!(
+            identify(pid, "n"),
+            Err(DiscoveryError::ProcessGone { .. })
+        ));
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        assert_eq!(hostname().unwrap(), kernel.trim());
+    }
+}

@@ -1,0 +1,97 @@
+//! HTTP server: Prometheus `/metrics` and the JSON API (`/api/jobs`, `/api/jobs/{id}`).
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    extract::{Path, State},
+    http::{header, StatusCode},
+    response::IntoResponse,
+    routing::get,
+    Json, Router,
+};
+use serde::Serialize;
+
+use crate::{
+    export::{prometheus, SelfStats},
+    store::{CallStats, JobMeta, JobStore, RankRecord, RankTotals},
+};
+
+/// What the daemon loop updates and the server reads.
+#[derive(Default)]
+pub struct Shared {
+    pub store: JobStore,
+    pub health: SelfStats,
+}
+
+pub type SharedState = Arc<Mutex<Shared>>;
+
+#[derive(Serialize)]
+struct JobSummary<'a> {
+    meta: &'a JobMeta,
+    totals: RankTotals,
+    mpi_ns: u64,
+}
+
+#[derive(Serialize)]
+struct JobDetail<'a> {
+    meta: &'a JobMeta,
+    totals: RankTotals,
+    ranks: Vec<&'a RankRecord>,
+    functions: std::collections::BTreeMap<&'a str, CallStats>,
+    bursts_held: usize,
+    bursts_evicted: u64,
+}
+
+async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
+    let body = {
+        let s = state.lock().unwrap();
+        prometheus::render(&s.store, &s.health)
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+}
+
+async fn jobs(State(state): State<SharedState>) -> impl IntoResponse {
+    let s = state.lock().unwrap();
+    let list: Vec<JobSummary> = s
+        .store
+        .jobs
+        .values()
+        .map(|j| JobSummary { meta: &j.meta, totals: j.totals(), mpi_ns: j.ranks.values().map(|r| r.mpi_ns()).sum() })
+        .collect();
+    Json(serde_json::to_value(list).unwrap_or_default())
+}
+
+async fn job(State(state): State<SharedState>, Path(id): Path<String>) -> impl IntoResponse {
+    let s = state.lock().unwrap();
+    let Some(j) = s.store.jobs.get(&crate::model::JobId(id.clone())) else {
+        return (StatusCode::NOT_FOUND, format!("no job {id:?} on this node; GET /api/jobs lists them")).into_response();
+    };
+    let detail = JobDetail {
+        meta: &j.meta,
+        totals: j.totals(),
+        ranks: j.ranks.values().collect(),
+        functions: j.functions(),
+        bursts_held: j.bursts.len(),
+        bursts_evicted: j.bursts_evicted,
+    };
+    Json(serde_json::to_value(detail).unwrap_or_default()).into_response()
+}
+
+/// Binds the listener (so a bad address fails at start-up) and returns the bound address and
+/// the server future.
+pub async fn bind(
+    addr: SocketAddr,
+    state: SharedState,
+) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = std::io::Result<()>>)> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/api/jobs", get(jobs))
+        .route("/api/jobs/{id}", get(job))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    Ok((local, async move { axum::serve(listener, app).await }))
+}

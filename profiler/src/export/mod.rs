@@ -1,0 +1,20 @@
+//! Export stage: Prometheus metrics, the HTTP server, recordings and text reports.
+
+pub mod http;
+pub mod prometheus;
+pub mod recording;
+pub mod report;
+
+use crate::capture::{Lost, ProgramStats};
+
+/// The daemon's own health, exported next to the jobs.
+#[derive(Clone, Debug, Default)]
+pub struct SelfStats {
+    pub lost: Lost,
+    pub programs: Vec<ProgramStats>,
+    pub probes: usize,
+    pub libraries: usize,
+    /// Comma-separated counter event names, or "none".
+    pub counter_events: String,
+    pub hardware_counters: bool,
+}

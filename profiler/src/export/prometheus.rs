@@ -1,0 +1,179 @@
+//! Prometheus text exposition of the per-job totals and of the daemon's own health. Names follow
+//! DESIGN.md §6: prefix `mpiburst_`, base units, `_total` on counters; labels are bounded (job,
+//! node, function, program); no per-rank label.
+
+use std::fmt::Write as _;
+
+use crate::{capture::ProgramStats, export::SelfStats, store::JobStore};
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Writes metric families: each family's HELP and TYPE once, then its samples.
+struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str, samples: impl IntoIterator<Item = (String, f64)>) {
+        let mut samples = samples.into_iter().peekable();
+        if samples.peek().is_none() {
+            return;
+        }
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            if labels.is_empty() {
+                let _ = writeln!(self.out, "{name} {value}");
+            } else {
+                let _ = writeln!(self.out, "{name}{{{labels}}} {value}");
+            }
+        }
+    }
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+pub fn render(store: &JobStore, health: &SelfStats) -> String {
+    let mut e = Exposition { out: String::new() };
+    let job_labels = |id: &str, node: &str| format!("job=\"{}\",node=\"{}\"", escape(id), escape(node));
+    let jobs: Vec<_> = store.jobs.values().map(|j| (job_labels(&j.meta.id.0, &j.meta.node), j)).collect();
+
+    e.family(
+        "mpiburst_job_info",
+        "gauge",
+        "Always 1; identifies a job seen on this node, with where its identity came from.",
+        jobs.iter().map(|(l, j)| {
+            (
+                format!("{l},source=\"{}\",executable=\"{}\"", escape(&j.meta.source), escape(&j.meta.executable)),
+                1.0,
+            )
+        }),
+    );
+    e.family(
+        "mpiburst_job_size_ranks",
+        "gauge",
+        "Ranks in the job's world communicator (all nodes).",
+        jobs.iter().map(|(l, j)| (l.clone(), j.meta.size as f64)),
+    );
+    e.family(
+        "mpiburst_job_local_ranks",
+        "gauge",
+        "Ranks of the job seen on this node.",
+        jobs.iter().map(|(l, j)| (l.clone(), j.ranks.len() as f64)),
+    );
+    e.family(
+        "mpiburst_job_running",
+        "gauge",
+        "1 while the job has live ranks on this node, 0 once they all ended.",
+        jobs.iter().map(|(l, j)| (l.clone(), if j.is_ended() { 0.0 } else { 1.0 })),
+    );
+    let totals: Vec<_> = jobs.iter().map(|(l, j)| (l, j.totals())).collect();
+    e.family(
+        "mpiburst_job_useful_seconds_total",
+        "counter",
+        "Wall time of all CPU bursts (computation between MPI calls) of the job's ranks here, exact.",
+        totals.iter().map(|(l, t)| ((*l).clone(), secs(t.burst_ns))),
+    );
+    e.family(
+        "mpiburst_job_useful_oncpu_seconds_total",
+        "counter",
+        "On-CPU time inside the job's CPU bursts here (lower than useful time when descheduled).",
+        totals.iter().map(|(l, t)| ((*l).clone(), secs(t.burst_oncpu_ns))),
+    );
+    e.family(
+        "mpiburst_job_mpi_seconds_total",
+        "counter",
+        "Time inside outermost MPI calls, all functions, of the job's ranks here.",
+        jobs.iter().map(|(l, j)| (l.clone(), secs(j.ranks.values().map(|r| r.mpi_ns()).sum()))),
+    );
+    e.family(
+        "mpiburst_job_bursts_total",
+        "counter",
+        "CPU bursts of the job's ranks here, whatever their duration.",
+        totals.iter().map(|(l, t)| ((*l).clone(), t.bursts as f64)),
+    );
+    e.family(
+        "mpiburst_job_filtered_bursts_total",
+        "counter",
+        "Bursts below the duration filter: summed in kernel, not shipped to the daemon.",
+        totals.iter().map(|(l, t)| ((*l).clone(), t.filtered_bursts as f64)),
+    );
+    e.family(
+        "mpiburst_job_filtered_seconds_total",
+        "counter",
+        "Wall time of the bursts below the duration filter.",
+        totals.iter().map(|(l, t)| ((*l).clone(), secs(t.filtered_ns))),
+    );
+    e.family(
+        "mpiburst_job_dropped_bursts_total",
+        "counter",
+        "Bursts above the filter lost because the ring buffer was full (their time is still counted).",
+        totals.iter().map(|(l, t)| ((*l).clone(), t.dropped_bursts as f64)),
+    );
+    let per_function: Vec<_> = jobs
+        .iter()
+        .flat_map(|(l, j)| {
+            j.functions()
+                .into_iter()
+                .map(move |(f, s)| (format!("{l},function=\"{}\"", escape(f)), s))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    e.family(
+        "mpiburst_job_mpi_calls_total",
+        "counter",
+        "Outermost calls per MPI function (PMPI and Fortran wrappers count once).",
+        per_function.iter().map(|(l, s)| (l.clone(), s.calls as f64)),
+    );
+    e.family(
+        "mpiburst_job_mpi_call_seconds_total",
+        "counter",
+        "Time inside each MPI function.",
+        per_function.iter().map(|(l, s)| (l.clone(), secs(s.time_ns))),
+    );
+    e.family(
+        "mpiburst_job_mpi_bytes_total",
+        "counter",
+        "Bytes passed to each MPI function (count times datatype size), for calls with a known datatype size.",
+        per_function.iter().filter(|(_, s)| s.sized_calls > 0).map(|(l, s)| (l.clone(), s.bytes as f64)),
+    );
+
+    e.family("mpiburst_jobs_tracked", "gauge", "Jobs held by the daemon, running or ended.", [(String::new(), store.jobs.len() as f64)]);
+    e.family(
+        "mpiburst_lost_events_total",
+        "counter",
+        "Events the kernel side could not deliver or record, by kind.",
+        [
+            ("bursts", health.lost.bursts),
+            ("execs", health.lost.execs),
+            ("thread_states", health.lost.thread_states),
+            ("thread_stats", health.lost.thread_stats),
+        ]
+        .map(|(k, v)| (format!("kind=\"{k}\""), v as f64)),
+    );
+    let programs = |f: fn(&ProgramStats) -> f64| {
+        health.programs.iter().map(move |p| (format!("program=\"{}\"", p.name), f(p))).collect::<Vec<_>>()
+    };
+    e.family(
+        "mpiburst_bpf_run_seconds_total",
+        "counter",
+        "Time the kernel spent running each BPF program (kernel BPF statistics).",
+        programs(|p| p.run_time.as_secs_f64()),
+    );
+    e.family("mpiburst_bpf_runs_total", "counter", "Runs of each BPF program.", programs(|p| p.run_count as f64));
+    e.family("mpiburst_probes_attached", "gauge", "MPI entry points probed (each with a uprobe and a uretprobe).", [(String::new(), health.probes as f64)]);
+    e.family("mpiburst_libraries_attached", "gauge", "MPI library files attached.", [(String::new(), health.libraries as f64)]);
+    e.family(
+        "mpiburst_counters_info",
+        "gauge",
+        "1 for the counter events read per burst; event=\"none\" when no counters are available.",
+        [(
+            format!("event=\"{}\",hardware=\"{}\"", escape(&health.counter_events), health.hardware_counters),
+            1.0,
+        )],
+    );
+    e.out
+}

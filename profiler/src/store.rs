@@ -1,0 +1,194 @@
+//! The per-job store: what the daemon knows about each job on this node (identity, ranks, exact
+//! per-rank totals from the kernel, and a bounded window of recent bursts). Live capture and
+//! recordings both fill it, so reports and exports read it the same way.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Burst, JobId};
+
+/// Exact per-rank burst totals (from the kernel; independent of the duration filter).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankTotals {
+    pub bursts: u64,
+    pub burst_ns: u64,
+    pub burst_oncpu_ns: u64,
+    /// Bursts below the duration filter: summed in kernel, not shipped.
+    pub filtered_bursts: u64,
+    pub filtered_ns: u64,
+    /// Bursts at or above the filter lost because the ring buffer was full.
+    pub dropped_bursts: u64,
+}
+
+/// Calls, time and bytes of one MPI function in one rank (outermost calls only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallStats {
+    pub calls: u64,
+    pub time_ns: u64,
+    pub bytes: u64,
+    /// Calls whose datatype size was known; `bytes` covers exactly these.
+    pub sized_calls: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankRecord {
+    pub rank: u32,
+    pub pid: u32,
+    /// Unix ns when the daemon first saw the rank and when it saw it gone.
+    pub first_seen_ns: u64,
+    pub ended_ns: Option<u64>,
+    pub totals: RankTotals,
+    pub functions: BTreeMap<String, CallStats>,
+}
+
+impl RankRecord {
+    pub fn mpi_ns(&self) -> u64 {
+        self.functions.values().map(|f| f.time_ns).sum()
+    }
+    pub fn calls(&self) -> u64 {
+        self.functions.values().map(|f| f.calls).sum()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobMeta {
+    pub id: JobId,
+    pub node: String,
+    /// Ranks in the job's world (on all nodes).
+    pub size: u32,
+    /// Where the identity came from (environment of a launcher, or the launcher process).
+    pub source: String,
+    /// Executable of the first rank seen.
+    pub executable: String,
+    pub first_seen_ns: u64,
+    pub ended_ns: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    pub meta: JobMeta,
+    pub ranks: BTreeMap<u32, RankRecord>,
+    /// The most recent bursts, bounded by the configuration.
+    pub bursts: VecDeque<Burst>,
+    /// Bursts received but no longer held because of the bound.
+    pub bursts_evicted: u64,
+}
+
+impl Job {
+    pub fn new(meta: JobMeta) -> Self {
+        Job { meta, ranks: BTreeMap::new(), bursts: VecDeque::new(), bursts_evicted: 0 }
+    }
+
+    pub fn push_burst(&mut self, burst: Burst, max_bursts: usize) {
+        if self.bursts.len() >= max_bursts {
+            self.bursts.pop_front();
+            self.bursts_evicted += 1;
+        }
+        self.bursts.push_back(burst);
+    }
+
+    /// Per-function totals over all ranks, by function name.
+    pub fn functions(&self) -> BTreeMap<&str, CallStats> {
+        let mut out: BTreeMap<&str, CallStats> = BTreeMap::new();
+        for r in self.ranks.values() {
+            for (name, s) in &r.functions {
+                let e = out.entry(name.as_str()).or_default();
+                e.calls += s.calls;
+                e.time_ns += s.time_ns;
+                e.bytes += s.bytes;
+                e.sized_calls += s.sized_calls;
+            }
+        }
+        out
+    }
+
+    pub fn totals(&self) -> RankTotals {
+        let mut t = RankTotals::default();
+        for r in self.ranks.values() {
+            t.bursts += r.totals.bursts;
+            t.burst_ns += r.totals.burst_ns;
+            t.burst_oncpu_ns += r.totals.burst_oncpu_ns;
+            t.filtered_bursts += r.totals.filtered_bursts;
+            t.filtered_ns += r.totals.filtered_ns;
+            t.dropped_bursts += r.totals.dropped_bursts;
+        }
+        t
+    }
+
+    pub fn is_ended(&self) -> bool {
+        self.meta.ended_ns.is_some()
+    }
+}
+
+/// All jobs of this node, keyed by id.
+#[derive(Default)]
+pub struct JobStore {
+    pub jobs: BTreeMap<JobId, Job>,
+}
+
+impl JobStore {
+    /// Drops jobs that ended more than `grace_ns` before `now_ns`; returns their ids.
+    pub fn evict_ended(&mut self, now_ns: u64, grace_ns: u64) -> Vec<JobId> {
+        let expired: Vec<JobId> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.meta.ended_ns.is_some_and(|e| now_ns.saturating_sub(e) > grace_ns))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &expired {
+            self.jobs.remove(id);
+        }
+        expired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(ended: Option<u64>) -> JobMeta {
+        JobMeta {
+            id: JobId("j".into()),
+            node: "n".into(),
+            size: 2,
+            source: "test".into(),
+            executable: "x".into(),
+            first_seen_ns: 0,
+            ended_ns: ended,
+        }
+    }
+
+    #[test]
+    fn ended_jobs_are_evicted_after_the_grace_period_only() {
+        let mut store = JobStore::default();
+        store.jobs.insert(JobId("j".into()), Job::new(meta(Some(100))));
+        assert!(store.evict_ended(150, 100).is_empty());
+        assert_eq!(store.evict_ended(201, 100), vec![JobId("j".into())]);
+        assert!(store.jobs.is_empty());
+    }
+
+    #[test]
+    fn burst_window_is_bounded_and_counts_evictions() {
+        let mut job = Job::new(meta(None));
+        let b = Burst {
+            pid: 1,
+            tid: 1,
+            rank: 0,
+            start_ns: 0,
+            duration_ns: 1,
+            oncpu_ns: 1,
+            counters: None,
+            start_func: "MPI_Init".into(),
+            end_func: "MPI_Barrier".into(),
+            start_site: crate::model::CallSite::unknown(1),
+            end_site: crate::model::CallSite::unknown(2),
+        };
+        for i in 0..5 {
+            job.push_burst(Burst { start_ns: i, ..b.clone() }, 3);
+        }
+        assert_eq!(job.bursts.len(), 3);
+        assert_eq!(job.bursts_evicted, 2);
+        assert_eq!(job.bursts.front().unwrap().start_ns, 2);
+    }
+}

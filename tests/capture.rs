@@ -1,0 +1,265 @@
+//! Capture, end to end: real MPI programs (C and Fortran, Open MPI and MPICH) under the real
+//! daemon with its real BPF programs. Each program reports what it did; the daemon must agree.
+
+use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
+
+use mpiburst::{export::recording::Recording, store::Job};
+use mpiburst_tests::*;
+
+/// Compares each rank's own call and byte counts with the daemon's, exactly.
+fn assert_counts_match(job: &Job, outputs: &[serde_json::Value], what: &str) {
+    assert_eq!(job.ranks.len(), outputs.len(), "{what}: ranks seen");
+    for out in outputs {
+        let rank = out["rank"].as_u64().unwrap() as u32;
+        let record = job.ranks.get(&rank).unwrap_or_else(|| panic!("{what}: rank {rank} missing"));
+        assert_eq!(record.pid as u64, out["pid"].as_u64().unwrap(), "{what}: pid of rank {rank}");
+        let expected: BTreeMap<String, u64> =
+            out["calls"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect();
+        let seen: BTreeMap<String, u64> = record.functions.iter().map(|(k, v)| (k.clone(), v.calls)).collect();
+        assert_eq!(seen, expected, "{what}: calls per function of rank {rank}");
+        assert!(expected.len() >= 8, "{what}: the program must use at least 8 functions");
+        for (function, bytes) in out["bytes"].as_object().unwrap() {
+            let stats = &record.functions[function];
+            if stats.sized_calls > 0 {
+                assert_eq!(stats.sized_calls, stats.calls, "{what}: rank {rank} {function}: every call sized");
+                assert_eq!(stats.bytes, bytes.as_u64().unwrap(), "{what}: bytes of rank {rank} {function}");
+            }
+        }
+    }
+}
+
+#[test]
+fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
+    if !privileged("exact_call_counts") {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let mut runs = Vec::new();
+    for mpi in Mpi::ALL {
+        for name in ["counts", "counts_f90"] {
+            let out = tempfile::tempdir().unwrap();
+            let program = program(name, mpi);
+            run_mpi(mpi, 3, &program, &[out.path().to_str().unwrap()]);
+            runs.push((mpi, name, program, rank_outputs(out.path(), "counts", 3)));
+        }
+    }
+    let recording = daemon.stop();
+    for (mpi, name, program, outputs) in &runs {
+        let what = format!("{name} under {mpi:?}");
+        let job = job_of(&recording, program);
+        assert_eq!(job.meta.size, 3, "{what}: job size");
+        assert!(job.meta.ended_ns.is_some(), "{what}: job seen to end");
+        assert_counts_match(job, outputs, &what);
+        // C programs pass predefined datatypes straight to C calls: their bytes are all known.
+        if *name == "counts" {
+            let sized: u64 = job.ranks.values().flat_map(|r| r.functions.values()).map(|f| f.sized_calls).sum();
+            assert!(sized > 0, "{what}: byte accounting worked for no call");
+        }
+    }
+}
+
+struct ProgramBurst {
+    start_ns: i128,
+    duration_ns: u64,
+}
+
+/// Runs burst_timing and pairs each burst the program measured with the daemon's burst that
+/// starts at the same time; returns (program, daemon) pairs and the job.
+fn timed_bursts(mpi: Mpi, ranks: u32, extra: &[&str]) -> (Vec<(ProgramBurst, mpiburst::model::Burst)>, Recording) {
+    let daemon = Daemon::start(extra);
+    let out = tempfile::tempdir().unwrap();
+    let program = program("burst_timing", mpi);
+    run_mpi(mpi, ranks, &program, &[out.path().to_str().unwrap(), "15", "1000", "5000", "20000"]);
+    let offset = unix_minus_monotonic_ns();
+    let recording = daemon.stop();
+    let job = job_of(&recording, &program).clone();
+    let mut pairs = Vec::new();
+    for out in rank_outputs(out.path(), "timing", ranks) {
+        let pid = out["pid"].as_u64().unwrap() as u32;
+        let mut daemon_bursts: Vec<_> = job.bursts.iter().filter(|b| b.pid == pid).collect();
+        daemon_bursts.sort_by_key(|b| b.start_ns);
+        for b in out["bursts"].as_array().unwrap() {
+            let p = ProgramBurst {
+                start_ns: b[0].as_u64().unwrap() as i128 + offset,
+                duration_ns: b[1].as_u64().unwrap(),
+            };
+            // The daemon's burst starts at the probe, the program's a few hundred ns later.
+            let matched = daemon_bursts
+                .iter()
+                .min_by_key(|d| (d.start_ns as i128 - p.start_ns).abs())
+                .filter(|d| (d.start_ns as i128 - p.start_ns).abs() < 500_000)
+                .unwrap_or_else(|| panic!("no daemon burst of pid {pid} starts near {}", p.start_ns));
+            pairs.push((p, (*matched).clone()));
+        }
+    }
+    (pairs, recording)
+}
+
+fn assert_durations_agree(pairs: &[(ProgramBurst, mpiburst::model::Burst)], what: &str) {
+    let within = |p: &ProgramBurst, d: &mpiburst::model::Burst| {
+        let tolerance = (p.duration_ns as f64 * 0.05).max(50_000.0);
+        (d.duration_ns as f64 - p.duration_ns as f64).abs() <= tolerance
+    };
+    let good = pairs.iter().filter(|(p, d)| within(p, d)).count();
+    let worst = pairs
+        .iter()
+        .map(|(p, d)| (d.duration_ns as f64 - p.duration_ns as f64).abs() / p.duration_ns as f64)
+        .fold(0.0, f64::max);
+    eprintln!("{what}: {good}/{} bursts within 5 % or 50 µs; worst relative error {:.4}", pairs.len(), worst);
+    assert!(pairs.len() >= 90, "{what}: only {} bursts paired", pairs.len());
+    assert!(good as f64 >= 0.99 * pairs.len() as f64, "{what}: {good} of {} bursts agree", pairs.len());
+}
+
+#[test]
+fn burst_durations_match_the_programs_own_clock() {
+    if !privileged("burst_durations") {
+        return;
+    }
+    for mpi in Mpi::ALL {
+        let (pairs, _) = timed_bursts(mpi, 2, &[]);
+        assert_durations_agree(&pairs, &format!("{mpi:?}, 2 ranks"));
+    }
+}
+
+#[test]
+fn oversubscribed_ranks_report_on_cpu_time_apart_from_wall_time() {
+    if !privileged("oversubscribed_on_cpu") {
+        return;
+    }
+    // Four ranks spinning on two cores: each burst lasts its wall time but runs about half of it.
+    let (pairs, _) = timed_bursts(Mpi::OpenMpi, 4, &[]);
+    assert_durations_agree(&pairs, "Open MPI, 4 ranks on 2 cores");
+    let wall: u64 = pairs.iter().map(|(_, d)| d.duration_ns).sum();
+    let oncpu: u64 = pairs.iter().map(|(_, d)| d.oncpu_ns).sum();
+    eprintln!("on-CPU / wall over all bursts: {:.3}", oncpu as f64 / wall as f64);
+    assert!(pairs.iter().all(|(_, d)| d.oncpu_ns <= d.duration_ns + 10_000), "on-CPU time above wall time");
+    assert!((oncpu as f64) < 0.85 * wall as f64, "oversubscribed bursts should run well below their wall time");
+    assert!((oncpu as f64) > 0.2 * wall as f64, "on-CPU time implausibly low");
+}
+
+#[test]
+fn software_counter_path_reads_per_thread_counts_in_bpf() {
+    if !privileged("software_counters") {
+        return;
+    }
+    // No PMU here: the software cpu-clock event in both slots exercises the same perf-event
+    // array, bpf_perf_event_read_value and sched_switch virtualisation the hardware path uses.
+    let (pairs, recording) = timed_bursts(Mpi::OpenMpi, 2, &["--counters", "software"]);
+    assert_eq!(recording.header.counter_events, Some(["cpu-clock".to_string(), "cpu-clock".to_string()]));
+    assert!(recording.header.counters_note.contains("software"), "{}", recording.header.counters_note);
+    let job = recording.jobs.values().next().unwrap();
+    let counts = &recording.event_counts[&job.meta.id];
+    assert!(job.bursts.iter().all(|b| b.counters.is_none()), "software events must not pose as instructions/cycles");
+    let mut agree = 0;
+    for (burst, count) in job.bursts.iter().zip(counts) {
+        let [a, b] = count.expect("every burst carries counter values");
+        let tolerance = (burst.oncpu_ns as f64 * 0.05).max(50_000.0);
+        if (a as f64 - burst.oncpu_ns as f64).abs() <= tolerance && (b as f64 - burst.oncpu_ns as f64).abs() <= tolerance {
+            agree += 1;
+        }
+    }
+    eprintln!("{agree}/{} bursts: cpu-clock counter delta equals on-CPU time within 5 %", job.bursts.len());
+    assert!(agree as f64 >= 0.95 * job.bursts.len() as f64);
+    assert!(pairs.len() >= 90);
+}
+
+#[test]
+fn default_counters_state_plainly_what_is_measured() {
+    if !privileged("default_counters") {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let recording = daemon.stop();
+    let hardware = Command::new("perf")
+        .args(["stat", "-e", "instructions", "-x,", "true"])
+        .output()
+        .map(|o| !String::from_utf8_lossy(&o.stderr).contains("not supported"))
+        .unwrap_or(false);
+    match &recording.header.counter_events {
+        Some(events) => assert_eq!(events, &["instructions".to_string(), "cycles".to_string()]),
+        None => {
+            assert!(!hardware, "perf sees a PMU but the daemon did not use it");
+            assert!(recording.header.counters_note.contains("no hardware PMU"), "{}", recording.header.counters_note);
+        }
+    }
+}
+
+/// The source line of the marker comment in tests/mpi/callsites.c.
+fn marker_line(marker: &str) -> u32 {
+    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("mpi/callsites.c")).unwrap();
+    src.lines().position(|l| l.contains(marker)).map(|i| i as u32 + 1).expect("marker present")
+}
+
+#[test]
+fn call_sites_identify_source_lines_across_ranks() {
+    if !privileged("call_sites") {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let program = program("callsites", Mpi::OpenMpi);
+    run_mpi(Mpi::OpenMpi, 2, &program, &["20"]);
+    let recording = daemon.stop();
+    let job = job_of(&recording, &program);
+    // Bursts before line A spin 2 ms, before line B 6 ms.
+    let mut sites: BTreeMap<&str, BTreeMap<u32, Vec<_>>> = BTreeMap::new();
+    for b in job.bursts.iter().filter(|b| b.end_func.as_ref() == "MPI_Barrier") {
+        let kind = match b.duration_ns {
+            1_500_000..=4_000_000 => "A",
+            5_500_000..=12_000_000 => "B",
+            _ => continue,
+        };
+        sites.entry(kind).or_default().entry(b.rank).or_default().push(b.end_site.clone());
+    }
+    let mut line_site = BTreeMap::new();
+    for (kind, ranks) in &sites {
+        assert_eq!(ranks.len(), 2, "line {kind}: bursts from both ranks");
+        let all: std::collections::BTreeSet<_> = ranks.values().flatten().collect();
+        assert_eq!(all.len(), 1, "line {kind}: one call site in every rank, got {all:?}");
+        assert!(ranks.values().all(|v| v.len() >= 15), "line {kind}: too few bursts");
+        line_site.insert(*kind, (*all.iter().next().unwrap()).clone());
+    }
+    assert_ne!(line_site["A"], line_site["B"], "two source lines, two call sites");
+    // The call site maps back to the marked source line: module offset → addr2line.
+    for (kind, marker) in [("A", "CALLSITE_A"), ("B", "CALLSITE_B")] {
+        let site = &line_site[kind];
+        let out = Command::new("addr2line")
+            .arg("-e")
+            .arg(&program)
+            .arg(format!("{:#x}", site.offset - 1))
+            .output()
+            .expect("addr2line (binutils)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line: u32 = text.trim().rsplit(':').next().and_then(|l| l.split_whitespace().next()?.parse().ok()).unwrap_or(0);
+        assert_eq!(line, marker_line(marker), "call site {site} of line {kind} resolves to {text}");
+    }
+}
+
+#[test]
+fn killing_the_daemon_leaves_the_job_running_and_no_program_loaded() {
+    if !privileged("kill_9") {
+        return;
+    }
+    let mut daemon = Daemon::start(&[]);
+    let out = tempfile::tempdir().unwrap();
+    let program = program("burst_timing", Mpi::OpenMpi);
+    let mut job = Mpi::OpenMpi.launcher(2);
+    job.arg(&program).args([out.path().to_str().unwrap(), "60", "1000", "5000", "20000"]);
+    let mut job = job.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = daemon.pid();
+    daemon.kill9();
+    let st = wait_with_timeout(&mut job, Duration::from_secs(120)).expect("the job finishes");
+    assert!(st.success(), "job exit status {st} after the daemon was killed");
+    let outputs = rank_outputs(out.path(), "timing", 2);
+    assert!(outputs.iter().all(|o| o["bursts"].as_array().unwrap().len() == 180), "every burst ran");
+    let ours = ["mpi_enter", "mpi_exit", "sched_switch", "sched_process_e"];
+    let loaded: Vec<String> = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_string))
+        .filter(|n| ours.contains(&n.as_str()))
+        .collect();
+    assert!(loaded.is_empty(), "BPF programs still loaded after kill -9 of daemon {pid}: {loaded:?}");
+    // The recording up to the kill is still readable.
+    let recording = Recording::read(&daemon.recording).expect("a cut-short recording reads");
+    assert!(recording.end.is_none());
+}

@@ -1,0 +1,221 @@
+//! Shared pieces of the integration tests: they run the real daemon binary, real MPI launchers
+//! and the bundled MPI programs (tests/mpi), and read what the daemon recorded.
+//!
+//! `cargo xtask test` builds the daemon and the programs and passes their locations in
+//! MPIBURST_BIN and MPIBURST_MPI_PROGRAMS.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use mpiburst::{export::recording::Recording, store::Job};
+
+/// True when the privileged tests can run. Without root they cannot load BPF programs; the
+/// test then says so and returns (CI runs as root, so nothing that can run here is skipped).
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!("SKIP {test}: loading BPF programs needs root; run `sudo -E cargo xtask test`");
+    false
+}
+
+fn env_path(var: &str) -> PathBuf {
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("{var} is not set: run the integration tests through `cargo xtask test`"))
+}
+
+/// A bundled MPI program built for one implementation (`name.openmpi`, `name.mpich`).
+pub fn program(name: &str, mpi: Mpi) -> PathBuf {
+    let p = env_path("MPIBURST_MPI_PROGRAMS").join(format!("{name}.{}", mpi.suffix()));
+    assert!(p.exists(), "{} is missing: `cargo xtask test` builds it", p.display());
+    p
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mpi {
+    OpenMpi,
+    Mpich,
+}
+
+impl Mpi {
+    pub const ALL: [Mpi; 2] = [Mpi::OpenMpi, Mpi::Mpich];
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Mpi::OpenMpi => "openmpi",
+            Mpi::Mpich => "mpich",
+        }
+    }
+
+    /// The launcher, set up for this 2-core machine (oversubscription allowed, and idle ranks
+    /// yield instead of busy-polling).
+    pub fn launcher(self, ranks: u32) -> Command {
+        let mut cmd = match self {
+            Mpi::OpenMpi => {
+                let mut c = Command::new("mpirun.openmpi");
+                c.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]);
+                c
+            }
+            Mpi::Mpich => Command::new("mpirun.mpich"),
+        };
+        cmd.args(["-np", &ranks.to_string()]);
+        cmd
+    }
+}
+
+/// Runs a command to completion with a time limit, killing it on timeout.
+pub fn run_with_timeout(mut cmd: Command, limit: Duration) -> ExitStatus {
+    let shown = format!("{cmd:?}");
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {shown}: {e}"));
+    wait_with_timeout(&mut child, limit).unwrap_or_else(|| panic!("{shown} did not finish within {limit:?}"))
+}
+
+pub fn wait_with_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return Some(st);
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Runs an MPI program and asserts it succeeded.
+pub fn run_mpi(mpi: Mpi, ranks: u32, program: &Path, args: &[&str]) {
+    let mut cmd = mpi.launcher(ranks);
+    cmd.arg(program).args(args);
+    let st = run_with_timeout(cmd, Duration::from_secs(180));
+    assert!(st.success(), "{} under {mpi:?} failed: {st}", program.display());
+}
+
+/// The real daemon, recording to a temporary file. Stopped (SIGKILL) if the test panics.
+pub struct Daemon {
+    child: Child,
+    pub recording: PathBuf,
+    pub log: Arc<Mutex<Vec<String>>>,
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    pub fn start(extra: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let recording = dir.path().join("recording.jsonl");
+        // A free loopback port: bind to port 0, note the port, release it for the daemon.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let mut child = Command::new(env_path("MPIBURST_BIN"))
+            .args(["record", "-o"])
+            .arg(&recording)
+            .args(["--listen", &addr, "--report-interval", "0"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the daemon");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.starts_with("mpiburst ready") {
+                    let _ = tx.send(());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut daemon = Daemon { child, recording, log, addr, _dir: dir };
+        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = daemon.child.kill();
+            panic!("the daemon did not become ready; its log:\n{}", daemon.log_text());
+        }
+        daemon
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGINT, wait for the clean shutdown, and read the recording.
+    pub fn stop(mut self) -> Recording {
+        // Give the last totals read a chance to see the ranks gone (stats interval is 1 s).
+        thread::sleep(Duration::from_millis(1200));
+        let st = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap();
+        assert!(st.success());
+        let st = wait_with_timeout(&mut self.child, Duration::from_secs(60)).expect("daemon stops on SIGINT");
+        assert!(st.success(), "daemon exit {st}; log:\n{}", self.log_text());
+        Recording::read(&self.recording).unwrap_or_else(|e| panic!("{e}; log:\n{}", self.log_text()))
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The recorded jobs whose executable is `program`.
+pub fn jobs_of<'a>(recording: &'a Recording, program: &Path) -> Vec<&'a Job> {
+    let exe = program.canonicalize().unwrap();
+    recording.jobs.values().filter(|j| Path::new(&j.meta.executable) == exe).collect()
+}
+
+/// The one recorded job whose executable is `program`.
+pub fn job_of<'a>(recording: &'a Recording, program: &Path) -> &'a Job {
+    let jobs = jobs_of(recording, program);
+    assert_eq!(
+        jobs.len(),
+        1,
+        "expected one job running {}, found {:?}",
+        program.display(),
+        recording.jobs.values().map(|j| (&j.meta.id, &j.meta.executable)).collect::<Vec<_>>()
+    );
+    jobs[0]
+}
+
+/// Reads `<dir>/<prefix>.<rank>.json` for every rank.
+pub fn rank_outputs(dir: &Path, prefix: &str, ranks: u32) -> Vec<serde_json::Value> {
+    (0..ranks)
+        .map(|r| {
+            let p = dir.join(format!("{prefix}.{r}.json"));
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        })
+        .collect()
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}
+
+/// CLOCK_REALTIME minus CLOCK_MONOTONIC now, in ns: maps the programs' monotonic timestamps to
+/// the Unix times the daemon records.
+pub fn unix_minus_monotonic_ns() -> i128 {
+    clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
+}

@@ -1,0 +1,36 @@
+#!/bin/sh
+# Compile every test program with both Open MPI and MPICH into OUTDIR as
+# <name>.openmpi and <name>.mpich (counts.f90 becomes counts_f90.*).
+# Any compiler output counts as a failure: the programs are warning-free, and
+# a new warning usually means a changed MPI header or compiler worth a look.
+# Exits non-zero if anything failed; prints each binary it built.
+set -u
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUTDIR" >&2
+    exit 2
+fi
+src=$(cd "$(dirname "$0")" && pwd)
+out=$1
+mkdir -p "$out" || exit 1
+status=0
+
+build() { # build COMPILER SOURCE OUTPUT FLAGS...
+    cc=$1 file=$2 bin=$3
+    shift 3
+    if msg=$("$cc" "$@" -o "$bin" "$file" 2>&1) && [ -z "$msg" ]; then
+        echo "built $bin"
+    else
+        echo "FAILED: $cc $* -o $bin $file" >&2
+        [ -n "$msg" ] && echo "$msg" >&2
+        rm -f "$bin" # never leave a binary that did not build cleanly
+        status=1
+    fi
+}
+
+for mpi in openmpi mpich; do
+    for prog in counts burst_timing callsites demo call_loop imbalance; do
+        build "mpicc.$mpi" "$src/$prog.c" "$out/$prog.$mpi" -O2 -g -Wall
+    done
+    build "mpif90.$mpi" "$src/counts.f90" "$out/counts_f90.$mpi" -O2 -g -Wall
+done
+exit $status
