@@ -185,7 +185,12 @@ fn run(args: &[String]) -> Result<()> {
 fn build_mpi_programs() -> Result<PathBuf> {
     let out = root().join("target/mpi");
     std::fs::create_dir_all(&out)?;
-    status(Command::new("bash").arg(root().join("tests/mpi/build.sh")).arg(&out))?;
+    let built = Command::new("bash").arg(root().join("tests/mpi/build.sh")).arg(&out).stderr(Stdio::inherit()).output()?;
+    if !built.status.success() {
+        bail!("building the MPI programs in tests/mpi failed (compiler output above)");
+    }
+    let count = String::from_utf8_lossy(&built.stdout).lines().filter(|l| l.starts_with("built ")).count();
+    eprintln!("xtask: built {count} MPI programs (Open MPI and MPICH) into {}", out.display());
     Ok(out)
 }
 

@@ -113,8 +113,8 @@ pub fn open(mode: CounterMode, cpus: &[u32]) -> Result<CounterSetup, CaptureErro
     let opened = open_on_all_cpus(events[0], cpus).and_then(|a| Ok([a, open_on_all_cpus(events[1], cpus)?]));
     match (opened, mode) {
         (Ok(fds), _) => Ok(CounterSetup::Enabled(Counters { events, fds })),
-        (Err(e), CounterMode::Auto) => Ok(CounterSetup::Disabled(format!(
-            "no hardware PMU ({e}); bursts carry wall and on-CPU time only"
+        (Err(CaptureError::PerfEvent { event, source, .. }), CounterMode::Auto) => Ok(CounterSetup::Disabled(format!(
+            "no hardware PMU (the {event} event: {source}); bursts carry wall and on-CPU time only"
         ))),
         (Err(e), _) => Err(e),
     }
