@@ -6,6 +6,25 @@ use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
 use mpiburst::{export::recording::Recording, store::Job};
 use mpiburst_tests::*;
 
+/// No mpiburst BPF program stays loaded in the kernel. The kernel frees a program after an RCU
+/// grace period once its last link and fd are closed, so this allows a few seconds.
+fn assert_no_program_loaded(when: &str) {
+    let ours = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit", "sched_switch", "sched_process_e"];
+    let loaded = || -> Vec<String> {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .filter_map(|p| p.name_as_str().map(str::to_string))
+            .filter(|n| ours.contains(&n.as_str()))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !loaded().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left = loaded();
+    assert!(left.is_empty(), "BPF programs still loaded 10 s {when}: {left:?}");
+}
+
 /// Compares each rank's own call and byte counts with the daemon's, exactly.
 fn assert_counts_match(job: &Job, outputs: &[serde_json::Value], what: &str) {
     assert_eq!(job.ranks.len(), outputs.len(), "{what}: ranks seen");
@@ -18,6 +37,14 @@ fn assert_counts_match(job: &Job, outputs: &[serde_json::Value], what: &str) {
         let seen: BTreeMap<String, u64> = record.functions.iter().map(|(k, v)| (k.clone(), v.calls)).collect();
         assert_eq!(seen, expected, "{what}: calls per function of rank {rank}");
         assert!(expected.len() >= 8, "{what}: the program must use at least 8 functions");
+        // Every non-polling call closes one burst and opens the next (MPI_Init opens the first,
+        // the burst after MPI_Finalize never closes); polling calls (MPI_Test*, MPI_Iprobe) neither
+        // end a burst nor ship a record, however often they are called.
+        let polling = ["MPI_Test", "MPI_Testall", "MPI_Testany", "MPI_Testsome", "MPI_Iprobe", "MPI_Improbe"];
+        let non_polling: u64 = expected.iter().filter(|(f, _)| !polling.contains(&f.as_str())).map(|(_, c)| c).sum();
+        assert_eq!(record.totals.bursts, non_polling - 1, "{what}: bursts of rank {rank}");
+        let shipped = job.bursts.iter().filter(|b| b.rank == rank).count() as u64;
+        assert_eq!(shipped + record.totals.filtered_bursts, record.totals.bursts, "{what}: rank {rank} bursts lost");
         for (function, bytes) in out["bytes"].as_object().unwrap() {
             let stats = &record.functions[function];
             if stats.sized_calls > 0 {
@@ -33,7 +60,8 @@ fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
     if !privileged("exact_call_counts") {
         return;
     }
-    let daemon = Daemon::start(&[]);
+    // No duration filter: every burst is shipped, so any record per polling call would show.
+    let daemon = Daemon::start(&["--min-burst-us", "0"]);
     let mut runs = Vec::new();
     for mpi in Mpi::ALL {
         for name in ["counts", "counts_f90"] {
@@ -44,6 +72,13 @@ fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
         }
     }
     let recording = daemon.stop();
+    assert_no_program_loaded("after a clean shutdown");
+    let polls: u64 = runs
+        .iter()
+        .flat_map(|(_, _, _, outputs)| outputs.iter())
+        .map(|o| o["calls"]["MPI_Test"].as_u64().unwrap_or(0) + o["calls"]["MPI_Iprobe"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(polls > 0, "the programs made no polling calls to check");
     for (mpi, name, program, outputs) in &runs {
         let what = format!("{name} under {mpi:?}");
         let job = job_of(&recording, program);
@@ -252,13 +287,7 @@ fn killing_the_daemon_leaves_the_job_running_and_no_program_loaded() {
     assert!(st.success(), "job exit status {st} after the daemon was killed");
     let outputs = rank_outputs(out.path(), "timing", 2);
     assert!(outputs.iter().all(|o| o["bursts"].as_array().unwrap().len() == 180), "every burst ran");
-    let ours = ["mpi_enter", "mpi_exit", "sched_switch", "sched_process_e"];
-    let loaded: Vec<String> = aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .filter_map(|p| p.name_as_str().map(str::to_string))
-        .filter(|n| ours.contains(&n.as_str()))
-        .collect();
-    assert!(loaded.is_empty(), "BPF programs still loaded after kill -9 of daemon {pid}: {loaded:?}");
+    assert_no_program_loaded(&format!("after kill -9 of daemon {pid}"));
     // The recording up to the kill is still readable.
     let recording = Recording::read(&daemon.recording).expect("a cut-short recording reads");
     assert!(recording.end.is_none());
