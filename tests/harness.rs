@@ -112,8 +112,7 @@ impl Daemon {
     pub fn start(extra: &[&str]) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let recording = dir.path().join("recording.jsonl");
-        // A free loopback port: bind to port 0, note the port, release it for the daemon.
-        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        let addr = free_loopback_addr();
         let mut child = Command::new(env_path("MPIBURST_BIN"))
             .args(["record", "-o"])
             .arg(&recording)
@@ -218,4 +217,22 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
 /// the Unix times the daemon records.
 pub fn unix_minus_monotonic_ns() -> i128 {
     clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// A plain HTTP/1.0 GET on loopback, bounded by a 10 s timeout; returns the body.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
+    body.to_string()
+}
+
+/// A free loopback address (bind to port 0, note it, release it).
+pub fn free_loopback_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
 }

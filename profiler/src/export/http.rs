@@ -48,7 +48,7 @@ struct JobDetail<'a> {
 async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
     let body = {
         let s = state.lock().unwrap();
-        prometheus::render(&s.store, &s.health)
+        prometheus::render(&s.store, &s.health, crate::daemon::unix_now_ns())
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
 }

@@ -1,10 +1,15 @@
 //! Prometheus text exposition of the per-job totals and of the daemon's own health. Names follow
 //! DESIGN.md §6: prefix `mpiburst_`, base units, `_total` on counters; labels are bounded (job,
-//! node, function, program); no per-rank label.
+//! node, function, program); no per-rank label. The job label is `mpi_job`: Prometheus gives every
+//! scraped series its own `job` label (the scrape job), and a target's `job` would be renamed.
 
 use std::fmt::Write as _;
 
-use crate::{capture::ProgramStats, export::SelfStats, store::JobStore};
+use crate::{
+    capture::ProgramStats,
+    export::SelfStats,
+    store::{JobStore, RankRecord},
+};
 
 fn escape(value: &str) -> String {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
@@ -36,9 +41,9 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-pub fn render(store: &JobStore, health: &SelfStats) -> String {
+pub fn render(store: &JobStore, health: &SelfStats, now_ns: u64) -> String {
     let mut e = Exposition { out: String::new() };
-    let job_labels = |id: &str, node: &str| format!("job=\"{}\",node=\"{}\"", escape(id), escape(node));
+    let job_labels = |id: &str, node: &str| format!("mpi_job=\"{}\",node=\"{}\"", escape(id), escape(node));
     let jobs: Vec<_> = store.jobs.values().map(|j| (job_labels(&j.meta.id.0, &j.meta.node), j)).collect();
 
     e.family(
@@ -141,6 +146,41 @@ pub fn render(store: &JobStore, health: &SelfStats) -> String {
         per_function.iter().filter(|(_, s)| s.sized_calls > 0).map(|(l, s)| (l.clone(), s.bytes as f64)),
     );
 
+    // Mergeable per-rank aggregates: summed (sum, count) or maxed/minned across nodes in PromQL,
+    // they give exact job-wide load balance and communication efficiency (dashboards/rules).
+    for (name, help, value) in [
+        (
+            "mpiburst_job_rank_useful_seconds",
+            "Per-rank useful (burst) time over the job's ranks here: stat=sum|min|max; count is mpiburst_job_local_ranks.",
+            (|r: &RankRecord, _: u64| r.totals.burst_ns) as fn(&RankRecord, u64) -> u64,
+        ),
+        (
+            "mpiburst_job_rank_mpi_seconds",
+            "Per-rank time in MPI over the job's ranks here: stat=sum|min|max.",
+            |r: &RankRecord, _: u64| r.mpi_ns(),
+        ),
+        (
+            "mpiburst_job_rank_runtime_seconds",
+            "Per-rank wall time since the daemon first saw the rank, until it ended or now: stat=sum|min|max.",
+            |r: &RankRecord, now: u64| r.ended_ns.unwrap_or(now).saturating_sub(r.first_seen_ns),
+        ),
+    ] {
+        e.family(
+            name,
+            "gauge",
+            help,
+            jobs.iter().filter(|(_, j)| !j.ranks.is_empty()).flat_map(|(l, j)| {
+                let values: Vec<u64> = j.ranks.values().map(|r| value(r, now_ns)).collect();
+                let (sum, min, max) = (
+                    values.iter().sum::<u64>(),
+                    values.iter().copied().min().unwrap_or(0),
+                    values.iter().copied().max().unwrap_or(0),
+                );
+                [("sum", sum), ("min", min), ("max", max)].map(|(stat, v)| (format!("{l},stat=\"{stat}\""), secs(v)))
+            }),
+        );
+    }
+
     e.family("mpiburst_jobs_tracked", "gauge", "Jobs held by the daemon, running or ended.", [(String::new(), store.jobs.len() as f64)]);
     e.family(
         "mpiburst_lost_events_total",
@@ -176,4 +216,57 @@ pub fn render(store: &JobStore, health: &SelfStats) -> String {
         )],
     );
     e.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        model::JobId,
+        store::{Job, JobMeta, RankTotals},
+    };
+
+    fn rank(rank: u32, useful_s: u64, first_seen_s: u64, ended_s: Option<u64>) -> RankRecord {
+        RankRecord {
+            rank,
+            pid: 100 + rank,
+            first_seen_ns: first_seen_s * 1_000_000_000,
+            ended_ns: ended_s.map(|s| s * 1_000_000_000),
+            totals: RankTotals { burst_ns: useful_s * 1_000_000_000, ..Default::default() },
+            functions: Default::default(),
+        }
+    }
+
+    #[test]
+    fn rank_aggregates_are_mergeable_sums_minima_and_maxima() {
+        let mut job = Job::new(JobMeta {
+            id: JobId("slurm:7.0".into()),
+            node: "n\"1".into(),
+            size: 4,
+            source: "SlurmEnv".into(),
+            executable: "/bin/x".into(),
+            first_seen_ns: 0,
+            ended_ns: None,
+        });
+        job.ranks.insert(0, rank(0, 2, 0, Some(10)));
+        job.ranks.insert(1, rank(1, 6, 1, None));
+        let mut store = JobStore::default();
+        store.jobs.insert(job.meta.id.clone(), job);
+        let text = render(&store, &SelfStats::default(), 21_000_000_000);
+        let labels = r#"mpi_job="slurm:7.0",node="n\"1""#;
+        for line in [
+            format!("mpiburst_job_rank_useful_seconds{{{labels},stat=\"sum\"}} 8"),
+            format!("mpiburst_job_rank_useful_seconds{{{labels},stat=\"min\"}} 2"),
+            format!("mpiburst_job_rank_useful_seconds{{{labels},stat=\"max\"}} 6"),
+            format!("mpiburst_job_rank_runtime_seconds{{{labels},stat=\"max\"}} 20"),
+            format!("mpiburst_job_rank_runtime_seconds{{{labels},stat=\"min\"}} 10"),
+            format!("mpiburst_job_local_ranks{{{labels}}} 2"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+        // Every family is announced once, before its samples.
+        let types: Vec<_> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
+        let unique: std::collections::BTreeSet<_> = types.iter().collect();
+        assert_eq!(types.len(), unique.len());
+    }
 }
