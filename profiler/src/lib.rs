@@ -3,6 +3,7 @@
 
 pub mod model;
 pub mod analysis;
+pub mod properties;
 pub mod discovery;
 pub mod capture;
 pub mod config;

@@ -1,0 +1,314 @@
+//! What the properties are computed from: per-rank totals over a span (from the store's exact
+//! kernel totals), optional per-rank hardware counters, and the kernel's per-job resource usage
+//! and I/O counts. The capture side fills [`ResourceUsage`], [`IoStats`] and [`PmuCounters`];
+//! until it does, they are `None` and the properties over them say "not measured".
+
+use serde::{Deserialize, Serialize};
+
+use super::window::Span;
+use super::PropertyError;
+use crate::analysis::Analysis;
+use crate::store::{Job, JobMeta, RankRecord};
+
+/// Hardware counter totals of one rank over a span, counted inside its CPU bursts (useful
+/// computation; DESIGN.md §2). Present only where a PMU delivered them. The optional events are
+/// `None` where the PMU (or the perf generic event) does not have them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PmuCounters {
+    pub instructions: u64,
+    pub cycles: u64,
+    /// Reference cycles (constant rate, nominal frequency): for the core frequency.
+    pub ref_cycles: Option<u64>,
+    /// Last-level cache misses (perf generic `cache-misses`).
+    pub llc_misses: Option<u64>,
+    /// Mispredicted branches (perf generic `branch-misses`).
+    pub branch_misses: Option<u64>,
+}
+
+impl PmuCounters {
+    /// Counts between two snapshots of the same rank. An optional event present in only one of
+    /// the two is absent from the result.
+    pub fn delta(&self, before: &PmuCounters, rank: u32) -> Result<PmuCounters, PropertyError> {
+        let sub = |name: &'static str, after: u64, before: u64| {
+            after.checked_sub(before).ok_or(PropertyError::Snapshot {
+                rank,
+                detail: format!("counter {name} went backwards ({before} → {after})"),
+            })
+        };
+        let opt =
+            |name: &'static str, after: Option<u64>, before: Option<u64>| match (after, before) {
+                (Some(a), Some(b)) => sub(name, a, b).map(Some),
+                _ => Ok(None),
+            };
+        Ok(PmuCounters {
+            instructions: sub("instructions", self.instructions, before.instructions)?,
+            cycles: sub("cycles", self.cycles, before.cycles)?,
+            ref_cycles: opt("ref_cycles", self.ref_cycles, before.ref_cycles)?,
+            llc_misses: opt("llc_misses", self.llc_misses, before.llc_misses)?,
+            branch_misses: opt("branch_misses", self.branch_misses, before.branch_misses)?,
+        })
+    }
+}
+
+/// One rank over one span (its whole life so far, or one window).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankSample {
+    pub rank: u32,
+    /// Wall time of the rank inside the span: from when the daemon first saw it (or the span
+    /// start) to when it ended (or the span end), but never less than `useful_ns + mpi_ns`. The
+    /// daemon sees a rank up to one drain interval after the kernel started counting it, and a
+    /// burst is counted in full in the span in which it ends.
+    pub runtime_ns: u64,
+    /// Useful time: wall time of all CPU bursts, whatever their duration (exact kernel totals).
+    pub useful_ns: u64,
+    /// On-CPU time inside those bursts.
+    pub useful_oncpu_ns: u64,
+    /// Useful time in bursts shorter than the kernel's duration filter (part of `useful_ns`).
+    pub filtered_ns: u64,
+    /// Time inside outermost MPI calls, all functions.
+    pub mpi_ns: u64,
+    pub mpi_calls: u64,
+    /// Bytes of the MPI calls whose datatype size was known.
+    pub mpi_bytes: u64,
+    pub pmu: Option<PmuCounters>,
+}
+
+impl RankSample {
+    /// The rank's whole life up to `now_ns` (or its end). No counters: set `pmu` when the
+    /// capture side provides them.
+    pub fn lifetime(record: &RankRecord, now_ns: u64) -> RankSample {
+        let end = record.ended_ns.unwrap_or(now_ns).max(record.first_seen_ns);
+        let t = &record.totals;
+        let mpi_ns = record.mpi_ns();
+        RankSample {
+            rank: record.rank,
+            runtime_ns: (end - record.first_seen_ns).max(t.burst_ns + mpi_ns),
+            useful_ns: t.burst_ns,
+            useful_oncpu_ns: t.burst_oncpu_ns,
+            filtered_ns: t.filtered_ns,
+            mpi_ns,
+            mpi_calls: record.calls(),
+            mpi_bytes: record.functions.values().map(|f| f.bytes).sum(),
+            pmu: None,
+        }
+    }
+
+    /// The rank inside `window`, from two snapshots of its record taken at the window's start
+    /// (`None` when the rank appeared during the window) and at its end. The totals are the
+    /// differences; the run time is the overlap of the rank's life with the window. Fails when
+    /// the snapshots are not of the same process or a total went backwards.
+    pub fn window(
+        before: Option<&RankRecord>,
+        after: &RankRecord,
+        window: Span,
+    ) -> Result<RankSample, PropertyError> {
+        let rank = after.rank;
+        if let Some(b) = before {
+            if (b.rank, b.pid) != (after.rank, after.pid) {
+                return Err(PropertyError::Snapshot {
+                    rank,
+                    detail: format!(
+                        "snapshots of different processes (rank {} pid {} before, rank {} pid {} after)",
+                        b.rank, b.pid, after.rank, after.pid
+                    ),
+                });
+            }
+        }
+        let sub = |name: &'static str, after: u64, before: u64| {
+            after.checked_sub(before).ok_or(PropertyError::Snapshot {
+                rank,
+                detail: format!("{name} went backwards ({before} → {after})"),
+            })
+        };
+        let zero = RankSample::default();
+        let b = before
+            .map(|r| RankSample::lifetime(r, window.start_ns))
+            .unwrap_or(zero);
+        let a = RankSample::lifetime(after, window.end_ns);
+        let useful_ns = sub("useful time", a.useful_ns, b.useful_ns)?;
+        let mpi_ns = sub("MPI time", a.mpi_ns, b.mpi_ns)?;
+        let alive = window.overlap_ns(after.first_seen_ns, after.ended_ns.unwrap_or(u64::MAX));
+        Ok(RankSample {
+            rank,
+            runtime_ns: alive.max(useful_ns + mpi_ns),
+            useful_ns,
+            useful_oncpu_ns: sub("on-CPU time", a.useful_oncpu_ns, b.useful_oncpu_ns)?,
+            filtered_ns: sub("filtered time", a.filtered_ns, b.filtered_ns)?,
+            mpi_ns,
+            mpi_calls: sub("MPI calls", a.mpi_calls, b.mpi_calls)?,
+            mpi_bytes: sub("MPI bytes", a.mpi_bytes, b.mpi_bytes)?,
+            pmu: None,
+        })
+    }
+}
+
+/// Kernel resource usage of one job on this node over `seconds` of wall time (no PMU needed).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ResourceUsage {
+    /// Wall seconds the times below cover.
+    pub seconds: f64,
+    /// Memory the job's processes use at the end of the span (resident set, or the job's cgroup
+    /// memory.current).
+    pub memory_used_bytes: u64,
+    /// Memory the job may use on this node: its cgroup limit if it has one, else the node's
+    /// MemTotal.
+    pub memory_available_bytes: u64,
+    /// CPU time of the job's processes in user and in kernel mode during the span.
+    pub user_seconds: f64,
+    pub system_seconds: f64,
+    /// CPUs the job may use on this node: its cpuset size, or its local ranks × threads per rank
+    /// when it has no cpuset.
+    pub cpus: f64,
+}
+
+/// The job's file I/O on this node from syscall tracepoints (read/pread/readv…, write/pwrite/
+/// writev…, openat, close) over `seconds`. Bytes are what the calls returned. This is the
+/// syscall level, not the file system's (the thesis measured GPFS with mmpmon).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct IoStats {
+    pub seconds: f64,
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub write_bytes: u64,
+    pub write_calls: u64,
+    pub opens: u64,
+    pub closes: u64,
+}
+
+/// Everything the catalogue evaluates for one job on this node over one span.
+#[derive(Clone, Debug)]
+pub struct JobInput<'a> {
+    pub meta: &'a JobMeta,
+    pub span: Span,
+    /// The job's ranks on this node (other nodes' ranks are not here: see the module
+    /// documentation for the job-wide values).
+    pub ranks: Vec<RankSample>,
+    /// Nominal (reference-cycle) frequency of the CPUs in Hz, for the core frequency.
+    pub nominal_hz: Option<f64>,
+    pub resources: Option<ResourceUsage>,
+    pub io: Option<IoStats>,
+    /// The burst analysis of the same job (its phases); `None` skips the per-phase properties.
+    pub analysis: Option<&'a Analysis>,
+}
+
+impl<'a> JobInput<'a> {
+    /// The job's whole life on this node up to `now_ns` (or its end), from the store's totals;
+    /// no counters, resource usage, I/O or analysis (set them when available).
+    pub fn lifetime(job: &'a Job, now_ns: u64) -> JobInput<'a> {
+        let end = job.meta.ended_ns.unwrap_or(now_ns);
+        JobInput {
+            meta: &job.meta,
+            span: Span::new(job.meta.first_seen_ns, end),
+            ranks: job
+                .ranks
+                .values()
+                .map(|r| RankSample::lifetime(r, now_ns))
+                .collect(),
+            nominal_hz: None,
+            resources: None,
+            io: None,
+            analysis: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::store::{CallStats, RankTotals};
+
+    const S: u64 = 1_000_000_000;
+
+    fn record(first_seen_ns: u64, ended_ns: Option<u64>, burst_ns: u64, mpi_ns: u64) -> RankRecord {
+        let mut functions = BTreeMap::new();
+        functions.insert(
+            "MPI_Barrier".to_string(),
+            CallStats {
+                calls: 10,
+                time_ns: mpi_ns,
+                bytes: 0,
+                sized_calls: 0,
+            },
+        );
+        RankRecord {
+            rank: 3,
+            pid: 42,
+            first_seen_ns,
+            ended_ns,
+            totals: RankTotals {
+                bursts: 10,
+                burst_ns,
+                burst_oncpu_ns: burst_ns / 2,
+                ..Default::default()
+            },
+            functions,
+        }
+    }
+
+    #[test]
+    fn lifetime_runtime_is_first_seen_to_end_or_now() {
+        let r = RankSample::lifetime(&record(10 * S, None, 3 * S, 2 * S), 20 * S);
+        assert_eq!(
+            (r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls),
+            (10 * S, 3 * S, 2 * S, 10)
+        );
+        let ended = RankSample::lifetime(&record(10 * S, Some(15 * S), 3 * S, 2 * S), 20 * S);
+        assert_eq!(ended.runtime_ns, 5 * S);
+        // Seen late: never less than the time the kernel accounted.
+        let late = RankSample::lifetime(&record(10 * S, None, 3 * S, 2 * S), 14 * S);
+        assert_eq!(late.runtime_ns, 5 * S);
+    }
+
+    #[test]
+    fn window_samples_are_differences() {
+        let before = record(5 * S, None, 3 * S, 2 * S);
+        let after = record(5 * S, None, 8 * S, 4 * S);
+        let w = Span::new(10 * S, 20 * S);
+        let r = RankSample::window(Some(&before), &after, w).unwrap();
+        assert_eq!(
+            (r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls),
+            (10 * S, 5 * S, 2 * S, 0)
+        );
+        // Appeared during the window.
+        let new = RankSample::window(None, &record(15 * S, None, S, S), w).unwrap();
+        assert_eq!((new.runtime_ns, new.useful_ns), (5 * S, S));
+        // A counter going backwards or another process is an error naming the rank.
+        let err = RankSample::window(Some(&after), &before, w).unwrap_err();
+        assert!(err.to_string().contains("rank 3"), "{err}");
+        let mut other = after.clone();
+        other.pid = 43;
+        assert!(RankSample::window(Some(&before), &other, w).is_err());
+    }
+
+    #[test]
+    fn counter_deltas() {
+        let before = PmuCounters {
+            instructions: 10,
+            cycles: 20,
+            ref_cycles: Some(5),
+            llc_misses: None,
+            branch_misses: Some(1),
+        };
+        let after = PmuCounters {
+            instructions: 110,
+            cycles: 220,
+            ref_cycles: Some(105),
+            llc_misses: Some(3),
+            branch_misses: Some(2),
+        };
+        let d = after.delta(&before, 0).unwrap();
+        assert_eq!(
+            d,
+            PmuCounters {
+                instructions: 100,
+                cycles: 200,
+                ref_cycles: Some(100),
+                llc_misses: None,
+                branch_misses: Some(1)
+            }
+        );
+        assert!(before.delta(&after, 0).is_err());
+    }
+}

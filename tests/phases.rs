@@ -1,0 +1,143 @@
+//! Phase analysis on real MPI runs: tests/mpi/phases under the real daemon, then the clustering of
+//! reference 000 on what the daemon recorded. Without a PMU (this machine) the features are
+//! ln(on-CPU duration) within each code region; the output says so.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mpiburst::{
+    analysis::{analyse, Analysis, AnalysisParams, ClusterId, FeatureSet},
+    export::recording::Recording,
+    model::Burst,
+};
+use mpiburst_tests::*;
+
+/// Runs `phases` with `args` on `ranks` ranks of Open MPI under a recording daemon.
+fn record_phases(ranks: u32, args: &[&str]) -> (Recording, Vec<Burst>) {
+    let daemon = Daemon::start(&[]);
+    let program = program("phases", Mpi::OpenMpi);
+    run_mpi(Mpi::OpenMpi, ranks, &program, args);
+    let recording = daemon.stop();
+    let bursts: Vec<Burst> = job_of(&recording, &program).bursts.iter().cloned().collect();
+    (recording, bursts)
+}
+
+/// For each cluster, the MPI functions that end its bursts (each phase of `phases` ends in its
+/// own call: phase 0 MPI_Barrier, 1 MPI_Allreduce, 2 MPI_Bcast).
+fn end_functions(bursts: &[Burst], analysis: &Analysis) -> BTreeMap<ClusterId, BTreeSet<String>> {
+    let mut out: BTreeMap<ClusterId, BTreeSet<String>> = BTreeMap::new();
+    for (burst, label) in bursts.iter().zip(&analysis.labels) {
+        if let Some(id) = label.filter(|&id| id != 0) {
+            out.entry(id).or_default().insert(burst.end_func.to_string());
+        }
+    }
+    out
+}
+
+fn clusters_ending_in<'a>(bursts: &[Burst], analysis: &'a Analysis, function: &str) -> Vec<&'a mpiburst::analysis::ClusterStats> {
+    let ends = end_functions(bursts, analysis);
+    analysis.clusters.iter().filter(|c| ends.get(&c.id).is_some_and(|f| f.contains(function))).collect()
+}
+
+#[test]
+fn k_phases_give_k_perfectly_spmd_clusters_on_2_4_and_8_ranks() {
+    if !privileged("k_phases") {
+        return;
+    }
+    for ranks in [2u32, 4, 8] {
+        let (_, bursts) = record_phases(ranks, &["iters=40", "ms=2,6,12"]);
+        let analysis = analyse(&bursts, ranks, &AnalysisParams::default()).unwrap();
+        let what = format!("{ranks} ranks");
+        assert_eq!(analysis.features.used, FeatureSet::OnCpuTimePerRegion, "{what}: no PMU here");
+        let summary: Vec<_> = analysis.clusters.iter().map(|c| (c.id, c.bursts, c.spmd_score)).collect();
+        assert_eq!(analysis.clusters.len(), 3, "{what}: clusters (id, bursts, score) {summary:?}");
+        for c in &analysis.clusters {
+            assert_eq!(c.spmd_score, 1.0, "{what}: cluster {} SPMD score", c.id);
+            assert_eq!(c.bursts, 40 * ranks as u64, "{what}: cluster {} bursts", c.id);
+        }
+        // Cluster 1 holds the most time: the 12 ms phase, which ends in MPI_Bcast.
+        let ends = end_functions(&bursts, &analysis);
+        assert_eq!(ends[&1], BTreeSet::from(["MPI_Bcast".to_string()]), "{what}: cluster 1");
+        assert_eq!(ends[&3], BTreeSet::from(["MPI_Barrier".to_string()]), "{what}: cluster 3");
+        assert!(analysis.global_score > 0.99, "{what}: global score {}", analysis.global_score);
+    }
+}
+
+#[test]
+fn one_slow_rank_lowers_the_duration_balance_of_its_phase() {
+    if !privileged("imbalanced_phase") {
+        return;
+    }
+    for ranks in [2u32, 4] {
+        // Rank 0 does 1.5× the work of phase 1 (6 ms → 9 ms).
+        let (_, bursts) = record_phases(ranks, &["iters=40", "ms=2,6,12", "imbalance=0:1:1.5"]);
+        let analysis = analyse(&bursts, ranks, &AnalysisParams::default()).unwrap();
+        let m = ranks as f64;
+        let expected = (1.0 + 0.5 / m) / 1.5;
+        let phase = clusters_ending_in(&bursts, &analysis, "MPI_Allreduce");
+        match phase.as_slice() {
+            // Merged (the sequence merge joins clusters that always co-occur, or both fall in Eps).
+            [one] => {
+                eprintln!("{ranks} ranks: one cluster, LB_dur {:.3} (expected {expected:.3})", one.lb_duration);
+                assert!((one.lb_duration - expected).abs() <= 0.03, "LB_dur {} vs {expected}", one.lb_duration);
+            }
+            // Split: a majority cluster of m−1 ranks and a minority one of the slow rank.
+            [a, b] => {
+                let mut scores = [a.spmd_score, b.spmd_score];
+                scores.sort_by(f64::total_cmp);
+                eprintln!("{ranks} ranks: split into scores {scores:?}");
+                assert!((scores[0] - 1.0 / m).abs() < 1e-9 && (scores[1] - (m - 1.0) / m).abs() < 1e-9);
+            }
+            other => panic!("{ranks} ranks: phase 1 in {} clusters", other.len()),
+        }
+        // The balanced phases stay balanced.
+        for c in clusters_ending_in(&bursts, &analysis, "MPI_Bcast") {
+            assert!(c.lb_duration > 0.9, "phase 2 LB_dur {}", c.lb_duration);
+        }
+    }
+}
+
+#[test]
+fn a_phase_alternating_with_iteration_parity_gives_two_alternating_clusters() {
+    if !privileged("alternating_phase") {
+        return;
+    }
+    // Phase 2 does 12 ms on even iterations and 18 ms on odd ones.
+    let (_, bursts) = record_phases(2, &["iters=40", "ms=2,6,12", "alternate=2:1.5"]);
+    let analysis = analyse(&bursts, 2, &AnalysisParams::default()).unwrap();
+    let phase2 = clusters_ending_in(&bursts, &analysis, "MPI_Bcast");
+    assert_eq!(phase2.len(), 2, "the bi-modal phase must give two clusters");
+    for c in &phase2 {
+        assert_eq!(c.spmd_score, 1.0, "cluster {}", c.id);
+        assert_eq!(c.bursts, 40, "cluster {}: 20 iterations × 2 ranks", c.id);
+    }
+    // In every rank the two clusters alternate.
+    let ids: BTreeSet<ClusterId> = phase2.iter().map(|c| c.id).collect();
+    for rank in 0..2 {
+        let mut sequence: Vec<(u64, ClusterId)> = bursts
+            .iter()
+            .zip(&analysis.labels)
+            .filter(|(b, l)| b.rank == rank && l.is_some_and(|l| ids.contains(&l)))
+            .map(|(b, l)| (b.start_ns, l.unwrap()))
+            .collect();
+        sequence.sort();
+        assert!(sequence.windows(2).all(|w| w[0].1 != w[1].1), "rank {rank}: clusters do not alternate");
+    }
+}
+
+#[test]
+fn replaying_a_recording_gives_the_same_clusters_every_time() {
+    if !privileged("replay") {
+        return;
+    }
+    let (_, bursts) = record_phases(4, &["iters=30", "ms=2,6,12", "imbalance=0:1:1.5"]);
+    let params = AnalysisParams::default();
+    let first = analyse(&bursts, 4, &params).unwrap();
+    let again = analyse(&bursts, 4, &params).unwrap();
+    assert_eq!(serde_json::to_string(&first).unwrap(), serde_json::to_string(&again).unwrap());
+    // The order in which bursts arrive does not matter either.
+    let mut reversed = bursts.clone();
+    reversed.reverse();
+    let third = analyse(&reversed, 4, &params).unwrap();
+    assert_eq!(serde_json::to_string(&first.clusters).unwrap(), serde_json::to_string(&third.clusters).unwrap());
+    assert_eq!(first.global_score, third.global_score);
+}
