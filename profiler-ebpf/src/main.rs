@@ -106,6 +106,18 @@ fn thread_now(st: &ThreadState, now: u64) -> (u64, [u64; NUM_COUNTERS]) {
     (st.oncpu_ns + now.saturating_sub(st.switched_in_ns), counters)
 }
 
+/// A probe runs on the thread, so the thread is on a CPU: if its clock is stopped, the kernel
+/// skipped the sched_switch program at its switch-in (it does when another tracing program is
+/// active on that CPU; the daemon exports those misses). Restart the clock here so the miss
+/// costs the time since the switch-in, not every burst until the next switch.
+#[inline(always)]
+fn resume_clock(st: &mut ThreadState, now: u64) {
+    if st.switched_in_ns == 0 {
+        st.switched_in_ns = now;
+        st.switch_in_counters = read_counters();
+    }
+}
+
 #[inline(always)]
 fn thread_state(tid: u32, pid: u32, now: u64) -> Option<&'static mut ThreadState> {
     if let Some(p) = THREADS.get_ptr_mut(tid) {
@@ -242,6 +254,7 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let (tid, pid) = (id as u32, (id >> 32) as u32);
     let Some(st) = thread_state(tid, pid, now) else { return 0 };
+    resume_clock(st, now);
     let regs = unsafe { &*ctx.regs };
     if st.depth == 0 {
         st.outer_func = cookie::func(c);
@@ -281,6 +294,7 @@ pub fn mpi_exit(_ctx: RetProbeContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(p) = THREADS.get_ptr_mut(tid) else { return 0 };
     let st = unsafe { &mut *p };
+    resume_clock(st, now);
     // Depth 0 here means the daemon attached while this call was already running.
     if st.depth == 0 {
         return 0;

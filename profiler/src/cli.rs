@@ -25,11 +25,11 @@ pub enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Print the report of every job in a recording.
-    Report {
-        /// A recording written by `mpiburst record`.
-        recording: PathBuf,
-    },
+    /// Print the report of every job in a recording; optionally its phases and their pictures.
+    ///
+    /// The phase analysis of a node's recording covers the ranks that ran on that node: load
+    /// balance and SPMD scores are over those ranks, not over the whole job.
+    Report(ReportArgs),
     /// Print configuration.
     Config {
         /// Print the complete default configuration file, with comments.
@@ -39,6 +39,22 @@ pub enum Command {
         #[arg(long, conflicts_with = "default")]
         file: Option<PathBuf>,
     },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReportArgs {
+    /// A recording written by `mpiburst record`.
+    pub recording: PathBuf,
+    /// Also cluster each job's bursts into phases and print the phase table.
+    #[arg(long)]
+    pub phases: bool,
+    /// Write the cluster scatter plot and the rank × time timeline of the phases to this HTML
+    /// file (self-contained; with several jobs, one file per job named OUT-JOBID.html).
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<PathBuf>,
+    /// Only this job (as printed in the report's first line).
+    #[arg(long, value_name = "ID")]
+    pub job: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -109,5 +125,18 @@ mod tests {
         assert_eq!(c.capture.min_burst_us, 50, "CLI wins over the file");
         assert_eq!(c.capture.ring_buffer_mib, 8, "the file wins over the default");
         assert_eq!(c.capture.drain_interval_ms, Config::default().capture.drain_interval_ms);
+    }
+
+    #[test]
+    fn report_takes_phases_html_and_job() {
+        let cli = Cli::parse_from(["mpiburst", "report", "r.jsonl"]);
+        let Command::Report(a) = cli.command else { panic!("parsed {:?}", cli.command) };
+        assert!(!a.phases && a.html.is_none() && a.job.is_none());
+        let cli = Cli::parse_from(["mpiburst", "report", "r.jsonl", "--phases", "--html", "o.html", "--job", "pmix:1"]);
+        let Command::Report(a) = cli.command else { panic!("parsed {:?}", cli.command) };
+        assert_eq!(a.recording, PathBuf::from("r.jsonl"));
+        assert!(a.phases);
+        assert_eq!(a.html, Some(PathBuf::from("o.html")));
+        assert_eq!(a.job.as_deref(), Some("pmix:1"));
     }
 }

@@ -3,10 +3,13 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser as _;
 use mpiburst::{
-    cli::{Cli, Command},
+    analysis::{analyse, AnalysisParams},
+    cli::{Cli, Command, ReportArgs},
     config::Config,
     daemon::{unix_now_ns, Daemon},
-    export::{recording::Recording, report},
+    export::{phases, recording::Recording, report, svg},
+    model::{Burst, JobId},
+    store::Job,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -28,17 +31,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => daemon(args.config()?, None),
         Command::Record { output, run } => daemon(run.config()?, Some(output)),
-        Command::Report { recording } => {
-            let r = Recording::read(&recording)?;
-            if r.end.is_none() {
-                eprintln!("note: {} was cut short (no end record); showing what it holds", recording.display());
-            }
-            let now = r.end.as_ref().map(|e| e.ended_ns).unwrap_or_else(unix_now_ns);
-            for job in r.jobs.values() {
-                println!("{}", report::render(job, now, &r.header.counters_note));
-            }
-            Ok(())
-        }
+        Command::Report(args) => report_command(&args),
         Command::Config { default, file } => {
             if default {
                 print!("{}", Config::default_toml());
@@ -50,6 +43,105 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 print!("{}", toml::to_string(&c).context("serialise the configuration")?);
             }
             Ok(())
+        }
+    }
+}
+
+/// `mpiburst report`: the per-job report, and with `--phases` or `--html` the phase analysis of
+/// each job's recorded bursts over the ranks this node ran (see [`phases::node_ranks`]).
+fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
+    let path = args.recording.display();
+    let r = Recording::read(&args.recording)?;
+    if r.end.is_none() {
+        eprintln!("note: {path} was cut short (no end record); showing what it holds");
+    }
+    let now = r.end.as_ref().map(|e| e.ended_ns).unwrap_or_else(unix_now_ns);
+    let jobs: Vec<&Job> = match &args.job {
+        Some(id) => {
+            let job = r.jobs.get(&JobId(id.clone())).ok_or_else(|| {
+                let known: Vec<&str> = r.jobs.keys().map(|j| j.0.as_str()).collect();
+                anyhow::anyhow!(
+                    "job {id} is not in {path}; {}",
+                    if known.is_empty() {
+                        "it holds no jobs".to_string()
+                    } else {
+                        format!("pass one of: {}", known.join(", "))
+                    }
+                )
+            })?;
+            vec![job]
+        }
+        None => r.jobs.values().collect(),
+    };
+    let analysed = args.phases || args.html.is_some();
+    if jobs.is_empty() {
+        if analysed {
+            anyhow::bail!(
+                "{path} holds no jobs, so there are no phases to show; record while an MPI program runs \
+                 (`mpiburst record -o FILE`, then start the job)"
+            );
+        }
+        eprintln!("note: {path} holds no jobs");
+        return Ok(());
+    }
+    let several = jobs.len() > 1;
+    let mut out = Stdout::default();
+    for job in jobs {
+        out.print(&format!("{}\n", report::render(job, now, &r.header.counters_note)))?;
+        if !analysed {
+            continue;
+        }
+        let id = &job.meta.id;
+        let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
+        if bursts.is_empty() {
+            out.print(&format!(
+                "   no bursts of job {id} in the recording: nothing to cluster (every burst was shorter \
+                 than the kernel filter of {}; record with a lower --min-burst-us)\n\n",
+                phases::duration(r.header.min_burst_ns)
+            ))?;
+            continue;
+        }
+        let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
+            .with_context(|| format!("phase analysis of job {id}"))?;
+        if args.phases {
+            let mut text = phases::render_phases(id, &analysis);
+            if let Some(line) = phases::render_kernel_filter(job, r.header.min_burst_ns) {
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text.push('\n');
+            out.print(&text)?;
+        }
+        if let Some(out) = &args.html {
+            let file = svg::html_path(out, id, several);
+            std::fs::write(&file, svg::render_html(job, &bursts, &analysis)).with_context(|| {
+                format!("cannot write {}; check that the directory exists and is writable", file.display())
+            })?;
+            eprintln!("wrote {} (phases of job {id})", file.display());
+        }
+    }
+    Ok(())
+}
+
+/// Standard output that stops printing, without failing, once its reader has gone (`| head`), so
+/// that the files a command writes are still written.
+#[derive(Default)]
+struct Stdout {
+    closed: bool,
+}
+
+impl Stdout {
+    fn print(&mut self, text: &str) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        if self.closed {
+            return Ok(());
+        }
+        match std::io::stdout().lock().write_all(text.as_bytes()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            result => result.context("write to standard output"),
         }
     }
 }

@@ -43,12 +43,12 @@ pub struct ClusterStats {
     pub instructions_mean: Option<f64>,
     /// Σ instructions ÷ Σ cycles (not the mean of per-burst IPCs, which short bursts would skew).
     pub ipc: Option<f64>,
-    /// Load balance of the cluster's time: mean over the job's ranks of each rank's total
-    /// on-CPU time in the cluster, divided by the largest such total. Ranks that never run the
-    /// cluster count as 0 in the mean, so a phase run by half of the ranks has at most 0.5. 1 when
-    /// the cluster has no time at all. On-CPU rather than wall time, so that ranks sharing cores
-    /// (oversubscription, noisy neighbours) do not look imbalanced; wall time equals on-CPU time
-    /// for a rank that keeps its core, and descheduling is reported on its own.
+    /// Load balance of the cluster's time: mean over the job's ranks of each rank's total time in
+    /// the cluster, divided by the largest such total. Ranks that never run the cluster count as
+    /// 0 in the mean, so a phase run by half of the ranks has at most 0.5. 1 when the cluster has
+    /// no time at all. Wall time, as in the thesis and in the job's POP load balance: a rank
+    /// descheduled inside the phase makes the others wait just as slower work would; the on-CPU
+    /// share property tells the two apart.
     pub lb_duration: f64,
     /// The same over instructions.
     pub lb_instructions: Option<f64>,
@@ -107,7 +107,7 @@ fn one_cluster(input: &StatsInput<'_>, id: ClusterId, points: &[usize]) -> Clust
             .expect("auto-resizing histogram accepts any u64");
         time_ns += d;
         max_ns = max_ns.max(d);
-        time_per_rank[input.sequences.rank_of(p) as usize] += burst(p).oncpu_ns;
+        time_per_rank[input.sequences.rank_of(p) as usize] += d;
     }
 
     let counters: Option<Vec<_>> = points.iter().map(|&p| burst(p).counters).collect();

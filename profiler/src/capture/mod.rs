@@ -83,6 +83,8 @@ pub struct ProgramStats {
     pub name: &'static str,
     pub run_time: Duration,
     pub run_count: u64,
+    /// Runs the kernel skipped because another tracing program was active on the CPU.
+    pub missed: u64,
 }
 
 /// Probe programs attached through uprobe_multi links: the real pair, then the empty pair that
@@ -297,17 +299,17 @@ impl Capture {
 
     /// Run time and count of each program, from the kernel's BPF statistics.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
-        let probes = UPROBE_PROGRAMS[..2]
-            .iter()
-            .zip(&self.uprobe_programs)
-            .filter_map(|(&name, fd)| multi::run_stats(fd.as_fd()).map(|(run_time, run_count)| (name, run_time, run_count)));
+        let probes = UPROBE_PROGRAMS[..2].iter().zip(&self.uprobe_programs).map(|(&name, fd)| (name, fd.as_fd()));
         let tracepoints = TRACEPOINT_PROGRAMS.iter().filter_map(|&name| {
-            let info = self.ebpf.program(name)?.info().ok()?;
-            Some((name, info.run_time(), info.run_count()))
+            let fd = self.ebpf.program(name)?.fd().ok()?;
+            Some((name, fd.as_fd()))
         });
         probes
             .chain(tracepoints)
-            .map(|(name, run_time, run_count)| ProgramStats { name, run_time, run_count })
+            .filter_map(|(name, fd)| {
+                let (run_time, run_count, missed) = multi::run_stats(fd)?;
+                Some(ProgramStats { name, run_time, run_count, missed })
+            })
             .collect()
     }
 }

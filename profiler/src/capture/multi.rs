@@ -176,12 +176,13 @@ pub fn attach(program: BorrowedFd<'_>, path: &Path, offsets: &[u64], cookies: &[
 }
 
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-/// Offsets of run_time_ns and run_cnt in `struct bpf_prog_info`.
+/// Offsets of run_time_ns, run_cnt and recursion_misses in `struct bpf_prog_info`.
 const RUN_TIME_NS: usize = 192;
 const RUN_CNT: usize = 200;
+const RECURSION_MISSES: usize = 208;
 
-/// Run time and run count of a program the kernel's BPF statistics collected.
-pub fn run_stats(program: BorrowedFd<'_>) -> Option<(std::time::Duration, u64)> {
+/// Run time, run count and skipped runs of a program (kernel BPF statistics).
+pub fn run_stats(program: BorrowedFd<'_>) -> Option<(std::time::Duration, u64, u64)> {
     #[repr(C)]
     struct InfoAttr {
         bpf_fd: u32,
@@ -196,5 +197,5 @@ pub fn run_stats(program: BorrowedFd<'_>) -> Option<(std::time::Duration, u64)> 
         return None;
     }
     let word = |at: usize| u64::from_ne_bytes(info[at..at + 8].try_into().unwrap());
-    Some((std::time::Duration::from_nanos(word(RUN_TIME_NS)), word(RUN_CNT)))
+    Some((std::time::Duration::from_nanos(word(RUN_TIME_NS)), word(RUN_CNT), word(RECURSION_MISSES)))
 }

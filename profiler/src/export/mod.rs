@@ -1,9 +1,12 @@
-//! Export stage: Prometheus metrics, the HTTP server, recordings and text reports.
+//! Export stage: Prometheus metrics, the HTTP server, recordings, text reports, phase tables and
+//! the HTML views of a phase analysis.
 
 pub mod http;
+pub mod phases;
 pub mod prometheus;
 pub mod recording;
 pub mod report;
+pub mod svg;
 
 use crate::capture::{Lost, ProgramStats};
 

@@ -83,12 +83,14 @@ pub fn features_line(analysis: &Analysis) -> String {
 fn filter_line(analysis: &Analysis) -> String {
     let r = &analysis.filter;
     let how = match r.filter {
-        DurationFilter::KeepTimeShare(share) if r.threshold_ns < r.criterion_threshold_ns => format!(
-            "keep {} of the time (at {}), lowered to the gap below: bursts ≥ {}",
-            percent(share),
-            duration(r.criterion_threshold_ns),
-            duration(r.threshold_ns)
-        ),
+        DurationFilter::KeepTimeShare(share) if r.threshold_ns < r.criterion_threshold_ns => {
+            format!(
+                "keep {} of the time (at {}), lowered to the gap below: bursts ≥ {}",
+                percent(share),
+                duration(r.criterion_threshold_ns),
+                duration(r.threshold_ns)
+            )
+        }
         DurationFilter::KeepTimeShare(share) => format!(
             "keep {} of the time: bursts ≥ {}",
             percent(share),
@@ -121,14 +123,21 @@ fn clustering_line(analysis: &Analysis) -> String {
             )
         }
         ClusteringMethod::Dbscan { eps, .. } => {
-            format!("clustering: DBSCAN, Eps {eps:.4}, MinPoints {}", c.min_points)
+            format!(
+                "clustering: DBSCAN, Eps {eps:.4}, MinPoints {}",
+                c.min_points
+            )
         }
     };
     if !c.sequence_merges.is_empty() {
         let _ = write!(line, "; {} sequence merge(s)", c.sequence_merges.len());
     }
     if c.absorbed_by_column > 0 {
-        let _ = write!(line, "; {} bursts joined a cluster by column majority", c.absorbed_by_column);
+        let _ = write!(
+            line,
+            "; {} bursts joined a cluster by column majority",
+            c.absorbed_by_column
+        );
     }
     line
 }
@@ -168,7 +177,11 @@ fn row(out: &mut String, label: &str, c: &ClusterStats) {
         "   {:>7} regions: {}{}",
         "",
         shown.join(", "),
-        if more > 0 { format!(", +{more} more") } else { String::new() }
+        if more > 0 {
+            format!(", +{more} more")
+        } else {
+            String::new()
+        }
     );
 }
 
@@ -180,14 +193,19 @@ fn row(out: &mut String, label: &str, c: &ClusterStats) {
 /// (filtered bursts included, so clusters, noise and filter add up to 100 %); burst duration
 /// quantiles p10, p50, p90, p99; mean instructions per burst and IPC (Σ instructions ÷ Σ cycles)
 /// when every burst of the cluster carries counters; load balance of time and of instructions
-/// (mean over ranks ÷ max, absent ranks counting 0); the cluster's sequence score.
+/// (mean over ranks ÷ max, absent ranks counting 0; see [`ClusterStats::lb_duration`]); the
+/// cluster's sequence score.
 pub fn render_phases(job_id: &JobId, analysis: &Analysis) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
         "== phases of job {job_id}: {} cluster{} over {} rank{}, global SPMD score {:.3}",
         analysis.clusters.len(),
-        if analysis.clusters.len() == 1 { "" } else { "s" },
+        if analysis.clusters.len() == 1 {
+            ""
+        } else {
+            "s"
+        },
         analysis.ranks,
         if analysis.ranks == 1 { "" } else { "s" },
         analysis.global_score
@@ -196,14 +214,28 @@ pub fn render_phases(job_id: &JobId, analysis: &Analysis) -> String {
     let _ = writeln!(out, "   {}", filter_line(analysis));
     let _ = writeln!(out, "   {}", clustering_line(analysis));
     if analysis.filter.bursts_kept == 0 {
-        let _ = writeln!(out, "   no bursts passed the duration filter: nothing to cluster");
+        let _ = writeln!(
+            out,
+            "   no bursts passed the duration filter: nothing to cluster"
+        );
         return out;
     }
     let _ = writeln!(
         out,
         "   {:>7} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>6} {:>7} {:>5}",
-        "cluster", "bursts", "time s", "time", "p10", "p50", "p90", "p99", "instr", "IPC", "LB dur",
-        "LB inst", "SPMD"
+        "cluster",
+        "bursts",
+        "time s",
+        "time",
+        "p10",
+        "p50",
+        "p90",
+        "p99",
+        "instr",
+        "IPC",
+        "LB dur",
+        "LB inst",
+        "SPMD"
     );
     for c in &analysis.clusters {
         row(&mut out, &c.id.to_string(), c);
@@ -217,6 +249,20 @@ pub fn render_phases(job_id: &JobId, analysis: &Analysis) -> String {
     out
 }
 
+/// The number of ranks a node-local phase analysis is over (m in
+/// [`analyse`](crate::analysis::analyse)): the job's ranks this node saw, from their kernel totals
+/// or their bursts. Not the job's world size: a node sees only its own ranks, and counting the
+/// others as ranks without bursts would cut every load balance and SPMD score by the share of
+/// ranks running elsewhere. A local rank without any analysed burst still counts, as it should.
+pub fn node_ranks(job: &Job) -> u32 {
+    job.ranks
+        .keys()
+        .copied()
+        .chain(job.bursts.iter().map(|b| b.rank))
+        .collect::<std::collections::BTreeSet<_>>()
+        .len() as u32
+}
+
 /// What the kernel's own duration filter kept out of the recording, which the analysis above
 /// never sees: `None` when it dropped nothing.
 pub fn render_kernel_filter(job: &Job, min_burst_ns: u64) -> Option<String> {
@@ -224,7 +270,11 @@ pub fn render_kernel_filter(job: &Job, min_burst_ns: u64) -> Option<String> {
     if t.filtered_bursts == 0 {
         return None;
     }
-    let share = if t.burst_ns > 0 { t.filtered_ns as f64 / t.burst_ns as f64 } else { 0.0 };
+    let share = if t.burst_ns > 0 {
+        t.filtered_ns as f64 / t.burst_ns as f64
+    } else {
+        0.0
+    };
     Some(format!(
         "   kernel filter: {} bursts shorter than {} were only summed in kernel ({:.3} s, {} of \
          the computation time) and are not in this analysis",
@@ -283,33 +333,69 @@ mod tests {
     fn table_with_counters_shows_every_cluster_ipc_and_regions() {
         let (analysis, text) = table(true);
         assert_eq!(analysis.clusters.len(), 3, "{text}");
-        assert!(text.starts_with("== phases of job pmix:42: 3 clusters over 4 ranks, global SPMD score 1.000"), "{text}");
-        assert!(text.contains("features: instructions (log) and IPC from hardware counters"), "{text}");
-        assert!(text.contains("duration filter: keep 99.0% of the time"), "{text}");
-        assert!(text.contains(&format!("{} of {} bursts analysed", analysis.filter.bursts_kept, analysis.filter.bursts_in)), "{text}");
+        assert!(
+            text.starts_with(
+                "== phases of job pmix:42: 3 clusters over 4 ranks, global SPMD score 1.000"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("features: instructions (log) and IPC from hardware counters"),
+            "{text}"
+        );
+        assert!(
+            text.contains("duration filter: keep 99.0% of the time"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "{} of {} bursts analysed",
+                analysis.filter.bursts_kept, analysis.filter.bursts_in
+            )),
+            "{text}"
+        );
         assert!(text.contains("noise: none"), "{text}");
-        let rows: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with(char::is_numeric))
+            .collect();
         assert_eq!(rows.len(), 3, "{text}");
         // Cluster 1 is the 2·10⁷-instruction phase at IPC 1.2, run by all 4 ranks alike.
         let one: Vec<&str> = rows[0].split_whitespace().collect();
         assert_eq!(one[0], "1");
         assert_eq!(one[1], "80", "20 iterations × 4 ranks: {text}");
-        assert!(one.contains(&"20.0M") || one.contains(&"19.9M") || one.contains(&"20.1M"), "{text}");
-        assert!(one.contains(&"1.20") || one.contains(&"1.19") || one.contains(&"1.21"), "{text}");
+        assert!(
+            one.contains(&"20.0M") || one.contains(&"19.9M") || one.contains(&"20.1M"),
+            "{text}"
+        );
+        assert!(
+            one.contains(&"1.20") || one.contains(&"1.19") || one.contains(&"1.21"),
+            "{text}"
+        );
         assert_eq!(one.last(), Some(&"1.00"), "SPMD score: {text}");
         // Shares of clusters and filter add up to the whole.
-        let shares: f64 = analysis.clusters.iter().map(|c| c.time_share).sum::<f64>() + analysis.filter.time_filtered_share;
+        let shares: f64 = analysis.clusters.iter().map(|c| c.time_share).sum::<f64>()
+            + analysis.filter.time_filtered_share;
         assert!((shares - 1.0).abs() < 1e-9);
         // Regions as start→end with the CallSite display.
-        assert!(text.contains("regions: synthetic+0x2000→synthetic+0x2001 (80)"), "{text}");
+        assert!(
+            text.contains("regions: synthetic+0x2000→synthetic+0x2001 (80)"),
+            "{text}"
+        );
     }
 
     #[test]
     fn table_without_counters_says_so_and_leaves_counter_columns_empty() {
         let (analysis, text) = table(false);
         assert_eq!(analysis.features.used, FeatureSet::OnCpuTimePerRegion);
-        assert!(text.contains("no hardware counters: duration per code region"), "{text}");
-        for row in text.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)) {
+        assert!(
+            text.contains("no hardware counters: duration per code region"),
+            "{text}"
+        );
+        for row in text
+            .lines()
+            .filter(|l| l.trim_start().starts_with(char::is_numeric))
+        {
             let cells: Vec<&str> = row.split_whitespace().collect();
             // instr, IPC and LB inst are "-".
             assert_eq!(cells.iter().filter(|c| **c == "-").count(), 3, "{row}");
@@ -324,7 +410,10 @@ mod tests {
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
         let text = render_phases(&JobId("j".into()), &analysis);
         if let Some(noise) = &analysis.noise {
-            let line = text.lines().find(|l| l.trim_start().starts_with("noise ")).expect(&text);
+            let line = text
+                .lines()
+                .find(|l| l.trim_start().starts_with("noise "))
+                .expect(&text);
             assert!(line.contains(&noise.bursts.to_string()), "{text}");
         }
 
@@ -334,19 +423,27 @@ mod tests {
         assert!(text.contains("nothing to cluster"), "{text}");
     }
 
+    fn job_bursts_one() -> crate::model::Burst {
+        job(false).bursts().remove(0)
+    }
+
     #[test]
-    fn kernel_filter_line() {
+    fn kernel_filter_line_and_node_ranks() {
         use crate::store::{JobMeta, RankRecord, RankTotals};
         let mut job = Job::new(JobMeta {
             id: JobId("j".into()),
             node: "n".into(),
-            size: 1,
+            size: 64,
             source: "t".into(),
             executable: "x".into(),
             first_seen_ns: 0,
             ended_ns: None,
         });
         assert_eq!(render_kernel_filter(&job, 100_000), None);
+        assert_eq!(node_ranks(&job), 0);
+        let mut burst = job_bursts_one();
+        burst.rank = 3;
+        job.bursts.push_back(burst);
         job.ranks.insert(
             0,
             RankRecord {
@@ -354,11 +451,26 @@ mod tests {
                 pid: 1,
                 first_seen_ns: 0,
                 ended_ns: None,
-                totals: RankTotals { bursts: 10, burst_ns: 1_000_000_000, filtered_bursts: 8, filtered_ns: 20_000_000, ..Default::default() },
+                totals: RankTotals {
+                    bursts: 10,
+                    burst_ns: 1_000_000_000,
+                    filtered_bursts: 8,
+                    filtered_ns: 20_000_000,
+                    ..Default::default()
+                },
                 functions: Default::default(),
             },
         );
+        assert_eq!(
+            node_ranks(&job),
+            2,
+            "rank 0 from its totals, rank 3 from its burst, not the world size"
+        );
         let line = render_kernel_filter(&job, 100_000).unwrap();
-        assert!(line.contains("8 bursts shorter than 100 µs") && line.contains("2.0% of the computation"), "{line}");
+        assert!(
+            line.contains("8 bursts shorter than 100 µs")
+                && line.contains("2.0% of the computation"),
+            "{line}"
+        );
     }
 }

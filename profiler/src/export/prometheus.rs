@@ -204,6 +204,12 @@ pub fn render(store: &JobStore, health: &SelfStats, now_ns: u64) -> String {
         programs(|p| p.run_time.as_secs_f64()),
     );
     e.family("mpiburst_bpf_runs_total", "counter", "Runs of each BPF program.", programs(|p| p.run_count as f64));
+    e.family(
+        "mpiburst_bpf_missed_runs_total",
+        "counter",
+        "Runs of each BPF program the kernel skipped because another tracing program was active on the CPU.",
+        programs(|p| p.missed as f64),
+    );
     e.family("mpiburst_probes_attached", "gauge", "MPI entry points probed (each with a uprobe and a uretprobe).", [(String::new(), health.probes as f64)]);
     e.family("mpiburst_libraries_attached", "gauge", "MPI library files attached.", [(String::new(), health.libraries as f64)]);
     e.family(
