@@ -361,8 +361,10 @@ impl Daemon {
 
     /// Reads the exact in-kernel totals, notices ended ranks and jobs, and prints reports.
     pub fn update_totals(&mut self, final_update: bool) -> Result<(), DaemonError> {
-        // Liveness first: whatever the kernel holds for a pid already gone is final.
+        // Liveness first: whatever the kernel holds for a pid already gone is final. Drain after
+        // it, so the last bursts of a process that just ended reach its job before it is forgotten.
         let gone: HashSet<u32> = self.members.keys().copied().filter(|&pid| !process_alive(pid)).collect();
+        self.drain()?;
         let totals = self.capture.read_totals()?;
         let per_process = capture::per_process(&totals);
         let now = unix_now_ns();
@@ -471,7 +473,6 @@ impl Daemon {
             }
         }
         tracing::info!("shutting down: final drain");
-        self.drain()?;
         self.update_totals(true)?;
         if let Some(w) = self.recording.take() {
             w.finish(RecordingEnd { ended_ns: unix_now_ns(), lost: self.capture.lost()? })?;
