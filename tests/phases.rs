@@ -150,3 +150,80 @@ fn replaying_a_recording_gives_the_same_clusters_every_time() {
     assert_eq!(serde_json::to_string(&first.clusters).unwrap(), serde_json::to_string(&third.clusters).unwrap());
     assert_eq!(first.global_score, third.global_score);
 }
+
+#[test]
+fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
+    if !privileged("phase_change") {
+        return;
+    }
+    // 3 s windows; phase 1 does 1.6× its work from iteration 300 on (about half way).
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mpiburst.toml");
+    std::fs::write(&config, "[analysis]\nwindow_s = 3.0\nlateness_s = 0.5\n").unwrap();
+    let daemon = Daemon::start(&["--config", config.to_str().unwrap()]);
+    let program = program("phases", Mpi::OpenMpi);
+    run_mpi(Mpi::OpenMpi, 2, &program, &["iters=600", "ms=2,6,12", "change=300:1:1.6"]);
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let jobs: serde_json::Value = serde_json::from_str(&http_get(&daemon.addr, "/api/jobs")).unwrap();
+    let id = jobs[0]["meta"]["id"].as_str().unwrap().to_string();
+    let snapshot: serde_json::Value =
+        serde_json::from_str(&http_get(&daemon.addr, &format!("/api/jobs/{}/phases", id.replace(':', "%3A")))).unwrap();
+    let recording = daemon.stop();
+    assert!(job_of(&recording, &program).meta.ended_ns.is_some());
+
+    let counts = &snapshot["event_counts"];
+    eprintln!("events: {}; windows closed: {}", snapshot["events"], snapshot["totals"]["windows_closed"]);
+    assert!(snapshot["totals"]["windows_closed"].as_u64().unwrap() >= 3);
+    assert_eq!(counts["vanish"], 0, "{counts}");
+    // The first window brings the three phases.
+    let events = snapshot["events"].as_array().unwrap();
+    let ids = |e: &serde_json::Value, side: &str| -> BTreeSet<u64> {
+        e[side].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+    };
+    let first: BTreeSet<u64> = events.iter().take(3).flat_map(|e| ids(e, "to")).collect();
+    assert!(events.iter().take(3).all(|e| e["kind"] == "appear") && first.len() == 3, "{}", snapshot["events"]);
+    // Afterwards only the changed phase is involved: either it moved and kept its id, or the
+    // window holding the change shows its old and new behaviour side by side (a split into one
+    // new id) and the old one merges into the new in the next window.
+    let later: Vec<_> = events.iter().skip(3).collect();
+    assert!(!later.is_empty(), "the phase change went unnoticed");
+    let involved: BTreeSet<u64> = later.iter().flat_map(|e| ids(e, "from").into_iter().chain(ids(e, "to"))).collect();
+    let old: BTreeSet<u64> = involved.intersection(&first).copied().collect();
+    let new: BTreeSet<u64> = involved.difference(&first).copied().collect();
+    assert_eq!(old.len(), 1, "only the changed phase may be involved: {}", snapshot["events"]);
+    assert!(new.len() <= 1, "at most one new cluster: {}", snapshot["events"]);
+    // The two unchanged phases kept their ids to the end.
+    let last: BTreeSet<u64> =
+        snapshot["last_window"]["phases"].as_array().unwrap().iter().map(|p| p["id"].as_u64().unwrap()).collect();
+    let unchanged: BTreeSet<u64> = first.difference(&old).copied().collect();
+    assert!(unchanged.is_subset(&last), "unchanged phases {unchanged:?} must keep their ids: last window {last:?}");
+    assert_eq!(last.len(), 3, "three phases at the end: {last:?}");
+}
+
+#[test]
+fn runs_with_2_and_4_ranks_are_matched_phase_for_phase() {
+    if !privileged("run_matching") {
+        return;
+    }
+    use mpiburst::analysis::tracking::{match_runs, AppIdentity, MatchKind, RunSignature, TrackingParams};
+    let params = TrackingParams::default();
+    let signature = |ranks: u32| {
+        let (recording, bursts) = record_phases(ranks, &["iters=40", "ms=2,6,12"]);
+        let analysis = analyse(&bursts, ranks, &AnalysisParams::default()).unwrap();
+        let job = recording.jobs.values().next().unwrap();
+        let app = AppIdentity { build_id: None, executable: job.meta.executable.clone() };
+        RunSignature::from_analysis(app, format!("{ranks} ranks"), &analysis, &bursts, &params).unwrap()
+    };
+    let (two, four) = (signature(2), signature(4));
+    let matched = match_runs(&two, &four, &params);
+    let pairs: Vec<_> = matched.phases.iter().map(|p| (p.a.clone(), p.b.clone(), p.kind)).collect();
+    eprintln!("matched {pairs:?}, coverage {}", matched.coverage);
+    assert!(matched.same_application);
+    let one_to_one: Vec<_> = matched.phases.iter().filter(|p| p.kind == MatchKind::OneToOne && p.a.len() == 1).collect();
+    assert_eq!(one_to_one.len(), 3, "phase for phase: {pairs:?}");
+    // Trends are reported per phase (4 ranks share 2 cores here, so wall durations grow).
+    for p in &one_to_one {
+        eprintln!("phase {:?} → {:?}: mean duration {:+.0} %", p.a, p.b, 100.0 * p.trend.duration_mean_change);
+        assert!(p.trend.duration_mean_change.is_finite());
+    }
+}

@@ -5,6 +5,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+use crate::analysis::online::OnlineParams;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -21,6 +23,8 @@ pub struct Config {
     pub daemon: DaemonConfig,
     pub capture: CaptureConfig,
     pub mpi: MpiConfig,
+    /// Online phase analysis of every job: windows, clustering, tracking.
+    pub analysis: OnlineParams,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -101,7 +105,12 @@ pub enum FunctionClass {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { daemon: DaemonConfig::default(), capture: CaptureConfig::default(), mpi: MpiConfig::default() }
+        Config {
+            daemon: DaemonConfig::default(),
+            capture: CaptureConfig::default(),
+            mpi: MpiConfig::default(),
+            analysis: OnlineParams::default(),
+        }
     }
 }
 
@@ -269,7 +278,7 @@ impl Config {
         if !(1..=1024).contains(&self.capture.ring_buffer_mib) {
             return Err(ConfigError::Invalid("capture.ring_buffer_mib must be within 1..=1024".into()));
         }
-        Ok(())
+        self.analysis.validate().map_err(|e| ConfigError::Invalid(format!("analysis: {e}")))
     }
 
     pub fn node_name(&self) -> String {
@@ -344,7 +353,19 @@ impl Config {
                 _ => out.push_str(&format!("  {{ name = \"{}\", class = {class} }},\n", f.name)),
             }
         }
-        out.push_str("]\n");
+        out.push_str("]\n\n");
+        // Generated from the types, so it cannot drift from them; the fields are documented on
+        // `analysis::online::OnlineParams` and `analysis::tracking::TrackingParams`.
+        #[derive(Serialize)]
+        struct Analysis<'a> {
+            analysis: &'a OnlineParams,
+        }
+        out.push_str(
+            "# Online phase analysis: windows aligned to Unix time (window_s), re-clustering when a\n\
+             # window closes or the provisional noise share rises, bounded samples, and tracking of\n\
+             # phases across windows (stable ids).\n",
+        );
+        out.push_str(&toml::to_string(&Analysis { analysis: &d.analysis }).expect("the defaults serialise"));
         out
     }
 }

@@ -11,13 +11,18 @@ use std::{
 use profiler_common::{cookie, BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
 
 use crate::{
+    analysis::{
+        analyse,
+        online::{JobPhases, PhaseEvent},
+        AnalysisParams,
+    },
     capture::{self, AttachPoint, Capture, CaptureError},
     config::{Config, FunctionClass},
     discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
     export::{
         http::{self, Shared, SharedState},
         recording::{RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION},
-        report, SelfStats,
+        phases, report, SelfStats,
     },
     model::{Burst, HwCounters, JobId},
     store::{CallStats, Job, JobMeta, RankRecord, RankTotals},
@@ -55,6 +60,8 @@ pub struct Daemon {
     shared: SharedState,
     resolver: AddressResolver,
     members: HashMap<u32, Member>,
+    /// Online phase analysis per job, fed with every burst.
+    phases: BTreeMap<JobId, JobPhases>,
     scans: Vec<(Instant, u32)>,
     recording: Option<RecordingWriter>,
     /// Unix time minus CLOCK_MONOTONIC (the BPF clock), in ns.
@@ -71,6 +78,18 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
     // SAFETY: ts is a valid out-pointer.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}
+
+/// The phases of an ended job, clustered over its most recent bursts (the same analysis as
+/// `mpiburst report --phases`).
+fn final_phases(job: &Job) -> String {
+    const MOST_BURSTS: usize = 100_000;
+    let skip = job.bursts.len().saturating_sub(MOST_BURSTS);
+    let bursts: Vec<Burst> = job.bursts.iter().skip(skip).cloned().collect();
+    match analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default()) {
+        Ok(analysis) => phases::render_phases(&job.meta.id, &analysis),
+        Err(e) => format!("   phases of job {}: not analysed ({e})", job.meta.id),
+    }
 }
 
 pub fn unix_now_ns() -> u64 {
@@ -149,6 +168,7 @@ impl Daemon {
             shared: Arc::new(Mutex::new(Shared::default())),
             resolver: AddressResolver::new(),
             members: HashMap::new(),
+            phases: BTreeMap::new(),
             scans: Vec::new(),
             recording,
             unix_offset_ns: clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC),
@@ -326,6 +346,21 @@ impl Daemon {
             })?;
         }
         if let Some(job) = shared.store.jobs.get_mut(&member.job) {
+            let phases = match self.phases.entry(member.job.clone()) {
+                std::collections::btree_map::Entry::Occupied(e) => Some(e.into_mut()),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    match JobPhases::new(job.ranks.len().max(1) as u32, self.config.analysis.clone()) {
+                        Ok(p) => Some(e.insert(p)),
+                        Err(err) => {
+                            tracing::error!("phase analysis of job {} disabled: {err}", member.job);
+                            None
+                        }
+                    }
+                }
+            };
+            if let Some(phases) = phases {
+                phases.push(&burst);
+            }
             job.push_burst(burst, self.config.daemon.max_bursts_per_job);
         }
         Ok(())
@@ -411,6 +446,7 @@ impl Daemon {
                 self.resolver.forget(*pid);
             }
         }
+        self.tick_phases(&mut shared, now);
         let mut finished = Vec::new();
         for job in shared.store.jobs.values_mut() {
             if job.meta.ended_ns.is_none() && !job.ranks.is_empty() && job.ranks.values().all(|r| r.ended_ns.is_some()) {
@@ -422,7 +458,9 @@ impl Daemon {
             }
         }
         for id in &finished {
-            println!("{}", report::render(&shared.store.jobs[id], now, &self.counters_note));
+            let job = &shared.store.jobs[id];
+            println!("{}", report::render(job, now, &self.counters_note));
+            println!("{}", final_phases(job));
         }
         let interval = self.config.daemon.report_interval_s;
         if final_update || (interval > 0.0 && self.last_report.elapsed().as_secs_f64() >= interval) {
@@ -434,6 +472,8 @@ impl Daemon {
         let grace = (self.config.daemon.ended_job_grace_s * 1e9) as u64;
         for id in shared.store.evict_ended(now, grace) {
             tracing::info!("job {id} evicted {} s after its end", self.config.daemon.ended_job_grace_s);
+            self.phases.remove(&id);
+            shared.phases.remove(&id);
         }
         shared.health = SelfStats {
             lost: self.capture.lost()?,
@@ -450,6 +490,31 @@ impl Daemon {
             w.flush()?;
         }
         Ok(())
+    }
+
+    /// Advances every job's online analysis (windows close on Unix time), logs what changed, and
+    /// publishes the snapshots.
+    fn tick_phases(&mut self, shared: &mut Shared, now: u64) {
+        for (id, phases) in &mut self.phases {
+            if let Some(job) = shared.store.jobs.get(id) {
+                phases.set_ranks(job.ranks.len().max(1) as u32);
+            }
+            for event in phases.tick(now) {
+                match event {
+                    PhaseEvent::Reclustered { window, partial, phases, spmd_score, .. } => tracing::info!(
+                        "job {id}: window {window}{} clustered: {phases} phases, SPMD score {spmd_score:.3}",
+                        if partial { " (early)" } else { "" }
+                    ),
+                    PhaseEvent::Tracking(t) => {
+                        tracing::info!("job {id}: phase {:?} {:?} → {:?} in window {}", t.kind, t.from, t.to, t.window)
+                    }
+                    PhaseEvent::AnalysisFailed { window, error } => {
+                        tracing::warn!("job {id}: clustering window {window} failed: {error}")
+                    }
+                }
+            }
+            shared.phases.insert(id.clone(), phases.snapshot());
+        }
     }
 
     /// Runs until SIGINT or SIGTERM, then drains once more, writes the final state and detaches

@@ -51,9 +51,11 @@ pub mod features;
 mod grid;
 mod kdtree;
 pub mod msa;
+pub mod online;
 pub mod points;
 pub mod stats;
 pub mod synthetic;
+pub mod tracking;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,4 +1,5 @@
-//! HTTP server: Prometheus `/metrics` and the JSON API (`/api/jobs`, `/api/jobs/{id}`).
+//! HTTP server: Prometheus `/metrics` and the JSON API (`/api/jobs`, `/api/jobs/{id}`,
+//! `/api/jobs/{id}/phases`).
 
 use std::{
     net::SocketAddr,
@@ -15,6 +16,7 @@ use axum::{
 use serde::Serialize;
 
 use crate::{
+    analysis::online::PhasesSnapshot,
     export::{prometheus, SelfStats},
     store::{CallStats, JobMeta, JobStore, RankRecord, RankTotals},
 };
@@ -24,6 +26,8 @@ use crate::{
 pub struct Shared {
     pub store: JobStore,
     pub health: SelfStats,
+    /// The online phase analysis of each job, as of the last tick.
+    pub phases: std::collections::BTreeMap<crate::model::JobId, PhasesSnapshot>,
 }
 
 pub type SharedState = Arc<Mutex<Shared>>;
@@ -48,7 +52,7 @@ struct JobDetail<'a> {
 async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
     let body = {
         let s = state.lock().unwrap();
-        prometheus::render(&s.store, &s.health, crate::daemon::unix_now_ns())
+        prometheus::render(&s.store, &s.health, &s.phases, crate::daemon::unix_now_ns())
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
 }
@@ -80,6 +84,15 @@ async fn job(State(state): State<SharedState>, Path(id): Path<String>) -> impl I
     Json(serde_json::to_value(detail).unwrap_or_default()).into_response()
 }
 
+async fn job_phases(State(state): State<SharedState>, Path(id): Path<String>) -> impl IntoResponse {
+    let s = state.lock().unwrap();
+    match s.phases.get(&crate::model::JobId(id.clone())) {
+        Some(snapshot) => Json(serde_json::to_value(snapshot).unwrap_or_default()).into_response(),
+        None => (StatusCode::NOT_FOUND, format!("no phase analysis for job {id:?} yet; it starts with the job's first bursts"))
+            .into_response(),
+    }
+}
+
 /// Binds the listener (so a bad address fails at start-up) and returns the bound address and
 /// the server future.
 pub async fn bind(
@@ -90,6 +103,7 @@ pub async fn bind(
         .route("/metrics", get(metrics))
         .route("/api/jobs", get(jobs))
         .route("/api/jobs/{id}", get(job))
+        .route("/api/jobs/{id}/phases", get(job_phases))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;

@@ -5,9 +5,13 @@
 
 use std::fmt::Write as _;
 
+use std::collections::BTreeMap;
+
 use crate::{
+    analysis::{online::PhasesSnapshot, ClusterStats},
     capture::ProgramStats,
     export::SelfStats,
+    model::JobId,
     store::{JobStore, RankRecord},
 };
 
@@ -41,7 +45,16 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-pub fn render(store: &JobStore, health: &SelfStats, now_ns: u64) -> String {
+/// Phases exported per job: the ones with the most time in the last window. Bounds the series
+/// per job to O(phases), whatever the number of ranks.
+pub const TOP_PHASES: usize = 10;
+
+pub fn render(
+    store: &JobStore,
+    health: &SelfStats,
+    phases: &BTreeMap<JobId, PhasesSnapshot>,
+    now_ns: u64,
+) -> String {
     let mut e = Exposition { out: String::new() };
     let job_labels = |id: &str, node: &str| format!("mpi_job=\"{}\",node=\"{}\"", escape(id), escape(node));
     let jobs: Vec<_> = store.jobs.values().map(|j| (job_labels(&j.meta.id.0, &j.meta.node), j)).collect();
@@ -181,6 +194,8 @@ pub fn render(store: &JobStore, health: &SelfStats, now_ns: u64) -> String {
         );
     }
 
+    render_phases(&mut e, store, phases);
+
     e.family("mpiburst_jobs_tracked", "gauge", "Jobs held by the daemon, running or ended.", [(String::new(), store.jobs.len() as f64)]);
     e.family(
         "mpiburst_lost_events_total",
@@ -224,6 +239,94 @@ pub fn render(store: &JobStore, health: &SelfStats, now_ns: u64) -> String {
     e.out
 }
 
+/// Phase metrics of the last closed window of each job, for its top phases by time.
+fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, PhasesSnapshot>) {
+    let labelled: Vec<(String, &PhasesSnapshot)> = phases
+        .iter()
+        .filter_map(|(id, p)| {
+            let job = store.jobs.get(id)?;
+            Some((format!("mpi_job=\"{}\",node=\"{}\"", escape(&id.0), escape(&job.meta.node)), p))
+        })
+        .collect();
+    let top: Vec<(String, &ClusterStats)> = labelled
+        .iter()
+        .filter_map(|(l, p)| Some((l, p.last_window.as_ref()?)))
+        .flat_map(|(l, w)| {
+            let mut ranked: Vec<_> = w.phases.iter().collect();
+            ranked.sort_by_key(|p| p.time_rank);
+            ranked.into_iter().take(TOP_PHASES).map(move |p| (format!("{l},phase=\"{}\"", p.id), &p.stats))
+        })
+        .collect();
+    e.family(
+        "mpiburst_job_spmd_score",
+        "gauge",
+        "Cluster Sequence Score of the job's last closed window (1 = every rank runs every phase in step).",
+        labelled.iter().filter_map(|(l, p)| Some((l.clone(), p.last_window.as_ref()?.spmd_score))),
+    );
+    e.family(
+        "mpiburst_job_phase_windows_total",
+        "counter",
+        "Analysis windows closed for the job.",
+        labelled.iter().map(|(l, p)| (l.clone(), p.totals.windows_closed as f64)),
+    );
+    e.family(
+        "mpiburst_job_phase_events_total",
+        "counter",
+        "Phase tracking events across windows, by kind (appear, vanish, split, merge, moved).",
+        labelled.iter().flat_map(|(l, p)| {
+            let c = &p.event_counts;
+            [("appear", c.appear), ("vanish", c.vanish), ("split", c.split), ("merge", c.merge), ("moved", c.moved)]
+                .map(|(kind, n)| (format!("{l},kind=\"{kind}\""), n as f64))
+        }),
+    );
+    e.family(
+        "mpiburst_phase_time_share",
+        "gauge",
+        "Share of the window's computation time in the phase (label phase: stable id across windows).",
+        top.iter().map(|(l, c)| (l.clone(), c.time_share)),
+    );
+    e.family(
+        "mpiburst_phase_time_seconds",
+        "gauge",
+        "Computation time in the phase during the last closed window.",
+        top.iter().map(|(l, c)| (l.clone(), secs(c.time_ns))),
+    );
+    e.family(
+        "mpiburst_phase_bursts",
+        "gauge",
+        "CPU bursts of the phase in the last closed window.",
+        top.iter().map(|(l, c)| (l.clone(), c.bursts as f64)),
+    );
+    e.family(
+        "mpiburst_phase_spmd_score",
+        "gauge",
+        "Cluster Sequence Score of the phase: share of ranks running it in step.",
+        top.iter().map(|(l, c)| (l.clone(), c.spmd_score)),
+    );
+    e.family(
+        "mpiburst_phase_load_balance",
+        "gauge",
+        "Duration load balance of the phase: mean over ranks of their time in it / the largest.",
+        top.iter().map(|(l, c)| (l.clone(), c.lb_duration)),
+    );
+    e.family(
+        "mpiburst_phase_burst_duration_seconds",
+        "gauge",
+        "Burst duration percentiles of the phase in the last closed window: stat=p10|p50|p90|p99|max.",
+        top.iter().flat_map(|(l, c)| {
+            let d = &c.duration;
+            [("p10", d.p10_ns), ("p50", d.p50_ns), ("p90", d.p90_ns), ("p99", d.p99_ns), ("max", d.max_ns)]
+                .map(|(stat, v)| (format!("{l},stat=\"{stat}\""), secs(v)))
+        }),
+    );
+    e.family(
+        "mpiburst_phase_ipc",
+        "gauge",
+        "Instructions per cycle of the phase (only with hardware counters).",
+        top.iter().filter_map(|(l, c)| Some((l.clone(), c.ipc?))),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,7 +361,7 @@ mod tests {
         job.ranks.insert(1, rank(1, 6, 1, None));
         let mut store = JobStore::default();
         store.jobs.insert(job.meta.id.clone(), job);
-        let text = render(&store, &SelfStats::default(), 21_000_000_000);
+        let text = render(&store, &SelfStats::default(), &BTreeMap::new(), 21_000_000_000);
         let labels = r#"mpi_job="slurm:7.0",node="n\"1""#;
         for line in [
             format!("mpiburst_job_rank_useful_seconds{{{labels},stat=\"sum\"}} 8"),
