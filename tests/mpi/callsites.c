@@ -13,22 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdlib.h>
-#include <time.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Busy, not sleeping: the bursts must be on-CPU time. */
-static void spin(double seconds)
-{
-    double t0 = now_s();
-    while (now_s() - t0 < seconds)
-        ;
-}
+#include "clock.h"
 
 int main(int argc, char **argv)
 {

@@ -19,17 +19,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
+
 #define MAX_PHASES 8
 
 /* volatile keeps the compiler from folding computations away. */
 static volatile double sink;
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 
 static void work(long units)

@@ -378,4 +378,73 @@ mod tests {
         let unique: std::collections::BTreeSet<_> = types.iter().collect();
         assert_eq!(types.len(), unique.len());
     }
+
+    /// Series of one job in the exposition: everything labelled with its id. (Phase series are
+    /// bounded separately: at most TOP_PHASES phases per job.)
+    fn series_of(job_ranks: u32) -> usize {
+        use crate::{
+            analysis::synthetic::{Phase, SyntheticJob},
+            export::recording::{RecordedBurst, Recording, RecordingHeader, RecordingWriter, FORMAT_VERSION},
+            store::CallStats,
+        };
+        let bursts = SyntheticJob {
+            ranks: job_ranks,
+            iterations: 4,
+            phases: vec![Phase::new(1e7, 1.5, 0.02), Phase::new(5e7, 1.0, 0.02), Phase::new(2e8, 0.5, 0.02)],
+            tiny_bursts_per_phase: 0,
+            outlier_share: 0.0,
+            counters: false,
+            seed: 7,
+        }
+        .bursts();
+        // Through a recording, as a replayed job would come.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("synthetic.jsonl");
+        let id = JobId("slurm:42.0".into());
+        let meta = JobMeta {
+            id: id.clone(),
+            node: "n1".into(),
+            size: job_ranks,
+            source: "SlurmEnv".into(),
+            executable: "/bin/app".into(),
+            first_seen_ns: 0,
+            ended_ns: None,
+        };
+        let header = RecordingHeader {
+            version: FORMAT_VERSION,
+            node: "n1".into(),
+            started_ns: 0,
+            min_burst_ns: 0,
+            counter_events: None,
+            counters_note: "synthetic".into(),
+            functions: vec!["MPI_Allreduce".into(), "MPI_Send".into()],
+        };
+        let mut w = RecordingWriter::create(&path, header).unwrap();
+        w.job(&meta).unwrap();
+        for b in &bursts {
+            w.burst(RecordedBurst { job: id.clone(), burst: b.clone(), event_counts: None }).unwrap();
+        }
+        for r in 0..job_ranks {
+            let mut record = rank(r, 1 + u64::from(r % 3), 0, None);
+            for f in ["MPI_Allreduce", "MPI_Send"] {
+                record.functions.insert(f.to_string(), CallStats { calls: 12, time_ns: 1_000, bytes: 96, sized_calls: 12 });
+            }
+            w.rank(&id, &record).unwrap();
+        }
+        w.finish(crate::export::recording::RecordingEnd { ended_ns: 1, lost: Default::default() }).unwrap();
+        let recording = Recording::read(&path).unwrap();
+
+        let mut store = JobStore::default();
+        store.jobs.extend(recording.jobs);
+        assert_eq!(store.jobs[&id].ranks.len(), job_ranks as usize);
+        let text = render(&store, &SelfStats::default(), &BTreeMap::new(), 1);
+        text.lines().filter(|l| !l.starts_with('#') && l.contains("mpi_job=\"slurm:42.0\"")).count()
+    }
+
+    #[test]
+    fn series_per_job_do_not_grow_with_ranks() {
+        let (ten, ten_thousand) = (series_of(10), series_of(10_000));
+        assert!(ten > 20, "{ten} series");
+        assert_eq!(ten, ten_thousand, "series per job: 10 ranks {ten}, 10 000 ranks {ten_thousand}");
+    }
 }

@@ -1,0 +1,28 @@
+/* Monotonic clock helpers shared by the test programs. static inline: each program uses only
+ * some of them, and unused ones must not warn. */
+#ifndef MPIBURST_TEST_CLOCK_H
+#define MPIBURST_TEST_CLOCK_H
+
+#include <time.h>
+
+static inline long long now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline double now_s(void)
+{
+    return now_ns() * 1e-9;
+}
+
+/* Busy, not sleeping: the bursts must be on-CPU time. */
+static inline void spin(double seconds)
+{
+    double t0 = now_s();
+    while (now_s() - t0 < seconds)
+        ;
+}
+
+#endif
