@@ -30,6 +30,9 @@ pub enum Command {
     /// The phase analysis of a node's recording covers the ranks that ran on that node: load
     /// balance and SPMD scores are over those ranks, not over the whole job.
     Report(ReportArgs),
+    /// Match the phases of two runs of the same application (two recordings) and print how each
+    /// phase changed: duration, time share, and instructions and IPC when measured.
+    Compare(CompareArgs),
     /// Print configuration.
     Config {
         /// Print the complete default configuration file, with comments.
@@ -39,6 +42,20 @@ pub enum Command {
         #[arg(long, conflicts_with = "default")]
         file: Option<PathBuf>,
     },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// The earlier run's recording.
+    pub before: PathBuf,
+    /// The later run's recording.
+    pub after: PathBuf,
+    /// The job in the earlier recording, when it holds several.
+    #[arg(long, value_name = "ID")]
+    pub job_before: Option<String>,
+    /// The job in the later recording, when it holds several.
+    #[arg(long, value_name = "ID")]
+    pub job_after: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]

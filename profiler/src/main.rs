@@ -3,8 +3,12 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser as _;
 use mpiburst::{
-    analysis::{analyse, AnalysisParams},
-    cli::{Cli, Command, ReportArgs},
+    analysis::{
+        analyse,
+        tracking::{match_runs, AppIdentity, RunSignature, TrackingParams},
+        AnalysisParams,
+    },
+    cli::{Cli, Command, CompareArgs, ReportArgs},
     config::Config,
     daemon::{unix_now_ns, Daemon},
     export::{phases, recording::Recording, report, svg},
@@ -32,6 +36,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => daemon(args.config()?, None),
         Command::Record { output, run } => daemon(run.config()?, Some(output)),
         Command::Report(args) => report_command(&args),
+        Command::Compare(args) => compare_command(&args),
         Command::Config { default, file } => {
             if default {
                 print!("{}", Config::default_toml());
@@ -120,6 +125,37 @@ fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
             eprintln!("wrote {} (phases of job {id})", file.display());
         }
     }
+    Ok(())
+}
+
+/// The one job of a recording (or the named one), with a helpful error otherwise.
+fn pick_job<'a>(r: &'a Recording, path: &std::path::Path, id: Option<&str>) -> anyhow::Result<&'a Job> {
+    let known = || r.jobs.keys().map(|j| j.0.as_str()).collect::<Vec<_>>().join(", ");
+    match id {
+        Some(id) => r
+            .jobs
+            .get(&JobId(id.to_string()))
+            .ok_or_else(|| anyhow::anyhow!("job {id} is not in {}; it holds: {}", path.display(), known())),
+        None if r.jobs.len() == 1 => Ok(r.jobs.values().next().unwrap()),
+        None if r.jobs.is_empty() => anyhow::bail!("{} holds no jobs", path.display()),
+        None => anyhow::bail!("{} holds several jobs ({}); choose one with --job-before/--job-after", path.display(), known()),
+    }
+}
+
+fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
+    let params = TrackingParams::default();
+    let mut signatures = Vec::new();
+    for (path, id) in [(&args.before, args.job_before.as_deref()), (&args.after, args.job_after.as_deref())] {
+        let recording = Recording::read(path)?;
+        let job = pick_job(&recording, path, id)?;
+        let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
+        let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
+            .with_context(|| format!("phase analysis of job {} in {}", job.meta.id, path.display()))?;
+        let app = AppIdentity { build_id: None, executable: job.meta.executable.clone() };
+        signatures.push(RunSignature::from_analysis(app, job.meta.id.0.clone(), &analysis, &bursts, &params)?);
+    }
+    let matched = match_runs(&signatures[0], &signatures[1], &params);
+    print!("{}", phases::render_run_match(&signatures[0], &signatures[1], &matched));
     Ok(())
 }
 

@@ -1124,6 +1124,10 @@ impl EventCounts {
 #[derive(Clone, Debug)]
 struct Live {
     cluster: TrackedCluster,
+    /// Its centroid when the id was given or last reported as moved: a phase that drifts a
+    /// little every window (a change that falls inside a window shows up half-way first) is
+    /// reported once its total move passes the threshold.
+    anchor: Vec<f64>,
     last_seen: u64,
     /// Closed windows since it was last seen.
     missed: u32,
@@ -1260,6 +1264,7 @@ impl Tracker {
         let mut merges: Vec<Merge> = Vec::new();
         let mut retired: BTreeSet<StableId> = BTreeSet::new();
         let mut without_id: Vec<u32> = Vec::new();
+        let mut reanchored: BTreeSet<StableId> = BTreeSet::new();
 
         for relation in &pairing.relations {
             let edge = |i: u32, j: u32| relation.edges.iter().find(|e| e.a == i && e.b == j);
@@ -1335,11 +1340,16 @@ impl Tracker {
             }
             for (&i, &j) in &heir_of {
                 ids.insert(j, i);
-                let distance = moved(i, j).unwrap_or(0.0);
+                let drift = same_features
+                    .then(|| self.live.get(&i))
+                    .flatten()
+                    .map(|l| centroid_move(frame.features, &l.anchor, &new(j).centroid, 0.0));
+                let distance = moved(i, j).unwrap_or(0.0).max(drift.unwrap_or(0.0));
                 if distance > move_threshold && (is_relevant(old(i)) || new_relevant(j)) {
                     let mut event = event(EventKind::Moved, vec![i], vec![i]);
                     event.distance = Some(distance);
                     events.push(event);
+                    reanchored.insert(i);
                 }
             }
 
@@ -1503,10 +1513,17 @@ impl Tracker {
                 id,
                 ..frame.cluster(j).expect("ids map frame clusters").clone()
             };
+            let anchor = match self.live.get(&id) {
+                Some(live) if !reanchored.contains(&id) && live.anchor.len() == cluster.centroid.len() => {
+                    live.anchor.clone()
+                }
+                _ => cluster.centroid.clone(),
+            };
             self.live.insert(
                 id,
                 Live {
                     cluster,
+                    anchor,
                     last_seen: window,
                     missed: 0,
                     merged: false,

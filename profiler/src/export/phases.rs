@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use crate::{
     analysis::{
+        tracking::{InstructionScaling, RunMatch, RunSignature},
         Analysis, ClusterStats, ClusteringMethod, DurationFilter, FeatureSelection, FeatureSet,
     },
     model::JobId,
@@ -473,4 +474,61 @@ mod tests {
             "{line}"
         );
     }
+}
+
+/// The phase-for-phase comparison of two runs (`mpiburst compare`): which phase of the earlier
+/// run became which of the later one, and how its duration, time share, instructions and IPC
+/// changed.
+pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "== phases of {} ({} ranks) → {} ({} ranks){}",
+        a.label,
+        a.frame.ranks,
+        b.label,
+        b.frame.ranks,
+        if m.same_application { "" } else { "; NOTE: different executables, matched on behaviour only" }
+    );
+    let _ = writeln!(
+        out,
+        "   coverage {:.0} %, call sites {}compared, instructions {}",
+        100.0 * m.coverage,
+        if m.call_sites_compared { "" } else { "not " },
+        match m.scaling {
+            InstructionScaling::None => "compared per burst",
+            InstructionScaling::ByRanks => "scaled by ranks (strong scaling)",
+        }
+    );
+    let _ = writeln!(
+        out,
+        "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>9} {:>10} {:>9}",
+        "before", "after", "match", "mean before", "mean after", "Δ mean", "Δ share", "Δ IPC"
+    );
+    let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join("+");
+    for p in &m.phases {
+        let t = &p.trend;
+        let _ = writeln!(
+            out,
+            "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>+8.1}% {:>+9.1}pp {:>9}",
+            ids(&p.a),
+            ids(&p.b),
+            format!("{:?}", p.kind),
+            duration(t.a.duration_mean_ns as u64),
+            duration(t.b.duration_mean_ns as u64),
+            100.0 * t.duration_mean_change,
+            100.0 * t.time_share_change,
+            t.ipc_change.map_or("-".to_string(), |c| format!("{:+.1}%", 100.0 * c)),
+        );
+    }
+    if !m.unmatched_a.is_empty() || !m.unmatched_b.is_empty() {
+        let _ = writeln!(
+            out,
+            "   only before: {}; only after: {}",
+            if m.unmatched_a.is_empty() { "-".into() } else { ids(&m.unmatched_a) },
+            if m.unmatched_b.is_empty() { "-".into() } else { ids(&m.unmatched_b) }
+        );
+    }
+    out
 }
