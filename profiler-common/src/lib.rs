@@ -99,8 +99,11 @@ pub struct ThreadState {
     pub outer_func: u32,
     pub burst_start_func: u32,
     pub outer_entry_ns: u64,
-    /// Return address of the outermost call in progress.
-    pub outer_site: u64,
+    /// The burst the outermost call in progress closed, when it passed the filter: shipped when
+    /// that call returns, because only then is its call site known for free (the return
+    /// probe's instruction pointer is the return address; reading it from the stack at entry
+    /// costs more than the rest of the probe).
+    pub pending: BurstRecord,
     pub outer_bytes: u64,
     pub outer_flags: u32,
     pub polling_calls: u32,
@@ -127,7 +130,9 @@ pub struct ThreadState {
 /// `outer_flags` bits.
 pub const OUTER_POLLING: u32 = 1;
 pub const OUTER_BYTES_DONE: u32 = 2;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 192);
+/// `pending` holds a burst to ship at the return of the outermost call.
+pub const OUTER_BURST_PENDING: u32 = 4;
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 264);
 
 /// Key of the per-thread, per-function call statistics. Keyed by thread, not process, so that
 /// only one CPU at a time updates an entry and plain adds are exact without atomics.

@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     cookie, lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, ThreadState,
-    BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS, OUTER_BYTES_DONE, OUTER_POLLING,
+    BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS, OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_POLLING,
 };
 
 /// Bursts shorter than this are only summed in kernel. Set by the daemon at load time.
@@ -194,8 +194,10 @@ fn call_bytes(regs: &pt_regs, c: u64) -> Option<u64> {
     Some(count as u64 * size)
 }
 
+/// Closes the open burst at the entry of the call that ends it: sums it into the thread's totals,
+/// and keeps it for shipping at that call's return when it passes the filter.
 #[inline(always)]
-fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32, end_site: u64) {
+fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
     if st.burst_start_ns == 0 {
         return;
     }
@@ -218,18 +220,13 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32, end_site
         totals.filtered_ns += duration;
         return;
     }
-    let Some(mut entry) = BURSTS.reserve::<BurstRecord>(0) else {
-        totals.dropped_bursts += 1;
-        count_lost(lost::BURSTS);
-        return;
-    };
     let mut counters = [0u64; NUM_COUNTERS];
     for i in 0..NUM_COUNTERS {
         counters[i] = counters_now[i]
             .wrapping_sub(st.burst_start_counters[i])
             .wrapping_sub(st.polled_counters[i]);
     }
-    entry.write(BurstRecord {
+    st.pending = BurstRecord {
         pid: st.pid,
         tid,
         start_ns,
@@ -237,12 +234,27 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32, end_site
         oncpu_ns: oncpu,
         counters,
         start_site: st.burst_start_site,
-        end_site,
+        end_site: 0,
         start_func: st.burst_start_func,
         end_func,
         polling_calls: st.polling_calls,
         flags: if config(&COUNTERS_ENABLED) != 0 { BURST_HAS_COUNTERS } else { 0 },
-    });
+    };
+    st.outer_flags |= OUTER_BURST_PENDING;
+}
+
+/// Ships the burst kept by `close_burst`, now that its end call site is known.
+#[inline(always)]
+fn ship_pending(st: &mut ThreadState, tid: u32, site: u64) {
+    st.pending.end_site = site;
+    let Some(mut entry) = BURSTS.reserve::<BurstRecord>(0) else {
+        if let Some(totals) = BURST_TOTALS.get_ptr_mut(tid) {
+            unsafe { (*totals).dropped_bursts += 1 };
+        }
+        count_lost(lost::BURSTS);
+        return;
+    };
+    entry.write(st.pending);
     // No wakeup per record: the daemon drains on a timer; a wakeup costs more than the probe.
     entry.submit(BPF_RB_NO_WAKEUP as u64);
 }
@@ -267,11 +279,7 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
             st.poll_entry_counters = counters;
         } else {
             st.outer_flags = 0;
-            // The return address at entry is the call site: user stacks cannot be walked
-            // without frame pointers, but the top of stack always holds it.
-            let site = unsafe { bpf_probe_read_user(regs.rsp as *const u64) }.unwrap_or(0);
-            st.outer_site = site;
-            close_burst(st, tid, now, cookie::func(c), site);
+            close_burst(st, tid, now, cookie::func(c));
         }
     }
     st.depth += 1;
@@ -289,7 +297,7 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
 }
 
 #[uretprobe]
-pub fn mpi_exit(_ctx: RetProbeContext) -> u32 {
+pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(p) = THREADS.get_ptr_mut(tid) else { return 0 };
@@ -325,10 +333,16 @@ pub fn mpi_exit(_ctx: RetProbeContext) -> u32 {
         st.polling_calls += 1;
         return 0;
     }
+    // At a return probe the instruction pointer is the return address, i.e. the call site:
+    // user stacks cannot be walked without frame pointers, but this needs none.
+    let site = unsafe { (*ctx.regs).rip };
+    if st.outer_flags & OUTER_BURST_PENDING != 0 {
+        ship_pending(st, tid, site);
+    }
     let (oncpu, counters) = thread_now(st, now);
     st.burst_start_ns = now;
     st.burst_start_func = st.outer_func;
-    st.burst_start_site = st.outer_site;
+    st.burst_start_site = site;
     st.burst_start_oncpu = oncpu;
     st.burst_start_counters = counters;
     st.polled_ns = 0;
