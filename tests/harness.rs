@@ -236,3 +236,101 @@ pub fn http_get(addr: &str, path: &str) -> String {
 pub fn free_loopback_addr() -> String {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
 }
+
+/// The Prometheus rule files and their unit tests.
+pub fn rules_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards/rules")
+}
+
+pub fn promtool(args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new("promtool")
+        .args(args)
+        .current_dir(rules_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian package prometheus; `cargo xtask test` installs it)");
+    if let Some(input) = stdin {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    text
+}
+
+/// Prometheus, scraping daemons every second and evaluating every rule file in dashboards/rules;
+/// stopped on drop.
+pub struct Prometheus {
+    child: Child,
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    pub fn start(targets: &[&str]) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        // Every rule file (recording and alerting) is loaded, as an operator would.
+        let mut rules: Vec<String> = std::fs::read_dir(rules_dir())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().ends_with(".rules.yml"))
+            .map(|p| format!("  - {}\n", p.canonicalize().unwrap().display()))
+            .collect();
+        rules.sort();
+        let targets = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n{}scrape_configs:\n  - job_name: mpiburst\n    static_configs:\n      - targets: [{targets}]\n",
+            rules.concat()
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        let addr = free_loopback_addr();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus (Debian package; `cargo xtask test` installs it)");
+        let p = Prometheus { child, addr, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&p.addr).is_err() {
+            assert!(Instant::now() < deadline, "prometheus did not start listening");
+            thread::sleep(Duration::from_millis(200));
+        }
+        p
+    }
+
+    /// The single value of an instant query, once it has one (bounded wait).
+    pub fn value(&self, query: &str) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let body = http_get(&self.addr, &format!("/api/v1/query?query={}", encode(query)));
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if let Some(sample) = v["data"]["result"].as_array().and_then(|r| r.first()) {
+                return sample["value"][1].as_str().unwrap().parse().unwrap();
+            }
+            assert!(Instant::now() < deadline, "no result for {query}: {body}");
+            thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'.' | b'-' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
