@@ -40,6 +40,32 @@ fn job_load_balance_from_the_rules_equals_the_direct_value() {
     eprintln!("load balance: {from_rules} from the recording rules, {direct} from the ranks directly");
     assert!((from_rules - direct).abs() < 1e-9, "rules {from_rules} vs direct {direct}");
     assert!((0.5..0.62).contains(&direct), "load balance {direct}, expected about 0.55");
+
+    // The load-balance property fires with its F2 severity 1 − LB / 0.8 (threshold 0.8, exponent
+    // 1), in the JSON API and in Prometheus alike.
+    let props: serde_json::Value =
+        serde_json::from_str(&http_get(&daemon.addr, &format!("/api/jobs/{}/properties", encode(&id)))).unwrap();
+    let find = |name: &str| {
+        props["job"]["properties"].as_array().unwrap().iter().find(|p| p["name"] == name).cloned().unwrap()
+    };
+    let lb = find("load_balance");
+    let (value, severity) = (lb["outcome"]["value"].as_f64().unwrap(), lb["outcome"]["severity"].as_f64().unwrap());
+    assert!((value - direct).abs() < 1e-9, "property {value} vs direct {direct}");
+    assert!((severity - (1.0 - value / 0.8)).abs() < 1e-12, "severity {severity} for load balance {value}");
+    assert!(lb["outcome"]["condition"].as_bool().unwrap() && severity > 0.25, "{lb}");
+    let in_prometheus = prometheus.value(&format!(
+        "mpiburst_property_severity{{mpi_job=\"{id}\",span=\"job\",property=\"load_balance\"}}"
+    ));
+    assert!((in_prometheus - severity).abs() < 1e-12, "Prometheus {in_prometheus} vs API {severity}");
+    let recommended = prometheus.value(&format!(
+        "count(mpiburst_recommendation_severity{{mpi_job=\"{id}\",span=\"job\",property=\"load_balance\"}})"
+    ));
+    assert_eq!(recommended, 1.0);
+    // Per-rank MPI time fractions, as quantiles over the ranks: the largest is rank 0's.
+    let fraction = find("mpi_time_fraction");
+    let highest = fraction["outcome"]["ranks"]["values"]["quantiles"].as_array().unwrap().last().unwrap().as_f64().unwrap();
+    eprintln!("load balance property {value:.4}, severity {severity:.4}; largest MPI time fraction {highest:.3}");
+    assert!((0.8..0.95).contains(&highest), "MPI time fraction of rank 0: {highest}");
     let recording = daemon.stop();
     let job = job_of(&recording, &program);
     // Rank 0 waits for rank 1 most of each iteration: its MPI fraction is about 0.9.

@@ -177,6 +177,35 @@ pub struct BurstTotals {
 }
 const _: () = assert!(core::mem::size_of::<BurstTotals>() == 56);
 
+/// File I/O of one thread of a tracked process, summed in kernel from the syscall tracepoints
+/// (keyed by tid like `BurstTotals`; the daemon sums threads per process). Reads and writes count
+/// only descriptors the process opened with open/openat/openat2/creat while tracked, so pipes,
+/// sockets, eventfds and inherited terminals are left out; bytes are what the calls returned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoTotals {
+    pub pid: u32,
+    pub _pad: u32,
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub write_bytes: u64,
+    pub write_calls: u64,
+    /// Successful opens of any file (a metadata operation even when nothing is read).
+    pub opens: u64,
+    /// Closes of the counted descriptors.
+    pub closes: u64,
+}
+const _: () = assert!(core::mem::size_of::<IoTotals>() == 56);
+
+/// A read or write syscall between its entry and exit: what the exit must add to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoPending {
+    pub write: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<IoPending>() == 8);
+
 /// Indices of the per-CPU self-monitoring counters.
 pub mod lost {
     /// Bursts lost because the ring buffer was full.
@@ -198,5 +227,6 @@ mod pod {
     unsafe impl aya::Pod for ThreadState {}
     unsafe impl aya::Pod for FuncKey {}
     unsafe impl aya::Pod for FuncStats {}
+    unsafe impl aya::Pod for IoTotals {}
     unsafe impl aya::Pod for BurstTotals {}
 }

@@ -1,6 +1,7 @@
 //! mpiburst BPF programs: one uprobe/uretprobe pair attached to every MPI entry point (the attach
 //! cookie says which function it is), sched_switch for per-thread on-CPU time and counter
-//! virtualisation, and sched_process_exec to find new MPI libraries.
+//! virtualisation, sched_process_exec to find new MPI libraries, sched_process_exit for the exit
+//! time of the MPI processes the daemon tracks, and the file I/O syscall tracepoints of those.
 #![no_std]
 #![no_main]
 
@@ -16,7 +17,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    cookie, lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, ThreadState,
+    cookie, lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoPending, IoTotals,
+    ThreadState,
     BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS, OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_POLLING,
 };
 
@@ -41,6 +43,19 @@ static BURST_TOTALS: HashMap<u32, BurstTotals> = HashMap::with_max_entries(16384
 static BURSTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 #[map]
 static EXECS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
+/// The MPI processes the daemon identified: their file I/O is counted, and the value becomes
+/// the process's exit time (0 while it runs).
+#[map]
+static TRACKED: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+/// (pid << 32 | fd) of the descriptors the tracked processes opened: the files whose reads and
+/// writes count.
+#[map]
+static IO_FILES: LruHashMap<u64, u32> = LruHashMap::with_max_entries(65536, 0);
+/// Read or write in flight, by tid.
+#[map]
+static IO_PENDING: LruHashMap<u32, IoPending> = LruHashMap::with_max_entries(16384, 0);
+#[map]
+static IO_TOTALS: HashMap<u32, IoTotals> = HashMap::with_max_entries(16384, 0);
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(lost::COUNT, 0);
 /// Per-CPU counters, one array per counter: a perf-event array cannot be larger than the number
@@ -402,6 +417,119 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let pid: u32 = unsafe { ctx.read_at(EXEC_PID) }.unwrap_or(0);
     if EXECS.output::<ExecRecord>(&ExecRecord { pid, _pad: 0 }, BPF_RB_NO_WAKEUP as u64).is_err() {
         count_lost(lost::EXECS);
+    }
+    0
+}
+
+// Field offset of sched/sched_process_exit's group_dead: the last thread of the process exits.
+const EXIT_GROUP_DEAD: usize = 32;
+
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    let group_dead: u8 = unsafe { ctx.read_at(EXIT_GROUP_DEAD) }.unwrap_or(0);
+    if group_dead == 0 {
+        return 0;
+    }
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if let Some(exit) = TRACKED.get_ptr_mut(pid) {
+        unsafe { *exit = bpf_ktime_get_ns() };
+    }
+    0
+}
+
+// Field offsets of the raw syscall tracepoints (syscalls/sys_enter_* and sys_exit_*; see their
+// tracefs format files): the first argument and the return value.
+const SYSCALL_ARG0: usize = 16;
+const SYSCALL_RET: usize = 16;
+
+/// The calling thread's I/O totals, if its process is tracked.
+#[inline(always)]
+fn io_totals(pid: u32, tid: u32) -> Option<&'static mut IoTotals> {
+    unsafe { TRACKED.get(&pid) }?;
+    get_or_insert(&IO_TOTALS, &tid, IoTotals { pid, ..IoTotals::default() })
+}
+
+#[inline(always)]
+fn io_enter(ctx: &TracePointContext, write: u32) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.unwrap_or(u64::MAX);
+    if fd > u32::MAX as u64 || unsafe { IO_FILES.get(&(((pid as u64) << 32) | fd)) }.is_none() {
+        return 0;
+    }
+    let _ = IO_PENDING.insert(&(pid_tgid as u32), &IoPending { write, _pad: 0 }, 0);
+    0
+}
+
+/// Entry of read, pread64, readv, preadv, preadv2.
+#[tracepoint]
+pub fn io_read_enter(ctx: TracePointContext) -> u32 {
+    io_enter(&ctx, 0)
+}
+
+/// Entry of write, pwrite64, writev, pwritev, pwritev2.
+#[tracepoint]
+pub fn io_write_enter(ctx: TracePointContext) -> u32 {
+    io_enter(&ctx, 1)
+}
+
+/// Exit of every read and write syscall above.
+#[tracepoint]
+pub fn io_rw_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let Some(pending) = (unsafe { IO_PENDING.get(&tid) }).copied() else {
+        return 0;
+    };
+    let _ = IO_PENDING.remove(&tid);
+    let ret: i64 = unsafe { ctx.read_at(SYSCALL_RET) }.unwrap_or(-1);
+    if ret < 0 {
+        return 0;
+    }
+    if let Some(t) = io_totals((pid_tgid >> 32) as u32, tid) {
+        if pending.write != 0 {
+            t.write_bytes += ret as u64;
+            t.write_calls += 1;
+        } else {
+            t.read_bytes += ret as u64;
+            t.read_calls += 1;
+        }
+    }
+    0
+}
+
+/// Exit of open, openat, openat2 and creat: the new descriptor is a file whose I/O counts.
+#[tracepoint]
+pub fn io_open_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let ret: i64 = unsafe { ctx.read_at(SYSCALL_RET) }.unwrap_or(-1);
+    if ret < 0 {
+        return 0;
+    }
+    if let Some(t) = io_totals(pid, pid_tgid as u32) {
+        t.opens += 1;
+        let _ = IO_FILES.insert(&(((pid as u64) << 32) | ret as u64), &1, 0);
+    }
+    0
+}
+
+/// Entry of close: a counted descriptor stops counting (its number may be reused for a pipe).
+#[tracepoint]
+pub fn io_close_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.unwrap_or(u64::MAX);
+    if fd > u32::MAX as u64 {
+        return 0;
+    }
+    let key = ((pid as u64) << 32) | fd;
+    if unsafe { IO_FILES.get(&key) }.is_none() {
+        return 0;
+    }
+    let _ = IO_FILES.remove(&key);
+    if let Some(t) = io_totals(pid, pid_tgid as u32) {
+        t.closes += 1;
     }
     0
 }

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::analysis::online::OnlineParams;
+use crate::{analysis::online::OnlineParams, properties::PropertyConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,6 +25,8 @@ pub struct Config {
     pub mpi: MpiConfig,
     /// Online phase analysis of every job: windows, clustering, tracking.
     pub analysis: OnlineParams,
+    /// Thresholds and exponents of the bottleneck properties.
+    pub properties: PropertyConfig,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -38,6 +40,11 @@ pub struct DaemonConfig {
     pub report_interval_s: f64,
     /// Seconds an ended job stays in /metrics before it is evicted.
     pub ended_job_grace_s: f64,
+    /// Most jobs held (and exported); above it, ended jobs are evicted before their grace period.
+    pub max_jobs: usize,
+    /// Profile only processes in this cgroup or below it (a path as in /proc/PID/cgroup, in any
+    /// hierarchy); empty profiles every process.
+    pub cgroup: String,
     /// Most bursts kept in memory per job (oldest dropped first; totals stay exact).
     pub max_bursts_per_job: usize,
 }
@@ -110,6 +117,7 @@ impl Default for Config {
             capture: CaptureConfig::default(),
             mpi: MpiConfig::default(),
             analysis: OnlineParams::default(),
+            properties: PropertyConfig::default(),
         }
     }
 }
@@ -121,6 +129,8 @@ impl Default for DaemonConfig {
             node: String::new(),
             report_interval_s: 10.0,
             ended_job_grace_s: 300.0,
+            max_jobs: 64,
+            cgroup: String::new(),
             max_bursts_per_job: 1_000_000,
         }
     }
@@ -272,6 +282,15 @@ impl Config {
                 }
             }
         }
+        if !self.daemon.cgroup.is_empty() && !self.daemon.cgroup.starts_with('/') {
+            return Err(ConfigError::Invalid(format!(
+                "daemon.cgroup = {:?}: write the path as /proc/PID/cgroup shows it, starting with /",
+                self.daemon.cgroup
+            )));
+        }
+        if self.daemon.max_jobs == 0 {
+            return Err(ConfigError::Invalid("daemon.max_jobs must be at least 1".into()));
+        }
         if self.capture.drain_interval_ms == 0 || self.capture.stats_interval_ms == 0 {
             return Err(ConfigError::Invalid("capture intervals must be at least 1 ms".into()));
         }
@@ -315,9 +334,18 @@ impl Config {
              report_interval_s = {:?}\n\
              # Seconds an ended job stays in /metrics before it is evicted.\n\
              ended_job_grace_s = {:?}\n\
+             # Most jobs held and exported; above it, ended jobs go before their grace period.\n\
+             max_jobs = {}\n\
+             # Profile only processes in this cgroup or below it, as /proc/PID/cgroup names it in any\n\
+             # hierarchy (e.g. \"/system.slice/slurmstepd.scope\"); empty profiles every process.\n\
+             cgroup = \"\"\n\
              # Most bursts kept in memory per job (oldest dropped first; totals stay exact).\n\
              max_bursts_per_job = {}\n\n",
-            d.daemon.listen, d.daemon.report_interval_s, d.daemon.ended_job_grace_s, d.daemon.max_bursts_per_job
+            d.daemon.listen,
+            d.daemon.report_interval_s,
+            d.daemon.ended_job_grace_s,
+            d.daemon.max_jobs,
+            d.daemon.max_bursts_per_job
         ));
         out.push_str(&format!(
             "[capture]\n\
@@ -366,6 +394,9 @@ impl Config {
              # phases across windows (stable ids).\n",
         );
         out.push_str(&toml::to_string(&Analysis { analysis: &d.analysis }).expect("the defaults serialise"));
+        // The property file's own format, nested under [properties].
+        out.push_str("\n[properties]\n");
+        out.push_str(&PropertyConfig::default_toml().replace("\n[property.", "\n[properties.property."));
         out
     }
 }

@@ -16,7 +16,11 @@ use crate::{
         online::{JobPhases, PhaseEvent},
         AnalysisParams,
     },
-    capture::{self, AttachPoint, Capture, CaptureError},
+    capture::{
+        self,
+        usage::{self, JobUsage},
+        AttachPoint, Capture, CaptureError,
+    },
     config::{Config, FunctionClass},
     discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
     export::{
@@ -25,6 +29,7 @@ use crate::{
         phases, report, SelfStats,
     },
     model::{Burst, HwCounters, JobId},
+    properties::{LiveEvaluator, PropertyConfig},
     store::{CallStats, Job, JobMeta, RankRecord, RankTotals},
 };
 
@@ -60,24 +65,27 @@ pub struct Daemon {
     shared: SharedState,
     resolver: AddressResolver,
     members: HashMap<u32, Member>,
+    /// Processes outside `daemon.cgroup`: their data is dropped.
+    outside: HashSet<u32>,
     /// Online phase analysis per job, fed with every burst.
     phases: BTreeMap<JobId, JobPhases>,
+    /// Kernel usage (CPU time, memory, file I/O) per job, and the property evaluation.
+    usage: BTreeMap<JobId, JobUsage>,
+    evaluators: BTreeMap<JobId, LiveEvaluator>,
+    property_config: PropertyConfig,
+    /// The node's physical memory: what a job may use when nothing else says.
+    memory_available_bytes: u64,
     scans: Vec<(Instant, u32)>,
     recording: Option<RecordingWriter>,
     /// Unix time minus CLOCK_MONOTONIC (the BPF clock), in ns.
     unix_offset_ns: i128,
+    /// Unix time the daemon started, in ns.
+    started_ns: u64,
     libraries: usize,
     ompi_dtype_offset: Option<u64>,
     counters_note: String,
     hardware_counters: bool,
     last_report: Instant,
-}
-
-fn clock_ns(clock: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
 
 /// The phases of an ended job, clustered over its most recent bursts (the same analysis as
@@ -93,7 +101,7 @@ fn final_phases(job: &Job) -> String {
 }
 
 pub fn unix_now_ns() -> u64 {
-    clock_ns(libc::CLOCK_REALTIME) as u64
+    usage::clock_ns(libc::CLOCK_REALTIME)
 }
 
 fn process_alive(pid: u32) -> bool {
@@ -146,6 +154,11 @@ impl Daemon {
             Err(reason) => (reason.clone(), false),
         };
         let functions: Vec<String> = config.mpi.functions.iter().map(|f| f.name.clone()).collect();
+        let property_config = config.properties.clone();
+        let memory_available_bytes = usage::node_memory_bytes().unwrap_or_else(|e| {
+            tracing::warn!("node memory unknown ({e}): memory_used_share is not evaluated");
+            0
+        });
         let recording = match recording {
             Some(path) => Some(RecordingWriter::create(
                 &path,
@@ -168,10 +181,16 @@ impl Daemon {
             shared: Arc::new(Mutex::new(Shared::default())),
             resolver: AddressResolver::new(),
             members: HashMap::new(),
+            outside: HashSet::new(),
             phases: BTreeMap::new(),
+            usage: BTreeMap::new(),
+            evaluators: BTreeMap::new(),
+            property_config,
+            memory_available_bytes,
             scans: Vec::new(),
             recording,
-            unix_offset_ns: clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC),
+            unix_offset_ns: usage::clock_ns(libc::CLOCK_REALTIME) as i128 - usage::clock_ns(libc::CLOCK_MONOTONIC) as i128,
+            started_ns: unix_now_ns(),
             libraries: 0,
             ompi_dtype_offset,
             counters_note,
@@ -261,12 +280,24 @@ impl Daemon {
         Arc::from(self.functions.get(id as usize).map(String::as_str).unwrap_or("?"))
     }
 
-    /// Finds (or makes) the job and rank of a pid, and registers it in the store.
-    fn member(&mut self, pid: u32, shared: &mut Shared) -> Member {
+    /// Finds (or makes) the job and rank of a pid, and registers it in the store; `None` for a
+    /// process outside `daemon.cgroup`.
+    fn member(&mut self, pid: u32, shared: &mut Shared) -> Option<Member> {
         if let Some(m) = self.members.get(&pid) {
-            return m.clone();
+            return Some(m.clone());
         }
-        let now = unix_now_ns();
+        if self.outside.contains(&pid) {
+            return None;
+        }
+        let scope = &self.config.daemon.cgroup;
+        if !scope.is_empty() && !discovery::in_cgroup(pid, scope) {
+            tracing::debug!("pid {pid} is outside cgroup {scope}: not profiled");
+            self.outside.insert(pid);
+            return None;
+        }
+        // From the process's start (its MPI_Init is in its MPI time), but not before the daemon's:
+        // the kernel totals start then.
+        let now = usage::start_time_unix_ns(pid).map_or(unix_now_ns(), |t| t.max(self.started_ns));
         let (meta, rank) = match discovery::identify(pid, &self.node) {
             Ok(id) => (
                 JobMeta {
@@ -317,12 +348,17 @@ impl Daemon {
             totals: RankTotals::default(),
             functions: BTreeMap::new(),
         });
+        if let Err(e) = self.capture.track(pid) {
+            tracing::warn!("pid {pid}: file I/O not counted, exit time approximate: {e}");
+        }
         self.members.insert(pid, member.clone());
-        member
+        Some(member)
     }
 
     fn ingest(&mut self, record: BurstRecord, shared: &mut Shared) -> Result<(), DaemonError> {
-        let member = self.member(record.pid, shared);
+        let Some(member) = self.member(record.pid, shared) else {
+            return Ok(());
+        };
         let has_counters = record.flags & BURST_HAS_COUNTERS != 0;
         let burst = Burst {
             pid: record.pid,
@@ -398,15 +434,17 @@ impl Daemon {
     pub fn update_totals(&mut self, final_update: bool) -> Result<(), DaemonError> {
         // Liveness first: whatever the kernel holds for a pid already gone is final. Drain after
         // it, so the last bursts of a process that just ended reach its job before it is forgotten.
-        let gone: HashSet<u32> = self.members.keys().copied().filter(|&pid| !process_alive(pid)).collect();
+        let gone: HashSet<u32> =
+            self.members.keys().chain(&self.outside).copied().filter(|&pid| !process_alive(pid)).collect();
         self.drain()?;
         let totals = self.capture.read_totals()?;
         let per_process = capture::per_process(&totals);
+        let io = self.capture.read_io()?;
         let now = unix_now_ns();
         let shared = self.shared.clone();
         let mut shared = shared.lock().unwrap();
         for (pid, (bursts, functions)) in &per_process {
-            let member = self.member(*pid, &mut shared);
+            let Some(member) = self.member(*pid, &mut shared) else { continue };
             let Some(rank) = shared.store.jobs.get_mut(&member.job).and_then(|j| j.ranks.get_mut(&member.rank)) else {
                 continue;
             };
@@ -426,13 +464,16 @@ impl Daemon {
                 })
                 .collect();
         }
+        self.update_usage(&io, &gone);
         let ended: HashSet<u32> = if final_update { self.members.keys().copied().collect() } else { gone.clone() };
         for pid in &ended {
             let Some(member) = self.members.get(pid).cloned() else { continue };
             let Some(job) = shared.store.jobs.get_mut(&member.job) else { continue };
             if let Some(rank) = job.ranks.get_mut(&member.rank) {
                 if gone.contains(pid) && rank.ended_ns.is_none() {
-                    rank.ended_ns = Some(now);
+                    // The kernel's exit time, else (not tracked) the time its absence was noticed.
+                    let exited = self.capture.exit_time(*pid).map(|t| self.unix_ns(t));
+                    rank.ended_ns = Some(exited.unwrap_or(now).clamp(rank.first_seen_ns, now));
                 }
                 if let Some(w) = &mut self.recording {
                     w.rank(&member.job, rank)?;
@@ -443,10 +484,12 @@ impl Daemon {
             self.capture.forget_processes(&gone)?;
             for pid in &gone {
                 self.members.remove(pid);
+                self.outside.remove(pid);
                 self.resolver.forget(*pid);
             }
         }
         self.tick_phases(&mut shared, now);
+        self.evaluate_properties(&mut shared, now);
         let mut finished = Vec::new();
         for job in shared.store.jobs.values_mut() {
             if job.meta.ended_ns.is_none() && !job.ranks.is_empty() && job.ranks.values().all(|r| r.ended_ns.is_some()) {
@@ -470,10 +513,13 @@ impl Daemon {
             }
         }
         let grace = (self.config.daemon.ended_job_grace_s * 1e9) as u64;
-        for id in shared.store.evict_ended(now, grace) {
-            tracing::info!("job {id} evicted {} s after its end", self.config.daemon.ended_job_grace_s);
+        for id in shared.store.evict_ended(now, grace, self.config.daemon.max_jobs) {
+            tracing::info!("job {id} evicted (ended over {} s ago, or more than {} jobs held)", self.config.daemon.ended_job_grace_s, self.config.daemon.max_jobs);
             self.phases.remove(&id);
+            self.usage.remove(&id);
+            self.evaluators.remove(&id);
             shared.phases.remove(&id);
+            shared.properties.remove(&id);
         }
         shared.health = SelfStats {
             lost: self.capture.lost()?,
@@ -485,11 +531,49 @@ impl Daemon {
                 Err(_) => "none".into(),
             },
             hardware_counters: self.hardware_counters,
+            process: usage::read_process(std::process::id()).ok(),
         };
         if let Some(w) = &mut self.recording {
             w.flush()?;
         }
         Ok(())
+    }
+
+    /// Reads the CPU time, memory and file I/O of every member process into its job's usage.
+    fn update_usage(&mut self, io: &BTreeMap<u32, profiler_common::IoTotals>, gone: &HashSet<u32>) {
+        for (pid, member) in &self.members {
+            let job = self.usage.entry(member.job.clone()).or_default();
+            if let Some(counts) = io.get(pid) {
+                job.update_io(*pid, counts.into());
+            }
+            if gone.contains(pid) {
+                job.ended(*pid);
+            } else if let Ok(u) = usage::read_process(*pid) {
+                job.update(*pid, u);
+            }
+        }
+    }
+
+    /// Evaluates every job's properties (over its life and its last complete window) and
+    /// publishes them.
+    fn evaluate_properties(&mut self, shared: &mut Shared, now: u64) {
+        let window_ns = (self.config.analysis.window_s * 1e9) as u64;
+        for (id, job) in &shared.store.jobs {
+            let usage = self.usage.get(id).map(JobUsage::totals);
+            if let Some(u) = usage {
+                shared.usage.insert(id.clone(), u);
+            }
+            let phases = shared.phases.get(id).and_then(|p| p.last_window.as_ref());
+            let live = self.evaluators.entry(id.clone()).or_insert_with(|| LiveEvaluator::new(window_ns)).update(
+                job,
+                usage.as_ref(),
+                self.memory_available_bytes,
+                phases,
+                now,
+                &self.property_config,
+            );
+            shared.properties.insert(id.clone(), live);
+        }
     }
 
     /// Advances every job's online analysis (windows close on Unix time), logs what changed, and

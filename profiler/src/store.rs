@@ -128,13 +128,19 @@ pub struct JobStore {
 }
 
 impl JobStore {
-    /// Drops jobs that ended more than `grace_ns` before `now_ns`; returns their ids.
-    pub fn evict_ended(&mut self, now_ns: u64, grace_ns: u64) -> Vec<JobId> {
-        let expired: Vec<JobId> = self
-            .jobs
+    /// Drops jobs that ended more than `grace_ns` before `now_ns`, and then, while more than
+    /// `max_jobs` are held, the ended jobs that ended first (running jobs are never dropped);
+    /// returns their ids.
+    pub fn evict_ended(&mut self, now_ns: u64, grace_ns: u64, max_jobs: usize) -> Vec<JobId> {
+        let mut ended: Vec<(u64, &JobId)> =
+            self.jobs.iter().filter_map(|(id, j)| Some((j.meta.ended_ns?, id))).collect();
+        ended.sort();
+        let excess = self.jobs.len().saturating_sub(max_jobs);
+        let expired: Vec<JobId> = ended
             .iter()
-            .filter(|(_, j)| j.meta.ended_ns.is_some_and(|e| now_ns.saturating_sub(e) > grace_ns))
-            .map(|(id, _)| id.clone())
+            .enumerate()
+            .filter(|(i, (end, _))| *i < excess || now_ns.saturating_sub(*end) > grace_ns)
+            .map(|(_, (_, id))| (*id).clone())
             .collect();
         for id in &expired {
             self.jobs.remove(id);
@@ -163,9 +169,22 @@ mod tests {
     fn ended_jobs_are_evicted_after_the_grace_period_only() {
         let mut store = JobStore::default();
         store.jobs.insert(JobId("j".into()), Job::new(meta(Some(100))));
-        assert!(store.evict_ended(150, 100).is_empty());
-        assert_eq!(store.evict_ended(201, 100), vec![JobId("j".into())]);
+        assert!(store.evict_ended(150, 100, 10).is_empty());
+        assert_eq!(store.evict_ended(201, 100, 10), vec![JobId("j".into())]);
         assert!(store.jobs.is_empty());
+    }
+
+    #[test]
+    fn over_the_job_limit_the_earliest_ended_jobs_go_first() {
+        let mut store = JobStore::default();
+        for (id, ended) in [("a", Some(30)), ("b", Some(10)), ("c", None), ("d", Some(20)), ("e", None)] {
+            store.jobs.insert(JobId(id.into()), Job::new(JobMeta { id: JobId(id.into()), ..meta(ended) }));
+        }
+        // Five jobs, at most three: the two that ended first go, whatever the grace period.
+        assert_eq!(store.evict_ended(40, 1000, 3), vec![JobId("b".into()), JobId("d".into())]);
+        // Running jobs stay even above the limit.
+        assert_eq!(store.evict_ended(40, 1000, 1), vec![JobId("a".into())]);
+        assert_eq!(store.jobs.len(), 2);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod counters;
 mod multi;
+pub mod usage;
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -17,7 +18,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
-use profiler_common::{lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, ThreadState};
+use profiler_common::{lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, ThreadState};
 
 use crate::config::CaptureConfig;
 
@@ -91,7 +92,41 @@ pub struct ProgramStats {
 /// only the overhead benchmark uses.
 const UPROBE_PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit"];
 
-const TRACEPOINT_PROGRAMS: [&str; 2] = ["sched_switch", "sched_process_exec"];
+/// Where each tracepoint program attaches: (program, category, events). A syscall this kernel
+/// does not have (e.g. no `open` on arm64) is skipped.
+const TRACEPOINTS: [(&str, &str, &[&str]); 8] = [
+    ("sched_switch", "sched", &["sched_switch"]),
+    ("sched_process_exec", "sched", &["sched_process_exec"]),
+    ("sched_process_exit", "sched", &["sched_process_exit"]),
+    (
+        "io_read_enter",
+        "syscalls",
+        &["sys_enter_read", "sys_enter_pread64", "sys_enter_readv", "sys_enter_preadv", "sys_enter_preadv2"],
+    ),
+    (
+        "io_write_enter",
+        "syscalls",
+        &["sys_enter_write", "sys_enter_pwrite64", "sys_enter_writev", "sys_enter_pwritev", "sys_enter_pwritev2"],
+    ),
+    (
+        "io_rw_exit",
+        "syscalls",
+        &[
+            "sys_exit_read",
+            "sys_exit_pread64",
+            "sys_exit_readv",
+            "sys_exit_preadv",
+            "sys_exit_preadv2",
+            "sys_exit_write",
+            "sys_exit_pwrite64",
+            "sys_exit_writev",
+            "sys_exit_pwritev",
+            "sys_exit_pwritev2",
+        ],
+    ),
+    ("io_open_exit", "syscalls", &["sys_exit_open", "sys_exit_openat", "sys_exit_openat2", "sys_exit_creat"]),
+    ("io_close_enter", "syscalls", &["sys_enter_close"]),
+];
 
 pub struct Capture {
     ebpf: Ebpf,
@@ -169,10 +204,16 @@ impl Capture {
         };
 
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
-        for name in TRACEPOINT_PROGRAMS {
+        for (name, category, events) in TRACEPOINTS {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
             program.load().map_err(|source| CaptureError::Program { program: name, source })?;
-            program.attach("sched", name).map_err(|source| CaptureError::Program { program: name, source })?;
+            for event in events {
+                if category == "syscalls" && !Path::new(TRACEFS).join("events/syscalls").join(event).is_dir() {
+                    tracing::debug!("no tracepoint syscalls/{event} on this kernel");
+                    continue;
+                }
+                program.attach(category, event).map_err(|source| CaptureError::Program { program: name, source })?;
+            }
         }
         let bursts = take_ring(&mut ebpf, "BURSTS")?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
@@ -279,10 +320,49 @@ impl Capture {
         })
     }
 
+    /// Starts tracking an MPI process: counting its file I/O and noting its exit time.
+    pub fn track(&mut self, pid: u32) -> Result<(), CaptureError> {
+        let mut pids: HashMap<&mut MapData, u32, u64> = map_mut(&mut self.ebpf, "TRACKED")?;
+        pids.insert(pid, 0, 0).map_err(|source| CaptureError::Map { map: "TRACKED", source })
+    }
+
+    /// When a tracked process exited (CLOCK_MONOTONIC ns), once it has.
+    pub fn exit_time(&self, pid: u32) -> Option<u64> {
+        let pids: HashMap<&MapData, u32, u64> = map_ref(&self.ebpf, "TRACKED").ok()?;
+        pids.get(&pid, 0).ok().filter(|&t| t != 0)
+    }
+
+    /// File I/O per process of the tracked processes (threads summed).
+    pub fn read_io(&self) -> Result<BTreeMap<u32, IoTotals>, CaptureError> {
+        let totals: HashMap<&MapData, u32, IoTotals> = map_ref(&self.ebpf, "IO_TOTALS")?;
+        let mut out: BTreeMap<u32, IoTotals> = BTreeMap::new();
+        for (_, t) in totals.iter().filter_map(Result::ok) {
+            let e = out.entry(t.pid).or_default();
+            e.pid = t.pid;
+            e.read_bytes += t.read_bytes;
+            e.read_calls += t.read_calls;
+            e.write_bytes += t.write_bytes;
+            e.write_calls += t.write_calls;
+            e.opens += t.opens;
+            e.closes += t.closes;
+        }
+        Ok(out)
+    }
+
     /// Removes every kernel entry of the given (ended) processes, after their final read.
     pub fn forget_processes(&mut self, pids: &HashSet<u32>) -> Result<(), CaptureError> {
         remove_entries::<FuncKey, FuncStats>(&mut self.ebpf, "FUNC_STATS", |v| pids.contains(&v.pid))?;
         remove_entries::<u32, BurstTotals>(&mut self.ebpf, "BURST_TOTALS", |v| pids.contains(&v.pid))?;
+        remove_entries::<u32, IoTotals>(&mut self.ebpf, "IO_TOTALS", |v| pids.contains(&v.pid))?;
+        let mut tracked: HashMap<&mut MapData, u32, u64> = map_mut(&mut self.ebpf, "TRACKED")?;
+        for pid in pids {
+            let _ = tracked.remove(pid);
+        }
+        let mut files: HashMap<&mut MapData, u64, u32> = map_mut(&mut self.ebpf, "IO_FILES")?;
+        let open: Vec<u64> = files.keys().filter_map(Result::ok).filter(|k| pids.contains(&((k >> 32) as u32))).collect();
+        for k in open {
+            let _ = files.remove(&k);
+        }
         remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", |v| pids.contains(&v.pid))
     }
 
@@ -300,7 +380,7 @@ impl Capture {
     /// Run time and count of each program, from the kernel's BPF statistics.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
         let probes = UPROBE_PROGRAMS[..2].iter().zip(&self.uprobe_programs).map(|(&name, fd)| (name, fd.as_fd()));
-        let tracepoints = TRACEPOINT_PROGRAMS.iter().filter_map(|&name| {
+        let tracepoints = TRACEPOINTS.iter().filter_map(|&(name, _, _)| {
             let fd = self.ebpf.program(name)?.fd().ok()?;
             Some((name, fd.as_fd()))
         });

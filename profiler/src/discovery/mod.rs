@@ -15,4 +15,4 @@ pub use libraries::{
     probe_points, process_libraries, Binding, MpiFlavor, MpiLibrary, ProbePoint, ProbePoints,
 };
 pub use maps::{read_maps, AddressResolver, Mapping};
-pub use process::{hostname, identify, IdentitySource, ProcessIdentity};
+pub use process::{hostname, identify, in_cgroup, IdentitySource, ProcessIdentity};

@@ -97,6 +97,19 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
     })
 }
 
+/// True when one of the process's cgroups (any hierarchy of /proc/PID/cgroup) is `scope` or
+/// below it. A process that is gone is in no cgroup.
+pub fn in_cgroup(pid: u32, scope: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| cgroup_lines_match(&text, scope))
+}
+
+fn cgroup_lines_match(text: &str, scope: &str) -> bool {
+    let scope = scope.trim_end_matches('/');
+    text.lines().filter_map(|l| l.splitn(3, ':').nth(2)).any(|path| {
+        scope.is_empty() || path == scope || path.strip_prefix(scope).is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
 /// This machine's host name, the default node name.
 pub fn hostname() -> Result<String, DiscoveryError> {
     let mut buf = [0u8; 256];
@@ -565,5 +578,19 @@ mod tests {
         ));
         let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
         assert_eq!(hostname().unwrap(), kernel.trim());
+    }
+
+    #[test]
+    fn cgroup_scope_matches_whole_path_components() {
+        let v1 = "4:memory:/slurm/uid_0/job_42/step_0\n0::/\n";
+        assert!(cgroup_lines_match(v1, "/slurm/uid_0/job_42"));
+        assert!(cgroup_lines_match(v1, "/slurm/uid_0/job_42/"));
+        assert!(!cgroup_lines_match(v1, "/slurm/uid_0/job_4"));
+        let v2 = "0::/system.slice/mpiburst-a\n";
+        assert!(cgroup_lines_match(v2, "/system.slice/mpiburst-a"));
+        assert!(!cgroup_lines_match(v2, "/system.slice/mpiburst-ab"));
+        assert!(cgroup_lines_match(v2, "/"));
+        assert!(in_cgroup(std::process::id(), "/"));
+        assert!(!in_cgroup(u32::MAX, "/"));
     }
 }

@@ -1,5 +1,5 @@
 //! HTTP server: Prometheus `/metrics` and the JSON API (`/api/jobs`, `/api/jobs/{id}`,
-//! `/api/jobs/{id}/phases`).
+//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`).
 
 use std::{
     net::SocketAddr,
@@ -17,6 +17,8 @@ use serde::Serialize;
 
 use crate::{
     analysis::online::PhasesSnapshot,
+    capture::usage::UsageTotals,
+    properties::LiveProperties,
     export::{prometheus, SelfStats},
     store::{CallStats, JobMeta, JobStore, RankRecord, RankTotals},
 };
@@ -28,6 +30,10 @@ pub struct Shared {
     pub health: SelfStats,
     /// The online phase analysis of each job, as of the last tick.
     pub phases: std::collections::BTreeMap<crate::model::JobId, PhasesSnapshot>,
+    /// Each job's properties (life and last window), as of the last stats update.
+    pub properties: std::collections::BTreeMap<crate::model::JobId, LiveProperties>,
+    /// Each job's kernel usage (CPU time, memory, file I/O) on this node.
+    pub usage: std::collections::BTreeMap<crate::model::JobId, UsageTotals>,
 }
 
 pub type SharedState = Arc<Mutex<Shared>>;
@@ -52,7 +58,7 @@ struct JobDetail<'a> {
 async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
     let body = {
         let s = state.lock().unwrap();
-        prometheus::render(&s.store, &s.health, &s.phases, crate::daemon::unix_now_ns())
+        prometheus::render(&s, crate::daemon::unix_now_ns())
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
 }
@@ -84,6 +90,26 @@ async fn job(State(state): State<SharedState>, Path(id): Path<String>) -> impl I
     Json(serde_json::to_value(detail).unwrap_or_default()).into_response()
 }
 
+async fn job_properties(State(state): State<SharedState>, Path(id): Path<String>) -> impl IntoResponse {
+    let s = state.lock().unwrap();
+    match s.properties.get(&crate::model::JobId(id.clone())) {
+        Some(live) => {
+            // The recommendations that apply, most severe first, next to the full results.
+            let recommendations = |p: &crate::properties::JobProperties| p.recommendations();
+            Json(serde_json::json!({
+                "job": live.job,
+                "job_recommendations": recommendations(&live.job),
+                "window": live.window,
+                "window_recommendations": live.window.as_ref().map(|w| recommendations(&w.properties)),
+                "usage": s.usage.get(&crate::model::JobId(id.clone())),
+            }))
+            .into_response()
+        }
+        None => (StatusCode::NOT_FOUND, format!("no properties for job {id:?} yet; GET /api/jobs lists the jobs"))
+            .into_response(),
+    }
+}
+
 async fn job_phases(State(state): State<SharedState>, Path(id): Path<String>) -> impl IntoResponse {
     let s = state.lock().unwrap();
     match s.phases.get(&crate::model::JobId(id.clone())) {
@@ -104,6 +130,7 @@ pub async fn bind(
         .route("/api/jobs", get(jobs))
         .route("/api/jobs/{id}", get(job))
         .route("/api/jobs/{id}/phases", get(job_phases))
+        .route("/api/jobs/{id}/properties", get(job_properties))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;

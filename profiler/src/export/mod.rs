@@ -20,4 +20,6 @@ pub struct SelfStats {
     /// Comma-separated counter event names, or "none".
     pub counter_events: String,
     pub hardware_counters: bool,
+    /// The daemon's own CPU time and memory (None if procfs could not be read).
+    pub process: Option<crate::capture::usage::ProcessUsage>,
 }

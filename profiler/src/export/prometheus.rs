@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use crate::{
     analysis::{online::PhasesSnapshot, ClusterStats},
     capture::ProgramStats,
-    export::SelfStats,
+    export::http::Shared,
     model::JobId,
+    properties::{JobProperties, Outcome, PropertyResult},
     store::{JobStore, RankRecord},
 };
 
@@ -49,15 +50,10 @@ fn secs(ns: u64) -> f64 {
 /// per job to O(phases), whatever the number of ranks.
 pub const TOP_PHASES: usize = 10;
 
-pub fn render(
-    store: &JobStore,
-    health: &SelfStats,
-    phases: &BTreeMap<JobId, PhasesSnapshot>,
-    now_ns: u64,
-) -> String {
+pub fn render(shared: &Shared, now_ns: u64) -> String {
+    let (store, health, phases) = (&shared.store, &shared.health, &shared.phases);
     let mut e = Exposition { out: String::new() };
-    let job_labels = |id: &str, node: &str| format!("mpi_job=\"{}\",node=\"{}\"", escape(id), escape(node));
-    let jobs: Vec<_> = store.jobs.values().map(|j| (job_labels(&j.meta.id.0, &j.meta.node), j)).collect();
+    let jobs: Vec<_> = store.jobs.values().map(|j| (job_labels(&j.meta.id, &j.meta.node), j)).collect();
 
     e.family(
         "mpiburst_job_info",
@@ -195,6 +191,8 @@ pub fn render(
     }
 
     render_phases(&mut e, store, phases);
+    render_usage(&mut e, shared);
+    render_properties(&mut e, shared);
 
     e.family("mpiburst_jobs_tracked", "gauge", "Jobs held by the daemon, running or ended.", [(String::new(), store.jobs.len() as f64)]);
     e.family(
@@ -225,6 +223,21 @@ pub fn render(
         "Runs of each BPF program the kernel skipped because another tracing program was active on the CPU.",
         programs(|p| p.missed as f64),
     );
+    let process = health.process.as_ref();
+    e.family(
+        "mpiburst_daemon_cpu_seconds_total",
+        "counter",
+        "CPU time of the daemon itself, by mode (user, system).",
+        process.into_iter().flat_map(|p| {
+            [("user", p.user_ns), ("system", p.system_ns)].map(|(mode, ns)| (format!("mode=\"{mode}\""), secs(ns)))
+        }),
+    );
+    e.family(
+        "mpiburst_daemon_resident_memory_bytes",
+        "gauge",
+        "Resident memory of the daemon itself.",
+        process.map(|p| (String::new(), p.rss_bytes as f64)),
+    );
     e.family("mpiburst_probes_attached", "gauge", "MPI entry points probed (each with a uprobe and a uretprobe).", [(String::new(), health.probes as f64)]);
     e.family("mpiburst_libraries_attached", "gauge", "MPI library files attached.", [(String::new(), health.libraries as f64)]);
     e.family(
@@ -245,7 +258,7 @@ fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, 
         .iter()
         .filter_map(|(id, p)| {
             let job = store.jobs.get(id)?;
-            Some((format!("mpi_job=\"{}\",node=\"{}\"", escape(&id.0), escape(&job.meta.node)), p))
+            Some((job_labels(id, &job.meta.node), p))
         })
         .collect();
     let top: Vec<(String, &ClusterStats)> = labelled
@@ -327,6 +340,190 @@ fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, 
     );
 }
 
+/// Kernel usage of each job on this node: CPU time, memory, file I/O.
+fn render_usage(e: &mut Exposition, shared: &Shared) {
+    let usage: Vec<_> = shared
+        .usage
+        .iter()
+        .filter_map(|(id, u)| Some((job_labels(id, &shared.store.jobs.get(id)?.meta.node), u)))
+        .collect();
+    e.family(
+        "mpiburst_job_cpu_seconds_total",
+        "counter",
+        "CPU time of the job's processes here, by mode (user, system), from procfs.",
+        usage.iter().flat_map(|(l, u)| {
+            [("user", u.user_ns), ("system", u.system_ns)].map(|(mode, ns)| (format!("{l},mode=\"{mode}\""), secs(ns)))
+        }),
+    );
+    e.family(
+        "mpiburst_job_memory_used_bytes",
+        "gauge",
+        "Resident memory of the job's live processes here.",
+        usage.iter().map(|(l, u)| (l.clone(), u.memory_used_bytes as f64)),
+    );
+    e.family(
+        "mpiburst_job_io_bytes_total",
+        "counter",
+        "File bytes the job's processes read or wrote here (syscall tracepoints; files they opened, not pipes or sockets), by direction.",
+        usage.iter().flat_map(|(l, u)| {
+            [("read", u.io.read_bytes), ("write", u.io.write_bytes)]
+                .map(|(d, v)| (format!("{l},direction=\"{d}\""), v as f64))
+        }),
+    );
+    e.family(
+        "mpiburst_job_io_requests_total",
+        "counter",
+        "File read and write system calls of the job's processes here, by direction.",
+        usage.iter().flat_map(|(l, u)| {
+            [("read", u.io.read_calls), ("write", u.io.write_calls)]
+                .map(|(d, v)| (format!("{l},direction=\"{d}\""), v as f64))
+        }),
+    );
+    e.family(
+        "mpiburst_job_io_opens_total",
+        "counter",
+        "Successful file opens of the job's processes here.",
+        usage.iter().map(|(l, u)| (l.clone(), u.io.opens as f64)),
+    );
+    e.family(
+        "mpiburst_job_io_closes_total",
+        "counter",
+        "Closes of the files the job's processes opened here.",
+        usage.iter().map(|(l, u)| (l.clone(), u.io.closes as f64)),
+    );
+}
+
+fn job_labels(id: &JobId, node: &str) -> String {
+    format!("mpi_job=\"{}\",node=\"{}\"", escape(&id.0), escape(node))
+}
+
+/// One property's series labels: job, span, strategy, property and (per phase) phase.
+fn property_labels(job: &str, span: &str, p: &PropertyResult, phase: Option<u32>) -> String {
+    let phase = phase.map(|id| format!(",phase=\"{id}\"")).unwrap_or_default();
+    format!("{job},span=\"{span}\",strategy=\"{}\",property=\"{}\"{phase}", escape(&p.strategy), escape(&p.name))
+}
+
+/// Every property result of a span, with its phase: job-level ones, then those of the top
+/// phases by time share (bounded like the phase metrics).
+fn span_results(props: &JobProperties) -> Vec<(&PropertyResult, Option<u32>)> {
+    let mut phases: Vec<_> = props.phases.iter().collect();
+    phases.sort_by(|a, b| b.time_share.total_cmp(&a.time_share));
+    props
+        .properties
+        .iter()
+        .map(|p| (p, None))
+        .chain(phases.into_iter().take(TOP_PHASES).flat_map(|ph| ph.properties.iter().map(move |p| (p, Some(ph.phase)))))
+        .collect()
+}
+
+/// Properties of each job over its life (span="job") and its last complete window
+/// (span="window"), the recommendations that apply, and the window's mergeable aggregates.
+fn render_properties(e: &mut Exposition, shared: &Shared) {
+    let spans: Vec<(String, &'static str, &JobProperties)> = shared
+        .properties
+        .iter()
+        .filter_map(|(id, live)| Some((job_labels(id, &shared.store.jobs.get(id)?.meta.node), live)))
+        .flat_map(|(l, live)| {
+            std::iter::once((l.clone(), "job", &live.job))
+                .chain(live.window.as_ref().map(|w| (l, "window", &w.properties)))
+        })
+        .collect();
+    let results: Vec<(String, &PropertyResult)> = spans
+        .iter()
+        .flat_map(|(l, span, props)| {
+            span_results(props).into_iter().map(move |(p, phase)| (property_labels(l, span, p, phase), p))
+        })
+        .collect();
+    let evaluated = || results.iter().filter_map(|(l, p)| Some((l, p.evaluation()?)));
+    e.family(
+        "mpiburst_property_value",
+        "gauge",
+        "Value of a bottleneck property in its base unit (docs/metrics.md lists them); span=job: the job's life here, span=window: the last complete window.",
+        evaluated().map(|(l, ev)| (l.clone(), ev.value)),
+    );
+    e.family(
+        "mpiburst_property_severity",
+        "gauge",
+        "Severity of the property, 0 (fine) to 1 (worst), from its threshold and exponent.",
+        evaluated().map(|(l, ev)| (l.clone(), ev.severity)),
+    );
+    e.family(
+        "mpiburst_property_firing",
+        "gauge",
+        "1 when the property's condition holds and its severity is above 0 (its recommendation applies), else 0.",
+        evaluated().map(|(l, ev)| (l.clone(), if ev.condition && ev.severity > 0.0 { 1.0 } else { 0.0 })),
+    );
+    e.family(
+        "mpiburst_property_rank_value",
+        "gauge",
+        "Per-rank properties: quantiles of the value over the job's ranks here (rank_quantile 0 = minimum, 1 = maximum).",
+        evaluated().flat_map(|(l, ev)| {
+            let q = ev.ranks.as_ref().map(|r| r.values.quantiles.clone()).unwrap_or_default();
+            let n = q.len().saturating_sub(1).max(1) as f64;
+            q.into_iter().enumerate().map(move |(i, v)| (format!("{l},rank_quantile=\"{}\"", i as f64 / n), v))
+        }),
+    );
+    e.family(
+        "mpiburst_property_not_measured",
+        "gauge",
+        "1 for a property that could not be evaluated here, with the reason (e.g. no PMU).",
+        results.iter().filter_map(|(l, p)| match &p.outcome {
+            Outcome::Evaluated(_) => None,
+            Outcome::NotMeasured { reason } | Outcome::NoData { reason } => {
+                Some((format!("{l},reason=\"{}\"", escape(reason)), 1.0))
+            }
+        }),
+    );
+    e.family(
+        "mpiburst_recommendation_severity",
+        "gauge",
+        "Severity of each property that fires, labelled with what to do about it.",
+        spans.iter().flat_map(|(l, span, props)| {
+            span_results(props).into_iter().filter_map(move |(p, phase)| {
+                let ev = p.evaluation().filter(|ev| ev.condition && ev.severity > 0.0)?;
+                let text = ev.recommendation.as_deref()?;
+                let phase = phase.map(|id| format!(",phase=\"{id}\"")).unwrap_or_default();
+                Some((
+                    format!("{l},span=\"{span}\",property=\"{}\"{phase},recommendation=\"{}\"", escape(&p.name), escape(text)),
+                    ev.severity,
+                ))
+            })
+        }),
+    );
+    let windows: Vec<_> = spans.iter().filter(|(_, span, _)| *span == "window").collect();
+    for (name, help, field) in [
+        (
+            "mpiburst_job_window_rank_useful_seconds",
+            "Per-rank useful (burst) time in the last complete window over the job's ranks here: stat=sum|min|max.",
+            (|a: &crate::properties::JobAggregates| a.useful_seconds) as fn(&crate::properties::JobAggregates) -> crate::properties::Aggregate,
+        ),
+        ("mpiburst_job_window_rank_mpi_seconds", "Per-rank MPI time in the last complete window: stat=sum|min|max.", |a| a.mpi_seconds),
+        ("mpiburst_job_window_rank_runtime_seconds", "Per-rank run time in the last complete window: stat=sum|min|max.", |a| a.runtime_seconds),
+    ] {
+        e.family(
+            name,
+            "gauge",
+            help,
+            windows.iter().flat_map(|(l, _, p)| {
+                let a = field(&p.aggregates);
+                [("sum", a.sum), ("min", a.min), ("max", a.max)].map(|(stat, v)| (format!("{l},stat=\"{stat}\""), v))
+            }),
+        );
+    }
+    e.family(
+        "mpiburst_job_window_ranks",
+        "gauge",
+        "Ranks of the job here in the last complete window (the count of the window aggregates).",
+        windows.iter().map(|(l, _, p)| (l.clone(), p.aggregates.useful_seconds.count as f64)),
+    );
+    e.family(
+        "mpiburst_job_window_end_timestamp_seconds",
+        "gauge",
+        "Unix time the last complete window's span ended (windows are aligned to Unix time on every node).",
+        windows.iter().map(|(l, _, p)| (l.clone(), p.span.end_ns as f64 / 1e9)),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,9 +556,9 @@ mod tests {
         });
         job.ranks.insert(0, rank(0, 2, 0, Some(10)));
         job.ranks.insert(1, rank(1, 6, 1, None));
-        let mut store = JobStore::default();
-        store.jobs.insert(job.meta.id.clone(), job);
-        let text = render(&store, &SelfStats::default(), &BTreeMap::new(), 21_000_000_000);
+        let mut shared = Shared::default();
+        shared.store.jobs.insert(job.meta.id.clone(), job);
+        let text = render(&shared, 21_000_000_000);
         let labels = r#"mpi_job="slurm:7.0",node="n\"1""#;
         for line in [
             format!("mpiburst_job_rank_useful_seconds{{{labels},stat=\"sum\"}} 8"),
@@ -434,10 +631,23 @@ mod tests {
         w.finish(crate::export::recording::RecordingEnd { ended_ns: 1, lost: Default::default() }).unwrap();
         let recording = Recording::read(&path).unwrap();
 
-        let mut store = JobStore::default();
-        store.jobs.extend(recording.jobs);
-        assert_eq!(store.jobs[&id].ranks.len(), job_ranks as usize);
-        let text = render(&store, &SelfStats::default(), &BTreeMap::new(), 1);
+        let mut shared = Shared::default();
+        shared.store.jobs.extend(recording.jobs);
+        let job = &shared.store.jobs[&id];
+        assert_eq!(job.ranks.len(), job_ranks as usize);
+        // Properties over the job's life and over a window with its phases, per-rank quantiles
+        // included.
+        let analysis = crate::analysis::analyse(&bursts, job_ranks, &Default::default()).unwrap();
+        let config = crate::properties::PropertyConfig::default();
+        let mut input = crate::properties::JobInput::lifetime(job, 10_000_000_000);
+        let lifetime = crate::properties::evaluate_job(&input, &config);
+        input.phases = Some((&analysis).into());
+        let window = crate::properties::WindowProperties { window: 0, properties: crate::properties::evaluate_job(&input, &config) };
+        assert!(!window.properties.phases.is_empty());
+        shared.properties.insert(id.clone(), crate::properties::LiveProperties { job: lifetime, window: Some(window) });
+        let text = render(&shared, 1);
+        assert!(text.contains("mpiburst_property_rank_value{mpi_job=\"slurm:42.0\""), "{text}");
+        assert!(text.contains("phase=\""), "{text}");
         text.lines().filter(|l| !l.starts_with('#') && l.contains("mpi_job=\"slurm:42.0\"")).count()
     }
 

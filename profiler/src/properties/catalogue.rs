@@ -258,6 +258,11 @@ fn io_rate(c: &JobContext, count: fn(&IoStats) -> u64) -> Observation {
     }
 }
 
+/// Below this many requests per second, the per-call cost (tens of microseconds each) is under
+/// 0.1 % of one core and the request size does not matter: a job's few reads of configuration and
+/// library files at start-up must not make it look I/O-bound.
+pub const MIN_IO_REQUEST_RATE: f64 = 10.0;
+
 fn io_request_size(
     c: &JobContext,
     bytes_calls: fn(&IoStats) -> (u64, u64),
@@ -267,6 +272,13 @@ fn io_request_size(
         None => Observation::NotMeasured(NO_IO.into()),
         Some(io) => match bytes_calls(&io) {
             (_, 0) => Observation::NoData(format!("no {what} requests in the span")),
+            (_, calls) if !(calls as f64 >= MIN_IO_REQUEST_RATE * io.seconds) => {
+                Observation::NoData(format!(
+                    "{calls} {what} requests in {:.1} s: fewer than {MIN_IO_REQUEST_RATE} per \
+                     second, too few for their size to matter",
+                    io.seconds
+                ))
+            }
             (bytes, calls) => Observation::Scalar(ratio(bytes, calls)),
         },
     }
@@ -882,7 +894,8 @@ pub fn catalogue() -> Vec<PropertyInfo> {
 /// The properties of one phase (cluster) of the job.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PhaseProperties {
-    pub cluster: ClusterId,
+    /// Cluster id of an offline analysis, stable phase id in the daemon (see [`super::PhasesInput`]).
+    pub phase: ClusterId,
     pub bursts: u64,
     /// The phase's share of the analysed burst time.
     pub time_share: f64,
@@ -894,7 +907,7 @@ pub struct PhaseProperties {
 pub struct ActiveRecommendation {
     pub property: String,
     /// The phase, for per-phase properties.
-    pub cluster: Option<ClusterId>,
+    pub phase: Option<ClusterId>,
     pub severity: f64,
     pub text: String,
 }
@@ -925,10 +938,10 @@ impl JobProperties {
     }
 
     /// A property of phase `cluster` by name.
-    pub fn phase(&self, cluster: ClusterId, name: &str) -> Option<&PropertyResult> {
+    pub fn phase(&self, phase: ClusterId, name: &str) -> Option<&PropertyResult> {
         self.phases
             .iter()
-            .find(|p| p.cluster == cluster)?
+            .find(|p| p.phase == phase)?
             .properties
             .iter()
             .find(|p| p.name == name)
@@ -936,11 +949,11 @@ impl JobProperties {
 
     /// Every recommendation that applies, by decreasing severity.
     pub fn recommendations(&self) -> Vec<ActiveRecommendation> {
-        let active = |cluster: Option<ClusterId>, p: &PropertyResult| {
+        let active = |phase: Option<ClusterId>, p: &PropertyResult| {
             let e = p.evaluation()?;
             Some(ActiveRecommendation {
                 property: p.name.clone(),
-                cluster,
+                phase,
                 severity: e.severity,
                 text: e.recommendation.clone()?,
             })
@@ -952,7 +965,7 @@ impl JobProperties {
             .chain(self.phases.iter().flat_map(|ph| {
                 ph.properties
                     .iter()
-                    .filter_map(move |p| active(Some(ph.cluster), p))
+                    .filter_map(move |p| active(Some(ph.phase), p))
             }))
             .collect();
         out.sort_by(|a, b| b.severity.total_cmp(&a.severity));
@@ -989,7 +1002,7 @@ pub fn evaluate_job(input: &JobInput<'_>, config: &PropertyConfig) -> JobPropert
         nominal_hz: input.nominal_hz,
         resources: input.resources,
         io: input.io,
-        analysis_filtered_share: input.analysis.map(|a| a.filter.time_filtered_share),
+        analysis_filtered_share: input.phases.as_ref().map(|p| p.time_filtered_share),
     };
     let properties = job_strategies()
         .iter()
@@ -997,12 +1010,13 @@ pub fn evaluate_job(input: &JobInput<'_>, config: &PropertyConfig) -> JobPropert
         .collect();
     let phase = phase_strategy();
     let phases = input
-        .analysis
-        .map(|a| {
-            a.clusters
+        .phases
+        .as_ref()
+        .map(|p| {
+            p.phases
                 .iter()
-                .map(|c| PhaseProperties {
-                    cluster: c.id,
+                .map(|&(id, c)| PhaseProperties {
+                    phase: id,
                     bursts: c.bursts,
                     time_share: c.time_share,
                     properties: phase.evaluate(c, config),

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::window::Span;
 use super::PropertyError;
-use crate::analysis::Analysis;
+use crate::analysis::{online::WindowView, Analysis, ClusterStats};
 use crate::store::{Job, JobMeta, RankRecord};
 
 /// Hardware counter totals of one rank over a span, counted inside its CPU bursts (useful
@@ -175,6 +175,34 @@ pub struct IoStats {
     pub closes: u64,
 }
 
+/// The phases the per-phase properties are evaluated on: the clusters of an offline analysis
+/// (ids are cluster ids) or the phases of the daemon's last closed window (ids are the stable
+/// phase ids, the `phase` label of the metrics).
+#[derive(Clone, Debug)]
+pub struct PhasesInput<'a> {
+    /// Share of the analysed span's burst time the analysis's duration filter left out.
+    pub time_filtered_share: f64,
+    pub phases: Vec<(u32, &'a ClusterStats)>,
+}
+
+impl<'a> From<&'a Analysis> for PhasesInput<'a> {
+    fn from(a: &'a Analysis) -> Self {
+        PhasesInput {
+            time_filtered_share: a.filter.time_filtered_share,
+            phases: a.clusters.iter().map(|c| (c.id, c)).collect(),
+        }
+    }
+}
+
+impl<'a> From<&'a WindowView> for PhasesInput<'a> {
+    fn from(w: &'a WindowView) -> Self {
+        PhasesInput {
+            time_filtered_share: w.time_filtered_share,
+            phases: w.phases.iter().map(|p| (p.id, &p.stats)).collect(),
+        }
+    }
+}
+
 /// Everything the catalogue evaluates for one job on this node over one span.
 #[derive(Clone, Debug)]
 pub struct JobInput<'a> {
@@ -187,8 +215,8 @@ pub struct JobInput<'a> {
     pub nominal_hz: Option<f64>,
     pub resources: Option<ResourceUsage>,
     pub io: Option<IoStats>,
-    /// The burst analysis of the same job (its phases); `None` skips the per-phase properties.
-    pub analysis: Option<&'a Analysis>,
+    /// The phases of the same job; `None` skips the per-phase properties.
+    pub phases: Option<PhasesInput<'a>>,
 }
 
 impl<'a> JobInput<'a> {
@@ -207,7 +235,7 @@ impl<'a> JobInput<'a> {
             nominal_hz: None,
             resources: None,
             io: None,
-            analysis: None,
+            phases: None,
         }
     }
 }

@@ -94,6 +94,7 @@ pub mod catalogue;
 pub mod config;
 pub mod engine;
 pub mod inputs;
+pub mod live;
 pub mod pop;
 pub mod quantiles;
 pub mod window;
@@ -109,7 +110,8 @@ pub use engine::{
     Condition, Evaluation, Formula, Observation, Outcome, PropertyResult, RankDistribution, Scope,
     Setting, NO_PMU,
 };
-pub use inputs::{IoStats, JobInput, PmuCounters, RankSample, ResourceUsage};
+pub use inputs::{IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage};
+pub use live::{LiveEvaluator, LiveProperties, WindowProperties};
 pub use pop::{Aggregate, JobAggregates, PopEfficiencies, Reading};
 pub use quantiles::Summary;
 pub use window::Span;

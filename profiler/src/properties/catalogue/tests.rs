@@ -325,6 +325,27 @@ fn small_io_requests_get_the_consolidation_recommendation() {
 }
 
 #[test]
+fn a_few_small_requests_do_not_make_a_job_look_io_bound() {
+    // Start-up reads of configuration and library files: 36 small reads in 10 s.
+    let io = IoStats {
+        seconds: 10.0,
+        read_bytes: 36 * 832,
+        read_calls: 36,
+        ..IoStats::default()
+    };
+    let props = evaluate_job(&io_input(&ats_job(), io), &PropertyConfig::default());
+    let size = props.get("io_read_request_size").unwrap();
+    assert!(
+        matches!(&size.outcome, Outcome::NoData { reason } if reason.contains("too few")),
+        "{size:?}"
+    );
+    assert!(props
+        .recommendations()
+        .iter()
+        .all(|r| !r.text.starts_with("Consolidate I/O")));
+}
+
+#[test]
 fn high_io_bandwidth_takes_the_other_branch() {
     let job = ats_job();
     let io = IoStats {
@@ -660,7 +681,7 @@ fn phases_of_a_real_analysis() {
         job.ranks.insert(rank, rank_record(rank, 5 * S, 5 * S));
     }
     let input = JobInput {
-        analysis: Some(&analysis),
+        phases: Some((&analysis).into()),
         ..JobInput::lifetime(&job, 10 * S)
     };
     let props = evaluate_job(&input, &PropertyConfig::default());
@@ -670,7 +691,7 @@ fn phases_of_a_real_analysis() {
         .iter()
         .filter_map(|p| {
             Some((
-                p.cluster,
+                p.phase,
                 p.properties
                     .iter()
                     .find(|r| r.name == "phase_load_balance")?
@@ -687,7 +708,7 @@ fn phases_of_a_real_analysis() {
     assert!(props
         .recommendations()
         .iter()
-        .any(|r| r.cluster == Some(worst.0) && r.property == "phase_load_balance"));
+        .any(|r| r.phase == Some(worst.0) && r.property == "phase_load_balance"));
 }
 
 #[test]

@@ -1,0 +1,256 @@
+//! Kernel resource usage of the MPI processes (no PMU needed): CPU time in user and kernel mode,
+//! resident memory and the CPUs each process may run on, from procfs; file I/O from the syscall
+//! tracepoints ([`super::Capture::read_io`]). Summed per job by [`JobUsage`], which keeps the last
+//! reading of every process so that a rank that ended still counts with what it had at its last
+//! reading (its CPU time at most one stats interval short; its I/O exact, as the kernel entries
+//! are read once more before they are removed).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One process's usage at one instant.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProcessUsage {
+    pub user_ns: u64,
+    pub system_ns: u64,
+    pub rss_bytes: u64,
+    pub cpus_allowed: BTreeSet<u32>,
+}
+
+fn sysconf(name: libc::c_int) -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(name) };
+    if v > 0 {
+        v as u64
+    } else {
+        // POSIX defaults; sysconf only fails for names this system does not know.
+        if name == libc::_SC_CLK_TCK {
+            100
+        } else {
+            4096
+        }
+    }
+}
+
+/// Parses "0-3,8,10-11" (the kernel's list format) into CPU numbers.
+fn parse_cpu_list(list: &str) -> BTreeSet<u32> {
+    list.trim()
+        .split(',')
+        .filter(|r| !r.is_empty())
+        .filter_map(|range| {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            Some(a.trim().parse::<u32>().ok()?..=b.trim().parse::<u32>().ok()?)
+        })
+        .flatten()
+        .collect()
+}
+
+fn stat_fields(pid: u32) -> std::io::Result<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name may contain spaces and parentheses: fields start after the last ')'.
+    let (_, rest) = stat
+        .rsplit_once(')')
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/stat")))?;
+    Ok(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// Field `n` (1-based, as in proc_pid_stat(5), n ≥ 3) of /proc/PID/stat as a number.
+fn stat_field(fields: &[String], pid: u32, n: usize) -> std::io::Result<u64> {
+    fields
+        .get(n - 3)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/stat field {n}")))
+}
+
+/// The time of `clock` now, in ns.
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// When the process started, in Unix ns (to the kernel's clock-tick resolution).
+pub fn start_time_unix_ns(pid: u32) -> std::io::Result<u64> {
+    let since_boot_ns = stat_field(&stat_fields(pid)?, pid, 22)? * (1_000_000_000 / sysconf(libc::_SC_CLK_TCK));
+    let boot_unix_ns = clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_BOOTTIME));
+    Ok(boot_unix_ns + since_boot_ns)
+}
+
+/// Reads /proc/PID/{stat,statm,status}. Fails when the process is gone.
+pub fn read_process(pid: u32) -> std::io::Result<ProcessUsage> {
+    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/{what}"));
+    let fields = stat_fields(pid)?;
+    let ns_per_tick = 1_000_000_000 / sysconf(libc::_SC_CLK_TCK);
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
+    let resident_pages: u64 =
+        statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| invalid("statm"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let cpus_allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(parse_cpu_list)
+        .unwrap_or_default();
+    Ok(ProcessUsage {
+        user_ns: stat_field(&fields, pid, 14)? * ns_per_tick,
+        system_ns: stat_field(&fields, pid, 15)? * ns_per_tick,
+        rss_bytes: resident_pages * sysconf(libc::_SC_PAGESIZE),
+        cpus_allowed,
+    })
+}
+
+/// Physical memory of the node (MemTotal), in bytes.
+pub fn node_memory_bytes() -> std::io::Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo"))
+}
+
+/// File I/O counts (cumulative).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IoCounts {
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub write_bytes: u64,
+    pub write_calls: u64,
+    pub opens: u64,
+    pub closes: u64,
+}
+
+impl From<&profiler_common::IoTotals> for IoCounts {
+    fn from(t: &profiler_common::IoTotals) -> Self {
+        IoCounts {
+            read_bytes: t.read_bytes,
+            read_calls: t.read_calls,
+            write_bytes: t.write_bytes,
+            write_calls: t.write_calls,
+            opens: t.opens,
+            closes: t.closes,
+        }
+    }
+}
+
+impl std::ops::Add for IoCounts {
+    type Output = IoCounts;
+    fn add(self, o: IoCounts) -> IoCounts {
+        IoCounts {
+            read_bytes: self.read_bytes + o.read_bytes,
+            read_calls: self.read_calls + o.read_calls,
+            write_bytes: self.write_bytes + o.write_bytes,
+            write_calls: self.write_calls + o.write_calls,
+            opens: self.opens + o.opens,
+            closes: self.closes + o.closes,
+        }
+    }
+}
+
+/// Cumulative usage of one job's processes on this node up to the last reading.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct UsageTotals {
+    pub user_ns: u64,
+    pub system_ns: u64,
+    /// Resident memory of the live processes at the last reading.
+    pub memory_used_bytes: u64,
+    /// CPUs the live processes may use: the size of the union of their affinity masks, but no
+    /// more than one per process (a rank without a cpuset may run anywhere, yet uses one CPU).
+    pub cpus: u32,
+    pub io: IoCounts,
+}
+
+/// The last reading of every process of one job, live or ended.
+#[derive(Debug, Default)]
+pub struct JobUsage {
+    processes: BTreeMap<u32, (ProcessUsage, bool)>,
+    io: BTreeMap<u32, IoCounts>,
+}
+
+impl JobUsage {
+    /// Records a reading of a live process.
+    pub fn update(&mut self, pid: u32, usage: ProcessUsage) {
+        self.processes.insert(pid, (usage, true));
+    }
+
+    /// Records the I/O counts of a process.
+    pub fn update_io(&mut self, pid: u32, io: IoCounts) {
+        self.io.insert(pid, io);
+    }
+
+    /// Marks a process ended: its CPU time stays counted, its memory no longer.
+    pub fn ended(&mut self, pid: u32) {
+        if let Some((_, live)) = self.processes.get_mut(&pid) {
+            *live = false;
+        }
+    }
+
+    pub fn totals(&self) -> UsageTotals {
+        let live: Vec<&ProcessUsage> = self.processes.values().filter(|(_, l)| *l).map(|(u, _)| u).collect();
+        let allowed: BTreeSet<u32> = live.iter().flat_map(|u| u.cpus_allowed.iter().copied()).collect();
+        UsageTotals {
+            user_ns: self.processes.values().map(|(u, _)| u.user_ns).sum(),
+            system_ns: self.processes.values().map(|(u, _)| u.system_ns).sum(),
+            memory_used_bytes: live.iter().map(|u| u.rss_bytes).sum(),
+            cpus: (allowed.len() as u32).min(live.len() as u32),
+            io: self.io.values().fold(IoCounts::default(), |a, b| a + *b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), [0, 1, 2, 3, 8, 10, 11].into());
+        assert_eq!(parse_cpu_list("1"), [1].into());
+        assert!(parse_cpu_list("").is_empty());
+    }
+
+    #[test]
+    fn reads_this_process() {
+        // Burn some user time so the reading is not zero.
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed().as_millis() < 50 {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let u = read_process(std::process::id()).unwrap();
+        assert!(u.user_ns > 0 && u.rss_bytes > 0, "{u:?}");
+        assert!(!u.cpus_allowed.is_empty());
+        assert!(read_process(u32::MAX).is_err());
+        // This test process started moments ago.
+        let started = start_time_unix_ns(std::process::id()).unwrap();
+        let now = clock_ns(libc::CLOCK_REALTIME);
+        assert!(started <= now && now - started < 600_000_000_000, "started {started}, now {now}");
+        assert!(node_memory_bytes().unwrap() > u.rss_bytes);
+    }
+
+    #[test]
+    fn ended_processes_keep_cpu_time_not_memory() {
+        let p = |user_ns, rss_bytes, cpus: &[u32]| ProcessUsage {
+            user_ns,
+            system_ns: 1,
+            rss_bytes,
+            cpus_allowed: cpus.iter().copied().collect(),
+        };
+        let mut job = JobUsage::default();
+        job.update(1, p(10, 100, &[0, 1, 2, 3]));
+        job.update(2, p(20, 200, &[0, 1, 2, 3]));
+        let io = |write_bytes| IoCounts { write_bytes, write_calls: 1, ..IoCounts::default() };
+        job.update_io(1, io(5));
+        job.update_io(2, io(7));
+        let io_sum = IoCounts { write_bytes: 12, write_calls: 2, ..IoCounts::default() };
+        assert_eq!(
+            job.totals(),
+            UsageTotals { user_ns: 30, system_ns: 2, memory_used_bytes: 300, cpus: 2, io: io_sum }
+        );
+        job.ended(1);
+        assert_eq!(
+            job.totals(),
+            UsageTotals { user_ns: 30, system_ns: 2, memory_used_bytes: 200, cpus: 1, io: io_sum }
+        );
+    }
+}

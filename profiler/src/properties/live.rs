@@ -1,0 +1,249 @@
+//! The daemon's evaluation of one job: over the job's life on this node, and over the last
+//! complete window aligned to Unix time (the same length as the phase windows, so the windows of
+//! every node coincide and their aggregates merge). A window's values are the differences of
+//! snapshots (store totals and kernel usage) taken at the first update after each boundary, so
+//! its span is the exact time between the two snapshots, at most one stats interval after the
+//! boundaries. Per-phase properties come from the last closed analysis window of the job.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    evaluate_job, IoStats, JobInput, JobProperties, PhasesInput, PropertyConfig, PropertyError,
+    RankSample, ResourceUsage, Span,
+};
+use crate::{
+    analysis::online::WindowView,
+    capture::usage::UsageTotals,
+    store::{Job, RankRecord},
+};
+
+/// What the daemon publishes for one job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LiveProperties {
+    /// Over the job's life on this node (phase properties are per window only).
+    pub job: JobProperties,
+    /// Over the last complete window, once one has passed since the job was first seen.
+    pub window: Option<WindowProperties>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WindowProperties {
+    /// Index of the last aligned window the span ends in (Unix start time ÷ window length).
+    pub window: u64,
+    pub properties: JobProperties,
+}
+
+/// The state at the start of the current window.
+struct Mark {
+    window: u64,
+    at_ns: u64,
+    ranks: BTreeMap<u32, RankRecord>,
+    usage: Option<UsageTotals>,
+}
+
+pub struct LiveEvaluator {
+    window_ns: u64,
+    mark: Option<Mark>,
+    last_window: Option<WindowProperties>,
+    /// The most CPUs the job's live processes could use at any reading: the CPU shares of an
+    /// ended job are relative to what it had while it ran.
+    cpus_seen: u32,
+}
+
+fn resources(after: &UsageTotals, before: Option<&UsageTotals>, cpus: u32, memory_available_bytes: u64, seconds: f64) -> ResourceUsage {
+    let before = before.copied().unwrap_or_default();
+    ResourceUsage {
+        seconds,
+        memory_used_bytes: after.memory_used_bytes,
+        memory_available_bytes,
+        user_seconds: after.user_ns.saturating_sub(before.user_ns) as f64 / 1e9,
+        system_seconds: after.system_ns.saturating_sub(before.system_ns) as f64 / 1e9,
+        cpus: cpus.max(1) as f64,
+    }
+}
+
+fn io(after: &UsageTotals, before: Option<&UsageTotals>, seconds: f64) -> IoStats {
+    let (a, b) = (after.io, before.map(|u| u.io).unwrap_or_default());
+    IoStats {
+        seconds,
+        read_bytes: a.read_bytes.saturating_sub(b.read_bytes),
+        read_calls: a.read_calls.saturating_sub(b.read_calls),
+        write_bytes: a.write_bytes.saturating_sub(b.write_bytes),
+        write_calls: a.write_calls.saturating_sub(b.write_calls),
+        opens: a.opens.saturating_sub(b.opens),
+        closes: a.closes.saturating_sub(b.closes),
+    }
+}
+
+impl LiveEvaluator {
+    pub fn new(window_ns: u64) -> Self {
+        assert!(window_ns > 0, "window length must be positive");
+        LiveEvaluator { window_ns, mark: None, last_window: None, cpus_seen: 0 }
+    }
+
+    /// Evaluates the job now. `usage` is the job's kernel usage (None where it could not be
+    /// read); `phases` the last closed analysis window of the job.
+    pub fn update(
+        &mut self,
+        job: &Job,
+        usage: Option<&UsageTotals>,
+        memory_available_bytes: u64,
+        phases: Option<&WindowView>,
+        now_ns: u64,
+        config: &PropertyConfig,
+    ) -> LiveProperties {
+        if let Some(u) = usage {
+            self.cpus_seen = self.cpus_seen.max(u.cpus);
+        }
+        let mut lifetime = JobInput::lifetime(job, now_ns);
+        let seconds = (lifetime.span.end_ns - lifetime.span.start_ns) as f64 / 1e9;
+        lifetime.resources = usage.map(|u| resources(u, None, self.cpus_seen, memory_available_bytes, seconds));
+        lifetime.io = usage.map(|u| io(u, None, seconds));
+        let job_properties = evaluate_job(&lifetime, config);
+
+        let window = now_ns / self.window_ns;
+        let ended_before_mark = |m: &Mark| job.meta.ended_ns.is_some_and(|end| end < m.at_ns);
+        match &self.mark {
+            Some(m) if m.window < window && !ended_before_mark(m) => {
+                match self.evaluate_window(m, job, usage, memory_available_bytes, phases, now_ns, config) {
+                    Ok(properties) => self.last_window = Some(WindowProperties { window: window - 1, properties }),
+                    Err(e) => tracing::warn!("job {}: window properties not evaluated: {e}", job.meta.id),
+                }
+                self.set_mark(window, job, usage, now_ns);
+            }
+            Some(_) => {}
+            None => self.set_mark(window, job, usage, now_ns),
+        }
+        LiveProperties { job: job_properties, window: self.last_window.clone() }
+    }
+
+    fn set_mark(&mut self, window: u64, job: &Job, usage: Option<&UsageTotals>, now_ns: u64) {
+        self.mark = Some(Mark { window, at_ns: now_ns, ranks: job.ranks.clone(), usage: usage.copied() });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn evaluate_window(
+        &self,
+        mark: &Mark,
+        job: &Job,
+        usage: Option<&UsageTotals>,
+        memory_available_bytes: u64,
+        phases: Option<&WindowView>,
+        now_ns: u64,
+        config: &PropertyConfig,
+    ) -> Result<JobProperties, PropertyError> {
+        let span = Span::new(mark.at_ns, now_ns);
+        let seconds = (span.end_ns - span.start_ns) as f64 / 1e9;
+        // Ranks that ended before the window have nothing in it and would only dilute the means.
+        let ranks = job
+            .ranks
+            .values()
+            .filter(|r| r.ended_ns.is_none_or(|end| end > span.start_ns))
+            .map(|r| RankSample::window(mark.ranks.get(&r.rank).filter(|b| b.pid == r.pid), r, span))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Usage is differenced only when both snapshots have it.
+        let usage = usage.zip(mark.usage.as_ref());
+        let input = JobInput {
+            meta: &job.meta,
+            span,
+            ranks,
+            nominal_hz: None,
+            resources: usage.map(|(u, b)| resources(u, Some(b), self.cpus_seen, memory_available_bytes, seconds)),
+            io: usage.map(|(u, b)| io(u, Some(b), seconds)),
+            phases: phases.map(PhasesInput::from),
+        };
+        Ok(evaluate_job(&input, config))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        model::JobId,
+        store::{CallStats, JobMeta, RankTotals},
+    };
+
+    const S: u64 = 1_000_000_000;
+    const W: u64 = 30 * S;
+
+    fn job(useful: [u64; 2], mpi: [u64; 2]) -> Job {
+        let mut job = Job::new(JobMeta {
+            id: JobId("j".into()),
+            node: "n".into(),
+            size: 2,
+            source: "test".into(),
+            executable: "/bin/x".into(),
+            first_seen_ns: 100 * W,
+            ended_ns: None,
+        });
+        for rank in 0..2 {
+            let mut functions = BTreeMap::new();
+            functions.insert("MPI_Allreduce".to_string(), CallStats { calls: 1, time_ns: mpi[rank], bytes: 0, sized_calls: 0 });
+            job.ranks.insert(
+                rank as u32,
+                RankRecord {
+                    rank: rank as u32,
+                    pid: 10 + rank as u32,
+                    first_seen_ns: 100 * W,
+                    ended_ns: None,
+                    totals: RankTotals { bursts: 1, burst_ns: useful[rank], burst_oncpu_ns: useful[rank], ..Default::default() },
+                    functions,
+                },
+            );
+        }
+        job
+    }
+
+    #[test]
+    fn windows_are_differences_between_boundary_snapshots() {
+        let config = PropertyConfig::default();
+        let mut e = LiveEvaluator::new(W);
+        let usage = |user_s: u64, write_bytes: u64| UsageTotals {
+            user_ns: user_s * S,
+            cpus: 2,
+            io: crate::capture::usage::IoCounts { write_bytes, write_calls: 1, ..Default::default() },
+            ..Default::default()
+        };
+        // First update: a mark, no window yet. Balanced so far.
+        let start = 100 * W + S;
+        let first = e.update(&job([S, S], [0, 0]), Some(&usage(2, 10)), 1 << 30, None, start, &config);
+        assert!(first.window.is_none());
+        // Same window: still none.
+        assert!(e.update(&job([2 * S, 2 * S], [0, 0]), Some(&usage(4, 10)), 1 << 30, None, start + 10 * S, &config).window.is_none());
+        // After the boundary: rank 1 worked 20 s and rank 0 2 s (plus 18 s in MPI) since the mark.
+        let now = 101 * W + S;
+        let live = e.update(&job([3 * S, 21 * S], [18 * S, 0]), Some(&usage(42, 1010)), 1 << 30, None, now, &config);
+        let w = live.window.expect("a complete window");
+        assert_eq!(w.window, 100);
+        assert_eq!(w.properties.span, Span::new(start, now));
+        let lb = w.properties.get("load_balance").unwrap().value().unwrap();
+        assert!((lb - 0.55).abs() < 1e-12, "window LB {lb}");
+        // Over the life: (3 + 21) / 2 / 21.
+        let life_lb = live.job.get("load_balance").unwrap().value().unwrap();
+        assert!((life_lb - 12.0 / 21.0).abs() < 1e-12, "lifetime LB {life_lb}");
+        // The window's I/O is the difference: 1000 bytes in 30 s.
+        let bw = w.properties.get("io_write_bandwidth_low").or(w.properties.get("io_write_bandwidth_high")).unwrap();
+        assert!((bw.value().unwrap() - 1000.0 / 30.0).abs() < 1e-9, "{bw:?}");
+        // User time since the mark: 40 s on 2 CPUs over 30 s.
+        let user = w.properties.get("user_time_share").unwrap().value().unwrap();
+        assert!((user - 40.0 / 60.0).abs() < 1e-9, "{user}");
+    }
+
+    #[test]
+    fn a_new_process_for_a_rank_starts_from_zero() {
+        let config = PropertyConfig::default();
+        let mut e = LiveEvaluator::new(W);
+        e.update(&job([10 * S, 10 * S], [0, 0]), None, 0, None, 100 * W + S, &config);
+        let mut restarted = job([S, 20 * S], [0, 0]);
+        restarted.ranks.get_mut(&0).unwrap().pid = 99;
+        let live = e.update(&restarted, None, 0, None, 101 * W + S, &config);
+        let w = live.window.unwrap();
+        // Rank 0's new process did 1 s, rank 1 did 10 s in the window.
+        let lb = w.properties.get("load_balance").unwrap().value().unwrap();
+        assert!((lb - 0.55).abs() < 1e-12, "{lb}");
+        assert!(w.properties.get("user_time_share").unwrap().reason().is_some(), "no usage: not measured");
+    }
+}

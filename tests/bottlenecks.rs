@@ -1,0 +1,192 @@
+//! Bottleneck properties of real MPI jobs under the real daemon: file I/O from the syscall
+//! tracepoints (request sizes and the consolidation recommendation), and a job split over two
+//! daemons with distinct node identities whose job-wide load balance Prometheus computes exactly.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    thread,
+    time::{Duration, Instant},
+};
+
+use mpiburst_tests::*;
+
+/// GET a JSON document from a daemon.
+fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    serde_json::from_str(&http_get(addr, path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// The id of the one job on the daemon whose executable is `program`, other than `earlier`.
+fn job_id(addr: &str, program: &Path, earlier: &[String]) -> String {
+    let exe = program.canonicalize().unwrap().display().to_string();
+    let jobs = get_json(addr, "/api/jobs");
+    let ids: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["meta"]["executable"] == exe.as_str())
+        .map(|j| j["meta"]["id"].as_str().unwrap())
+        .filter(|id| !earlier.iter().any(|e| e == id))
+        .collect();
+    assert_eq!(ids.len(), 1, "jobs running {exe}: {jobs}");
+    ids[0].to_string()
+}
+
+/// The job's properties, once the daemon has evaluated them after the job ended (bounded wait).
+fn ended_job_properties(addr: &str, id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let detail = get_json(addr, &format!("/api/jobs/{}", encode(id)));
+        if !detail["meta"]["ended_ns"].is_null() {
+            // One more stats update evaluates the job with its final totals.
+            thread::sleep(Duration::from_millis(1500));
+            return get_json(addr, &format!("/api/jobs/{}/properties", encode(id)));
+        }
+        assert!(Instant::now() < deadline, "job {id} did not end: {detail}");
+        thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn property<'a>(props: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    props["properties"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no property {name} in {props}"))
+}
+
+#[test]
+fn io_request_sizes_and_the_small_request_recommendation() {
+    if !privileged("io_request_sizes") {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let program = program("io", Mpi::OpenMpi);
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = format!("dir={}", dir.path().display());
+    // (request size, requests per rank, compute between requests): modest bandwidth, so the
+    // request size is what the properties judge.
+    let mut fired = Vec::new();
+    let mut runs: Vec<String> = Vec::new();
+    for (size, count, ms) in [(8u64 << 20, 30, 40), (64u64 << 10, 200, 10)] {
+        let mut cmd = Mpi::OpenMpi.launcher(2);
+        cmd.arg(&program).args([format!("size={size}"), format!("count={count}"), format!("ms={ms}"), dir_arg.clone()]);
+        let out = cmd.stderr(Stdio::inherit()).output().expect("run the io program");
+        assert!(out.status.success(), "io program failed");
+        let printed = String::from_utf8_lossy(&out.stdout).to_string();
+        // Short writes are completed by the program and count as more requests: its own count
+        // is the truth.
+        let requests: u64 = printed
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("requests="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("io printed {printed:?}"));
+        let expected = (size * count as u64) as f64 / requests as f64;
+        let id = job_id(&daemon.addr, &program, &runs);
+        let live = ended_job_properties(&daemon.addr, &id);
+        let io = &live["usage"]["io"];
+        let measured = io["write_bytes"].as_f64().unwrap() / io["write_calls"].as_f64().unwrap();
+        eprintln!("{size}-byte requests: mean write request {measured:.1} B (expected {expected:.1}), io {io}");
+        assert!((measured / expected - 1.0).abs() < 0.001, "mean request {measured} vs {expected}");
+        let request_size = property(&live["job"], "io_write_request_size");
+        assert!((request_size["outcome"]["value"].as_f64().unwrap() / expected - 1.0).abs() < 0.001, "{request_size}");
+        let consolidate = live["job_recommendations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["property"] == "io_write_request_size" && r["text"].as_str().unwrap().starts_with("Consolidate I/O"));
+        fired.push(consolidate);
+        runs.push(id);
+    }
+    assert_eq!(fired, [false, true], "the small-request recommendation fires for 64 KiB requests only");
+    daemon.stop();
+}
+
+/// A cgroup for one half of a job's ranks, removed on drop. Uses the cgroup2 hierarchy.
+struct Cgroup {
+    dir: PathBuf,
+    /// The path as /proc/PID/cgroup shows it.
+    path: String,
+}
+
+impl Cgroup {
+    fn new(name: &str) -> Cgroup {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(2) == Some(&"cgroup2"))
+            .map(|f| PathBuf::from(f[1]))
+            .expect("a cgroup2 hierarchy (mount -t cgroup2 none /sys/fs/cgroup/unified)");
+        let path = format!("/{name}-{}", std::process::id());
+        let dir = root.join(&path[1..]);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Cgroup { dir, path }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Empty once the ranks have exited; a cgroup with processes cannot be removed.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn a_job_over_two_nodes_has_an_exact_job_wide_load_balance() {
+    if !privileged("two_nodes") {
+        return;
+    }
+    let (a, b) = (Cgroup::new("mpiburst-node-a"), Cgroup::new("mpiburst-node-b"));
+    let config = |cg: &Cgroup| {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), format!("[daemon]\ncgroup = \"{}\"\n", cg.path)).unwrap();
+        file
+    };
+    let (config_a, config_b) = (config(&a), config(&b));
+    let node_a = Daemon::start(&["--node", "node-a", "-c", config_a.path().to_str().unwrap()]);
+    let node_b = Daemon::start(&["--node", "node-b", "-c", config_b.path().to_str().unwrap()]);
+    let prometheus = Prometheus::start(&[&node_a.addr, &node_b.addr]);
+    // Even ranks run in node a's cgroup, odd ranks in node b's: each rank moves itself before
+    // it execs the program, so each daemon sees only its half of the job.
+    let program = program("imbalance", Mpi::OpenMpi);
+    let mut cmd = Mpi::OpenMpi.launcher(4);
+    cmd.args([
+        "sh",
+        "-c",
+        &format!(
+            "if [ $((OMPI_COMM_WORLD_RANK % 2)) -eq 0 ]; then d={}; else d={}; fi; echo $$ > $d/cgroup.procs && exec \"$0\" \"$@\"",
+            a.dir.display(),
+            b.dir.display()
+        ),
+    ])
+    .arg(&program)
+    .args(["40", "20"]);
+    let st = run_with_timeout(cmd, Duration::from_secs(180));
+    assert!(st.success(), "imbalance over two cgroups failed: {st}");
+
+    let id = job_id(&node_a.addr, &program, &[]);
+    let mut useful = Vec::new();
+    for (daemon, node, ranks) in [(&node_a, "node-a", [0, 2]), (&node_b, "node-b", [1, 3])] {
+        ended_job_properties(&daemon.addr, &id);
+        let detail = get_json(&daemon.addr, &format!("/api/jobs/{}", encode(&id)));
+        assert_eq!(detail["meta"]["node"], node);
+        let seen: Vec<u64> = detail["ranks"].as_array().unwrap().iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+        assert_eq!(seen, ranks, "ranks seen by {node}");
+        useful.extend(detail["ranks"].as_array().unwrap().iter().map(|r| r["totals"]["burst_ns"].as_f64().unwrap() / 1e9));
+    }
+    let direct = useful.iter().sum::<f64>() / useful.len() as f64 / useful.iter().cloned().fold(0.0, f64::max);
+    // Let Prometheus scrape both final states and evaluate the rules on them.
+    thread::sleep(Duration::from_secs(3));
+    let from_rules = prometheus.value(&format!("mpi_job:mpiburst_load_balance:ratio{{mpi_job=\"{id}\"}}"));
+    eprintln!("job-wide load balance over two nodes: {from_rules} from the rules, {direct} from all 4 ranks directly");
+    assert!((from_rules - direct).abs() < 1e-9, "rules {from_rules} vs direct {direct}");
+    // Rank 1 does 10× the others' work: (1 + 3 × 0.1) / 4 = 0.325, with scheduling noise.
+    assert!((0.25..0.45).contains(&direct), "load balance {direct}");
+    let nodes = prometheus.value(&format!("count(count by (node) (mpiburst_job_local_ranks{{mpi_job=\"{id}\"}}))"));
+    assert_eq!(nodes, 2.0);
+    drop(prometheus);
+    node_a.stop();
+    node_b.stop();
+}
