@@ -69,7 +69,8 @@ fn io_request_sizes_and_the_small_request_recommendation() {
     // request size is what the properties judge.
     let mut fired = Vec::new();
     let mut runs: Vec<String> = Vec::new();
-    for (size, count, ms) in [(8u64 << 20, 30, 40), (64u64 << 10, 200, 10)] {
+    // At least 100 requests per job: fewer are too few for the request size to be judged.
+    for (size, count, ms) in [(8u64 << 20, 50, 20), (64u64 << 10, 200, 10)] {
         let mut cmd = Mpi::OpenMpi.launcher(2);
         cmd.arg(&program).args([format!("size={size}"), format!("count={count}"), format!("ms={ms}"), dir_arg.clone()]);
         let out = cmd.stderr(Stdio::inherit()).output().expect("run the io program");

@@ -26,7 +26,7 @@ use crate::{
     export::{
         http::{self, Shared, SharedState},
         recording::{RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION},
-        phases, report, SelfStats,
+        bottlenecks, phases, report, SelfStats,
     },
     model::{Burst, HwCounters, JobId},
     properties::{LiveEvaluator, PropertyConfig},
@@ -504,6 +504,9 @@ impl Daemon {
             let job = &shared.store.jobs[id];
             println!("{}", report::render(job, now, &self.counters_note));
             println!("{}", final_phases(job));
+            if let Some(live) = shared.properties.get(id) {
+                println!("{}", bottlenecks::render(&live.job, "over its life on this node"));
+            }
         }
         let interval = self.config.daemon.report_interval_s;
         if final_update || (interval > 0.0 && self.last_report.elapsed().as_secs_f64() >= interval) {

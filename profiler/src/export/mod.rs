@@ -1,6 +1,7 @@
 //! Export stage: Prometheus metrics, the HTTP server, recordings, text reports, phase tables and
 //! the HTML views of a phase analysis.
 
+pub mod bottlenecks;
 pub mod http;
 pub mod phases;
 pub mod prometheus;

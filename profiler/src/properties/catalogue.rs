@@ -258,9 +258,11 @@ fn io_rate(c: &JobContext, count: fn(&IoStats) -> u64) -> Observation {
     }
 }
 
-/// Below this many requests per second, the per-call cost (tens of microseconds each) is under
-/// 0.1 % of one core and the request size does not matter: a job's few reads of configuration and
-/// library files at start-up must not make it look I/O-bound.
+/// Request sizes are judged only for at least this many requests in the span, and at least
+/// [`MIN_IO_REQUEST_RATE`] per second: fewer cost too little (tens of microseconds each) for their
+/// size to matter, and a job's reads of configuration and library files at start-up must not make
+/// it look I/O-bound.
+pub const MIN_IO_REQUESTS: u64 = 100;
 pub const MIN_IO_REQUEST_RATE: f64 = 10.0;
 
 fn io_request_size(
@@ -272,10 +274,12 @@ fn io_request_size(
         None => Observation::NotMeasured(NO_IO.into()),
         Some(io) => match bytes_calls(&io) {
             (_, 0) => Observation::NoData(format!("no {what} requests in the span")),
-            (_, calls) if !(calls as f64 >= MIN_IO_REQUEST_RATE * io.seconds) => {
+            (_, calls)
+                if calls < MIN_IO_REQUESTS || !(calls as f64 >= MIN_IO_REQUEST_RATE * io.seconds) =>
+            {
                 Observation::NoData(format!(
-                    "{calls} {what} requests in {:.1} s: fewer than {MIN_IO_REQUEST_RATE} per \
-                     second, too few for their size to matter",
+                    "{calls} {what} requests in {:.1} s: too few for their size to matter (at \
+                     least {MIN_IO_REQUESTS}, and {MIN_IO_REQUEST_RATE} per second)",
                     io.seconds
                 ))
             }

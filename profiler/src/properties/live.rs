@@ -32,6 +32,9 @@ pub struct LiveProperties {
 pub struct WindowProperties {
     /// Index of the last aligned window the span ends in (Unix start time ÷ window length).
     pub window: u64,
+    /// The aligned boundary the span ends at (its end is the first update after it): the same on
+    /// every node for the same window, so it tells which nodes' windows merge.
+    pub aligned_end_ns: u64,
     pub properties: JobProperties,
 }
 
@@ -108,7 +111,10 @@ impl LiveEvaluator {
         match &self.mark {
             Some(m) if m.window < window && !ended_before_mark(m) => {
                 match self.evaluate_window(m, job, usage, memory_available_bytes, phases, now_ns, config) {
-                    Ok(properties) => self.last_window = Some(WindowProperties { window: window - 1, properties }),
+                    Ok(properties) => {
+                        self.last_window =
+                            Some(WindowProperties { window: window - 1, aligned_end_ns: window * self.window_ns, properties })
+                    }
                     Err(e) => tracing::warn!("job {}: window properties not evaluated: {e}", job.meta.id),
                 }
                 self.set_mark(window, job, usage, now_ns);
@@ -217,7 +223,7 @@ mod tests {
         let now = 101 * W + S;
         let live = e.update(&job([3 * S, 21 * S], [18 * S, 0]), Some(&usage(42, 1010)), 1 << 30, None, now, &config);
         let w = live.window.expect("a complete window");
-        assert_eq!(w.window, 100);
+        assert_eq!((w.window, w.aligned_end_ns), (100, 101 * W));
         assert_eq!(w.properties.span, Span::new(start, now));
         let lb = w.properties.get("load_balance").unwrap().value().unwrap();
         assert!((lb - 0.55).abs() < 1e-12, "window LB {lb}");
