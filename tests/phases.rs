@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use mpiburst::{
     analysis::{analyse, Analysis, AnalysisParams, ClusterId, FeatureSet},
-    export::recording::Recording,
+    export::{phases::utc_span, recording::Recording},
     model::Burst,
 };
 use mpiburst_tests::*;
@@ -19,6 +19,13 @@ fn record_phases(ranks: u32, args: &[&str]) -> (Recording, Vec<Burst>) {
     let recording = daemon.stop();
     let bursts: Vec<Burst> = job_of(&recording, &program).bursts.iter().cloned().collect();
     (recording, bursts)
+}
+
+/// `mpiburst report ARGS`: whether it succeeded, its standard output and its standard error.
+fn mpiburst_report(args: &[&str]) -> (bool, String, String) {
+    let bin = std::env::var_os("MPIBURST_BIN").expect("MPIBURST_BIN is not set: run the tests through `cargo xtask test`");
+    let out = std::process::Command::new(bin).arg("report").args(args).output().expect("run mpiburst report");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// For each cluster, the MPI functions that end its bursts (each phase of `phases` ends in its
@@ -168,6 +175,15 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
     let id = jobs[0]["meta"]["id"].as_str().unwrap().to_string();
     let snapshot: serde_json::Value =
         serde_json::from_str(&http_get(&daemon.addr, &format!("/api/jobs/{}/phases", id.replace(':', "%3A")))).unwrap();
+    // The same analysis as `mpiburst report` prints it from the running daemon, with its pictures.
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("live.html");
+    let (ok, live, err) = mpiburst_report(&[&format!("http://{}", daemon.addr), "--phases", "--html", html.to_str().unwrap()]);
+    assert!(ok, "mpiburst report against the daemon failed: {err}");
+    let page = std::fs::read_to_string(&html).unwrap_or_else(|e| panic!("{}: {e}; stderr: {err}", html.display()));
+    assert!(page.contains(r#"class="sequences""#), "the page draws the window's phase sequences");
+    let (ok, _, unknown) = mpiburst_report(&[&daemon.addr, "--job", "pmix:no-such-job"]);
+    assert!(!ok && unknown.contains(&format!("pass one of: {id}")), "an unknown job lists the known ones: {unknown}");
     let recording = daemon.stop();
     assert!(job_of(&recording, &program).meta.ended_ns.is_some());
 
@@ -204,6 +220,25 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
     let unchanged: BTreeSet<u64> = first.difference(&old).copied().collect();
     assert!(unchanged.is_subset(&last), "unchanged phases {unchanged:?} must keep their ids: last window {last:?}");
     assert_eq!(last.len(), 3, "three phases at the end: {last:?}");
+
+    // The live report shows that window, by its Unix-aligned times, and the same three phases.
+    eprintln!("{live}");
+    let window = &snapshot["last_window"];
+    let span = utc_span(window["start_ns"].as_u64().unwrap(), window["end_ns"].as_u64().unwrap());
+    assert!(live.contains(&format!("== job {id} on ")) && live.contains(", ended, "), "{live}");
+    let title = format!("== phases of job {id} in the last clustered window, {span} (3 s, ended ");
+    let (_, table) = live.split_once(&title).unwrap_or_else(|| panic!("no line starting {title:?}:\n{live}"));
+    let (table, whole_job) = table.split_once("== whole job so far: ").expect("the cumulative table follows");
+    let shown: BTreeSet<u64> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|cells| cells.len() > 4 && cells[0].parse::<u64>().is_ok())
+        .filter(|cells| cells[3].trim_end_matches('%').parse::<f64>().unwrap() >= 2.0)
+        .map(|cells| cells[0].parse().unwrap())
+        .collect();
+    assert_eq!(shown, last, "the live table's phases (≥ 2 % of the time) are the window's: {live}");
+    assert!(table.contains("tracking: phases "), "{live}");
+    assert!(whole_job.contains("phase  bursts"), "{live}");
 }
 
 #[test]

@@ -1,10 +1,16 @@
 //! Command line. Options given here override the config file, which overrides the defaults.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, ConfigError, CounterMode};
+use crate::{
+    config::{Config, ConfigError, CounterMode},
+    export::client::{ClientError, DaemonClient},
+};
 
 #[derive(Parser, Debug)]
 #[command(name = "mpiburst", version, about = "Always-on eBPF profiler for MPI jobs")]
@@ -25,10 +31,17 @@ pub enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Print the report of every job in a recording; optionally its phases and their pictures.
+    /// Print the report of every job in a recording or on a running daemon; optionally its phases
+    /// and their pictures.
     ///
-    /// The phase analysis of a node's recording covers the ranks that ran on that node: load
-    /// balance and SPMD scores are over those ranks, not over the whole job.
+    /// From a recording, the phases are clustered from its bursts. From a daemon, the report shows
+    /// the daemon's own online analysis: the table of the last clustered window (windows of
+    /// `analysis.window_s`, 30 s by default, aligned to Unix time, so the first table comes a few
+    /// seconds after the first window ends), with phase ids that stay the same from window to
+    /// window, how the phases were tracked, and a table of a sample of the whole job so far.
+    ///
+    /// Either way the analysis covers the ranks that ran on that node: load balance and SPMD
+    /// scores are over those ranks, not over the whole job.
     Report(ReportArgs),
     /// Match the phases of two runs of the same application (two recordings) and print how each
     /// phase changed: duration, time share, and instructions and IPC when measured.
@@ -58,15 +71,46 @@ pub struct CompareArgs {
     pub job_after: Option<String>,
 }
 
+/// What `mpiburst report` reads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReportTarget {
+    /// A recording file.
+    Recording(PathBuf),
+    /// A running daemon's JSON API.
+    Daemon(DaemonClient),
+}
+
+impl ReportTarget {
+    /// An existing file is a recording, whatever its name. Otherwise `http://HOST[:PORT]` or
+    /// `HOST:PORT` is a daemon, and anything else a recording path (which then fails to open with
+    /// its own error).
+    pub fn parse(arg: &str) -> Result<Self, ClientError> {
+        if Path::new(arg).exists() {
+            return Ok(ReportTarget::Recording(arg.into()));
+        }
+        Ok(match DaemonClient::parse(arg)? {
+            Some(daemon) => ReportTarget::Daemon(daemon),
+            None => ReportTarget::Recording(arg.into()),
+        })
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
-    /// A recording written by `mpiburst record`.
-    pub recording: PathBuf,
-    /// Also cluster each job's bursts into phases and print the phase table.
+    /// A recording written by `mpiburst record`, or a running daemon: http://HOST[:PORT] (port
+    /// 9464, the daemon's default, when omitted) or HOST:PORT, the address it listens on
+    /// (`mpiburst run --listen`). An existing file of that name is read as a recording.
+    #[arg(value_name = "RECORDING|ADDRESS", value_parser = ReportTarget::parse)]
+    pub target: ReportTarget,
+    /// Also print each job's phase table: from a recording, its bursts clustered into phases;
+    /// from a daemon, its online analysis (last window, tracking, whole job so far).
     #[arg(long)]
     pub phases: bool,
-    /// Write the cluster scatter plot and the rank × time timeline of the phases to this HTML
-    /// file (self-contained; with several jobs, one file per job named OUT-JOBID.html).
+    /// Write the phases' pictures to this HTML file (self-contained; with several jobs, one file
+    /// per job named OUT-JOBID.html). From a recording: the cluster scatter plot and the rank ×
+    /// time timeline. From a daemon: the phase sequences of each rank in the last window and the
+    /// phase tables; the scatter plot and the timeline need every burst, which only a recording
+    /// holds (`mpiburst record`).
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<PathBuf>,
     /// Only this job (as printed in the report's first line).
@@ -151,9 +195,24 @@ mod tests {
         assert!(!a.phases && a.html.is_none() && a.job.is_none());
         let cli = Cli::parse_from(["mpiburst", "report", "r.jsonl", "--phases", "--html", "o.html", "--job", "pmix:1"]);
         let Command::Report(a) = cli.command else { panic!("parsed {:?}", cli.command) };
-        assert_eq!(a.recording, PathBuf::from("r.jsonl"));
+        assert_eq!(a.target, ReportTarget::Recording(PathBuf::from("r.jsonl")));
         assert!(a.phases);
         assert_eq!(a.html, Some(PathBuf::from("o.html")));
         assert_eq!(a.job.as_deref(), Some("pmix:1"));
+    }
+
+    #[test]
+    fn report_reads_a_recording_or_a_daemon() {
+        let target = |arg: &str| {
+            let cli = Cli::try_parse_from(["mpiburst", "report", arg]).map_err(|e| e.to_string())?;
+            let Command::Report(a) = cli.command else { panic!("parsed {:?}", cli.command) };
+            Ok::<_, String>(a.target)
+        };
+        let daemon = |s: &str| ReportTarget::Daemon(DaemonClient::parse(s).unwrap().unwrap());
+        assert_eq!(target("http://127.0.0.1:9464"), Ok(daemon("127.0.0.1:9464")));
+        assert_eq!(target("127.0.0.1:9464"), Ok(daemon("http://127.0.0.1:9464/")));
+        assert_eq!(target("job.jsonl"), Ok(ReportTarget::Recording("job.jsonl".into())));
+        let e = target("https://n1:9464").unwrap_err();
+        assert!(e.contains("plain HTTP; pass http://n1:9464"), "{e}");
     }
 }

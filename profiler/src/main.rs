@@ -8,10 +8,15 @@ use mpiburst::{
         tracking::{match_runs, AppIdentity, RunSignature, TrackingParams},
         AnalysisParams,
     },
-    cli::{Cli, Command, CompareArgs, ReportArgs},
+    cli::{Cli, Command, CompareArgs, ReportArgs, ReportTarget},
     config::Config,
     daemon::{unix_now_ns, Daemon},
-    export::{phases, recording::Recording, report, svg},
+    export::{
+        client::{ClientError, DaemonClient},
+        phases,
+        recording::Recording,
+        report, svg,
+    },
     model::{Burst, JobId},
     store::Job,
 };
@@ -52,51 +57,75 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// `mpiburst report`: the per-job report, and with `--phases` or `--html` the phase analysis of
-/// each job's recorded bursts over the ranks this node ran (see [`phases::node_ranks`]).
+/// `mpiburst report`: the per-job report, and with `--phases` or `--html` the phases, from a
+/// recording or from a running daemon.
 fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
-    let path = args.recording.display();
-    let r = Recording::read(&args.recording)?;
+    match &args.target {
+        ReportTarget::Recording(path) => report_recording(path, args),
+        ReportTarget::Daemon(daemon) => report_daemon(daemon, args),
+    }
+}
+
+/// The jobs to report: the one `--job` names, or all of them. An unknown job is an error that
+/// lists the known ones; no jobs at all is one when phases were asked for (`hint` says how to get
+/// some), else a note.
+fn select_jobs(known: Vec<JobId>, args: &ReportArgs, place: &str, hint: &str) -> anyhow::Result<Vec<JobId>> {
+    if let Some(id) = &args.job {
+        let id = JobId(id.clone());
+        if known.contains(&id) {
+            return Ok(vec![id]);
+        }
+        anyhow::bail!(
+            "job {id} is not in {place}; {}",
+            if known.is_empty() {
+                "it holds no jobs".to_string()
+            } else {
+                format!("pass one of: {}", known.iter().map(|j| j.0.as_str()).collect::<Vec<_>>().join(", "))
+            }
+        );
+    }
+    if known.is_empty() {
+        if args.phases || args.html.is_some() {
+            anyhow::bail!("{place} holds no jobs, so there are no phases to show; {hint}");
+        }
+        eprintln!("note: {place} holds no jobs");
+    }
+    Ok(known)
+}
+
+/// Writes the HTML page of one job where `--html` asked for it, and says so (`what` it shows).
+fn write_html(out: &std::path::Path, id: &JobId, several: bool, html: String, what: &str) -> anyhow::Result<()> {
+    let file = svg::html_path(out, id, several);
+    std::fs::write(&file, html).with_context(|| {
+        format!("cannot write {}; check that the directory exists and is writable", file.display())
+    })?;
+    eprintln!("wrote {} ({what})", file.display());
+    Ok(())
+}
+
+/// The report of a recording: the phases of each job are clustered from its recorded bursts over
+/// the ranks this node ran (see [`phases::node_ranks`]).
+fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::Result<()> {
+    let path = recording.display();
+    let r = Recording::read(recording)?;
     if r.end.is_none() {
         eprintln!("note: {path} was cut short (no end record); showing what it holds");
     }
     let now = r.end.as_ref().map(|e| e.ended_ns).unwrap_or_else(unix_now_ns);
-    let jobs: Vec<&Job> = match &args.job {
-        Some(id) => {
-            let job = r.jobs.get(&JobId(id.clone())).ok_or_else(|| {
-                let known: Vec<&str> = r.jobs.keys().map(|j| j.0.as_str()).collect();
-                anyhow::anyhow!(
-                    "job {id} is not in {path}; {}",
-                    if known.is_empty() {
-                        "it holds no jobs".to_string()
-                    } else {
-                        format!("pass one of: {}", known.join(", "))
-                    }
-                )
-            })?;
-            vec![job]
-        }
-        None => r.jobs.values().collect(),
-    };
-    let analysed = args.phases || args.html.is_some();
-    if jobs.is_empty() {
-        if analysed {
-            anyhow::bail!(
-                "{path} holds no jobs, so there are no phases to show; record while an MPI program runs \
-                 (`mpiburst record -o FILE`, then start the job)"
-            );
-        }
-        eprintln!("note: {path} holds no jobs");
-        return Ok(());
-    }
-    let several = jobs.len() > 1;
+    let ids = select_jobs(
+        r.jobs.keys().cloned().collect(),
+        args,
+        &path.to_string(),
+        "record while an MPI program runs (`mpiburst record -o FILE`, then start the job)",
+    )?;
+    let several = ids.len() > 1;
     let mut out = Stdout::default();
-    for job in jobs {
+    for id in &ids {
+        let job = &r.jobs[id];
         out.print(&format!("{}\n", report::render(job, now, &r.header.counters_note)))?;
-        if !analysed {
+        if !args.phases && args.html.is_none() {
             continue;
         }
-        let id = &job.meta.id;
         let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
         if bursts.is_empty() {
             out.print(&format!(
@@ -109,20 +138,59 @@ fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
         let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
             .with_context(|| format!("phase analysis of job {id}"))?;
         if args.phases {
-            let mut text = phases::render_phases(id, &analysis);
-            if let Some(line) = phases::render_kernel_filter(job, r.header.min_burst_ns) {
-                text.push_str(&line);
-                text.push('\n');
-            }
-            text.push('\n');
-            out.print(&text)?;
+            let text = phases::render_phases(id, &analysis);
+            let filter = phases::render_kernel_filter(job, Some(r.header.min_burst_ns));
+            out.print(&format!("{text}{filter}\n"))?;
         }
-        if let Some(out) = &args.html {
-            let file = svg::html_path(out, id, several);
-            std::fs::write(&file, svg::render_html(job, &bursts, &analysis)).with_context(|| {
-                format!("cannot write {}; check that the directory exists and is writable", file.display())
-            })?;
-            eprintln!("wrote {} (phases of job {id})", file.display());
+        if let Some(html) = &args.html {
+            write_html(html, id, several, svg::render_html(job, &bursts, &analysis), &format!("phases of job {id}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The report of the jobs a running daemon holds, from its JSON API: the job report from the
+/// job's identity and exact totals, the phases from the daemon's online analysis.
+fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()> {
+    let place = format!("the daemon at {daemon}");
+    let known = daemon.jobs()?.into_iter().map(|meta| meta.id).collect();
+    let ids = select_jobs(known, args, &place, "start an MPI program while the daemon runs")?;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let counters_note = daemon.counters_note()?;
+    let several = ids.len() > 1;
+    let mut out = Stdout::default();
+    for id in &ids {
+        let job = match daemon.job(id) {
+            Err(ClientError::Status { status: 404, .. }) => {
+                eprintln!("note: job {id} ended and was dropped by {place} while this report ran");
+                continue;
+            }
+            job => job?,
+        };
+        let now = unix_now_ns();
+        out.print(&format!("{}\n", report::render(&job, now, &counters_note)))?;
+        if !args.phases && args.html.is_none() {
+            continue;
+        }
+        let Some(snapshot) = daemon.phases(id)? else {
+            out.print(&format!(
+                "   no phase analysis of job {id} yet: the daemon starts it with the job's first bursts \
+                 above its kernel filter\n\n"
+            ))?;
+            continue;
+        };
+        let text = phases::render_live_phases(id, &snapshot, now) + &phases::render_kernel_filter(&job, None);
+        if args.phases {
+            out.print(&format!("{text}\n"))?;
+        }
+        if let Some(html) = &args.html {
+            let page = svg::render_live_html(&job, &snapshot, &text, &daemon.to_string());
+            let what = format!(
+                "phase sequences and tables of job {id}; the scatter plot and the timeline need a recording"
+            );
+            write_html(html, id, several, page, &what)?;
         }
     }
     Ok(())

@@ -2,6 +2,7 @@
 //! the HTML views of a phase analysis.
 
 pub mod bottlenecks;
+pub mod client;
 pub mod http;
 pub mod phases;
 pub mod prometheus;

@@ -6,8 +6,10 @@ use std::fmt::Write as _;
 
 use crate::{
     analysis::{
-        tracking::{InstructionScaling, RunMatch, RunSignature},
-        Analysis, ClusterStats, ClusteringMethod, DurationFilter, FeatureSelection, FeatureSet,
+        online::{OpenWindow, PhasesSnapshot},
+        tracking::{InstructionScaling, RunMatch, RunSignature, StableId},
+        Analysis, ClusterStats, ClusteringMethod, ClusteringReport, DurationFilter, FeatureReport,
+        FeatureSelection, FeatureSet, FilterReport,
     },
     model::JobId,
     store::Job,
@@ -61,9 +63,13 @@ fn percent(share: f64) -> String {
     format!("{:.1}%", 100.0 * share)
 }
 
+/// "1 cluster", "3 clusters".
+fn counted(n: usize, word: &str) -> String {
+    format!("{n} {word}{}", if n == 1 { "" } else { "s" })
+}
+
 /// One line saying which features the clustering used, in words.
-pub fn features_line(analysis: &Analysis) -> String {
-    let f = &analysis.features;
+pub fn features_line(f: &FeatureReport) -> String {
     match (f.used, f.requested) {
         (FeatureSet::InstructionsIpc, _) => {
             "features: instructions (log) and IPC from hardware counters".to_string()
@@ -81,8 +87,7 @@ pub fn features_line(analysis: &Analysis) -> String {
     }
 }
 
-fn filter_line(analysis: &Analysis) -> String {
-    let r = &analysis.filter;
+fn filter_line(r: &FilterReport) -> String {
     let how = match r.filter {
         DurationFilter::KeepTimeShare(share) if r.threshold_ns < r.criterion_threshold_ns => {
             format!(
@@ -107,28 +112,23 @@ fn filter_line(analysis: &Analysis) -> String {
     )
 }
 
-fn clustering_line(analysis: &Analysis) -> String {
-    let c = &analysis.clustering;
-    let mut line = match analysis.params.clustering {
-        ClusteringMethod::Acr { .. } => {
-            let last = c
-                .steps
-                .last()
-                .map(|s| format!(", last Eps {:.4}", s.eps))
-                .unwrap_or_default();
-            format!(
-                "clustering: DBSCAN refined by ACR, {} step{}{last}, MinPoints {}",
-                c.steps.len(),
-                if c.steps.len() == 1 { "" } else { "s" },
-                c.min_points
-            )
+/// The clustering line. `method` is `None` where it is not known: the daemon's snapshot reports
+/// the steps its configured clustering took, not which method the configuration selects.
+fn clustering_line(c: &ClusteringReport, method: Option<&ClusteringMethod>) -> String {
+    let steps = || {
+        let last = c
+            .steps
+            .last()
+            .map(|s| format!(", last Eps {:.4}", s.eps))
+            .unwrap_or_default();
+        format!("{}{last}, MinPoints {}", counted(c.steps.len(), "step"), c.min_points)
+    };
+    let mut line = match method {
+        Some(ClusteringMethod::Acr { .. }) => format!("clustering: DBSCAN refined by ACR, {}", steps()),
+        Some(ClusteringMethod::Dbscan { eps, .. }) => {
+            format!("clustering: DBSCAN, Eps {eps:.4}, MinPoints {}", c.min_points)
         }
-        ClusteringMethod::Dbscan { eps, .. } => {
-            format!(
-                "clustering: DBSCAN, Eps {eps:.4}, MinPoints {}",
-                c.min_points
-            )
-        }
+        None => format!("clustering: as the daemon is configured (analysis.analysis.clustering), {}", steps()),
     };
     if !c.sequence_merges.is_empty() {
         let _ = write!(line, "; {} sequence merge(s)", c.sequence_merges.len());
@@ -186,6 +186,58 @@ fn row(out: &mut String, label: &str, c: &ClusterStats) {
     );
 }
 
+/// How the bursts of a table were clustered: the facts its header states. A one-shot analysis,
+/// a window of the daemon's online analysis and its cumulative sample all report them.
+struct Basis<'a> {
+    features: &'a FeatureReport,
+    filter: &'a FilterReport,
+    /// `None` for the cumulative sample, whose snapshot does not report its clustering steps.
+    clustering: Option<(&'a ClusteringReport, Option<&'a ClusteringMethod>)>,
+}
+
+/// The body of a phase table under its title line: the header facts, one row per cluster (its
+/// label under `key`, then its most frequent code regions), and the noise.
+fn table(out: &mut String, basis: &Basis, key: &str, rows: &[(String, &ClusterStats)], noise: Option<&ClusterStats>) {
+    let _ = writeln!(out, "   {}", features_line(basis.features));
+    let _ = writeln!(out, "   {}", filter_line(basis.filter));
+    if let Some((report, method)) = basis.clustering {
+        let _ = writeln!(out, "   {}", clustering_line(report, method));
+    }
+    if basis.filter.bursts_kept == 0 {
+        let _ = writeln!(
+            out,
+            "   no bursts passed the duration filter: nothing to cluster"
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "   {:>7} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>6} {:>7} {:>5}",
+        key,
+        "bursts",
+        "time s",
+        "time",
+        "p10",
+        "p50",
+        "p90",
+        "p99",
+        "instr",
+        "IPC",
+        "LB dur",
+        "LB inst",
+        "SPMD"
+    );
+    for (label, c) in rows {
+        row(out, label, c);
+    }
+    match noise {
+        Some(noise) => row(out, "noise", noise),
+        None => {
+            let _ = writeln!(out, "   noise: none (every analysed burst is in a {key})");
+        }
+    }
+}
+
 /// The phase table of one job: a header (features, duration filter, clustering, global SPMD
 /// score), one row per cluster followed by its most frequent code regions (`start→end (bursts)`),
 /// and the noise.
@@ -200,52 +252,219 @@ pub fn render_phases(job_id: &JobId, analysis: &Analysis) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "== phases of job {job_id}: {} cluster{} over {} rank{}, global SPMD score {:.3}",
-        analysis.clusters.len(),
-        if analysis.clusters.len() == 1 {
-            ""
-        } else {
-            "s"
-        },
-        analysis.ranks,
-        if analysis.ranks == 1 { "" } else { "s" },
+        "== phases of job {job_id}: {} over {}, global SPMD score {:.3}",
+        counted(analysis.clusters.len(), "cluster"),
+        counted(analysis.ranks as usize, "rank"),
         analysis.global_score
     );
-    let _ = writeln!(out, "   {}", features_line(analysis));
-    let _ = writeln!(out, "   {}", filter_line(analysis));
-    let _ = writeln!(out, "   {}", clustering_line(analysis));
-    if analysis.filter.bursts_kept == 0 {
+    let basis = Basis {
+        features: &analysis.features,
+        filter: &analysis.filter,
+        clustering: Some((&analysis.clustering, Some(&analysis.params.clustering))),
+    };
+    let rows: Vec<(String, &ClusterStats)> = analysis.clusters.iter().map(|c| (c.id.to_string(), c)).collect();
+    table(&mut out, &basis, "cluster", &rows, analysis.noise.as_ref());
+    out
+}
+
+/// Unix nanoseconds as `YYYY-MM-DD HH:MM:SS` in UTC, with milliseconds when not a whole second.
+pub fn utc(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let days = secs / 86_400;
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm, for dates after 1970).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {}", clock(ns))
+}
+
+/// The time of day of Unix nanoseconds, `HH:MM:SS` UTC, with milliseconds when not a whole
+/// second.
+fn clock(ns: u64) -> String {
+    let s = ns / 1_000_000_000 % 86_400;
+    let ms = ns % 1_000_000_000 / 1_000_000;
+    let hms = format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
+    if ns.is_multiple_of(1_000_000_000) {
+        hms
+    } else {
+        format!("{hms}.{ms:03}")
+    }
+}
+
+/// A stretch of Unix time: `2026-11-22 12:20:00–12:20:30 UTC` (the date repeated when the end
+/// falls on another day).
+pub fn utc_span(start_ns: u64, end_ns: u64) -> String {
+    let (start, end) = (utc(start_ns), utc(end_ns));
+    match (start.split_once(' '), end.split_once(' ')) {
+        (Some((d0, _)), Some((d1, time))) if d0 == d1 => format!("{start}–{time} UTC"),
+        _ => format!("{start}–{end} UTC"),
+    }
+}
+
+/// A wait or an age, rounded for reading: "under a second", "12 s", "14 min", "3.5 h".
+fn roughly(ns: u64) -> String {
+    let s = (ns as f64 / 1e9).round();
+    if ns < 1_000_000_000 {
+        "under a second".to_string()
+    } else if s < 100.0 {
+        format!("{s} s")
+    } else if s < 6000.0 {
+        format!("{} min", (s / 60.0).round())
+    } else {
+        format!("{:.1} h", s / 3600.0)
+    }
+}
+
+fn ids(ids: &[StableId]) -> String {
+    ids.iter().map(StableId::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The daemon's online phase analysis of one job (its `/api/jobs/{id}/phases` snapshot), as
+/// `mpiburst report http://…` prints it at `now_ns`: the table of the last clustered window,
+/// keyed by stable phase ids (the same phase keeps its id from window to window), how the phases
+/// were tracked, then the table of the cumulative sample of the whole job. Before the first window
+/// is clustered, when that will be.
+pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> String {
+    let mut out = String::new();
+    let window_s = s.window_ns as f64 / 1e9;
+    let current = s.open_window.unwrap_or_else(|| {
+        let window = now_ns / s.window_ns;
+        OpenWindow {
+            window,
+            start_ns: window * s.window_ns,
+            end_ns: (window + 1) * s.window_ns,
+            bursts_seen: 0,
+            bursts_held: 0,
+        }
+    });
+    let current_line = |out: &mut String, first: bool| {
         let _ = writeln!(
             out,
-            "   no bursts passed the duration filter: nothing to cluster"
+            "   {} current window, {}, holds {} so far; {}",
+            if first { "windows are aligned to Unix time; the" } else { "the" },
+            utc_span(current.start_ns, current.end_ns),
+            counted(current.bursts_seen as usize, "burst"),
+            match current.end_ns.checked_sub(now_ns).filter(|&wait| wait > 0) {
+                Some(wait) => format!("it is clustered a few seconds after it ends, in {}", roughly(wait)),
+                None => "it has ended and is clustered within seconds (analysis.lateness_s)".to_string(),
+            }
         );
-        return out;
-    }
-    let _ = writeln!(
-        out,
-        "   {:>7} {:>7} {:>9} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5} {:>6} {:>7} {:>5}",
-        "cluster",
-        "bursts",
-        "time s",
-        "time",
-        "p10",
-        "p50",
-        "p90",
-        "p99",
-        "instr",
-        "IPC",
-        "LB dur",
-        "LB inst",
-        "SPMD"
-    );
-    for c in &analysis.clusters {
-        row(&mut out, &c.id.to_string(), c);
-    }
-    match &analysis.noise {
-        Some(noise) => row(&mut out, "noise", noise),
+    };
+    match &s.last_window {
         None => {
-            let _ = writeln!(out, "   noise: none (every analysed burst is in a cluster)");
+            let _ = writeln!(
+                out,
+                "== phases of job {job_id}: no window clustered yet ({window_s} s windows)"
+            );
+            current_line(&mut out, true);
+            if s.totals.windows_carried > 0 {
+                let _ = writeln!(
+                    out,
+                    "   {} held too few bursts to be clustered alone (analysis.min_window_bursts); \
+                     their bursts go to the next window",
+                    counted(s.totals.windows_carried as usize, "earlier window")
+                );
+            }
         }
+        Some(w) => {
+            let state = if w.partial {
+                "clustered early, while it was open".to_string()
+            } else if w.end_ns <= now_ns {
+                format!("ended {} ago", roughly(now_ns - w.end_ns))
+            } else {
+                "closed early".to_string()
+            };
+            let _ = writeln!(
+                out,
+                "== phases of job {job_id} in the last clustered window, {} ({window_s} s, {state}): {} over {}, SPMD score {:.3}",
+                utc_span(w.start_ns, w.end_ns),
+                counted(w.phases.len(), "phase"),
+                counted(s.ranks as usize, "rank"),
+                w.spmd_score
+            );
+            if w.bursts_dropped > 0 {
+                let _ = writeln!(
+                    out,
+                    "   the window held {} bursts; a sample of {} of them, spread over its time and \
+                     ranks, was clustered (analysis.max_window_bursts)",
+                    w.bursts_seen, w.bursts_analysed
+                );
+            }
+            let basis = Basis {
+                features: &w.features,
+                filter: &w.filter,
+                clustering: Some((&w.clustering, None)),
+            };
+            let rows: Vec<(String, &ClusterStats)> = w.phases.iter().map(|p| (p.id.to_string(), &p.stats)).collect();
+            table(&mut out, &basis, "phase", &rows, w.noise.as_ref());
+            let c = &s.event_counts;
+            let events: Vec<String> = [
+                (c.appear, "appear"),
+                (c.split, "split"),
+                (c.merge, "merge"),
+                (c.moved, "moved"),
+                (c.vanish, "vanish"),
+            ]
+            .iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, kind)| format!("{n} {kind}"))
+            .collect();
+            let active: Vec<StableId> = s.live_ids.iter().copied().filter(|id| !s.dormant_ids.contains(id)).collect();
+            let _ = writeln!(
+                out,
+                "   tracking: phases {} active{}; events since the job started: {}",
+                ids(&active),
+                if s.dormant_ids.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} dormant (not seen lately or merged; may come back)", ids(&s.dormant_ids))
+                },
+                if events.is_empty() { "none".to_string() } else { events.join(", ") }
+            );
+            if current.window > w.window && current.bursts_seen > 0 {
+                current_line(&mut out, false);
+            }
+        }
+    }
+    if let Some(e) = &s.last_error {
+        let _ = writeln!(out, "   last analysis error: {e}");
+    }
+    if let Some(c) = &s.cumulative {
+        let _ = writeln!(
+            out,
+            "== whole job so far: {} in a sample of {} from {}{}, SPMD score {:.3}",
+            counted(c.clusters.len(), "cluster"),
+            counted(c.windows_sampled, "window"),
+            utc_span(c.first_window * s.window_ns, (c.last_window + 1) * s.window_ns),
+            if c.stride > 1 { format!(" (one window in {})", c.stride) } else { String::new() },
+            c.spmd_score
+        );
+        let _ = writeln!(
+            out,
+            "   statistics of the {} sampled bursts, not job totals; each row is keyed by the window \
+             phase holding most of its time{}",
+            c.bursts_analysed,
+            if c.clusters.iter().any(|k| k.part > 0) { " (phase.N: another behaviour of that phase)" } else { "" }
+        );
+        if c.clusters.iter().any(|k| k.phase == 0) {
+            let _ = writeln!(out, "   phase 0: bursts that were noise in their windows");
+        }
+        let basis = Basis { features: &c.features, filter: &c.filter, clustering: None };
+        let rows: Vec<(String, &ClusterStats)> = c
+            .clusters
+            .iter()
+            .map(|k| {
+                let label = if k.part == 0 { k.phase.to_string() } else { format!("{}.{}", k.phase, k.part) };
+                (label, &k.stats)
+            })
+            .collect();
+        table(&mut out, &basis, "phase", &rows, c.noise.as_ref());
     }
     out
 }
@@ -264,26 +483,113 @@ pub fn node_ranks(job: &Job) -> u32 {
         .len() as u32
 }
 
-/// What the kernel's own duration filter kept out of the recording, which the analysis above
-/// never sees: `None` when it dropped nothing.
-pub fn render_kernel_filter(job: &Job, min_burst_ns: u64) -> Option<String> {
+/// The line saying what the kernel's own duration filter kept out of the recording or the
+/// daemon, which the analysis above never sees: empty when it dropped nothing. `min_burst_ns` is
+/// the filter's threshold where known (a recording's header has it, the daemon's API does not).
+pub fn render_kernel_filter(job: &Job, min_burst_ns: Option<u64>) -> String {
     let t = job.totals();
     if t.filtered_bursts == 0 {
-        return None;
+        return String::new();
     }
     let share = if t.burst_ns > 0 {
         t.filtered_ns as f64 / t.burst_ns as f64
     } else {
         0.0
     };
-    Some(format!(
+    format!(
         "   kernel filter: {} bursts shorter than {} were only summed in kernel ({:.3} s, {} of \
-         the computation time) and are not in this analysis",
+         the computation time) and are not in this analysis\n",
         t.filtered_bursts,
-        duration(min_burst_ns),
+        min_burst_ns.map_or_else(|| "the daemon's capture.min_burst_us".to_string(), duration),
         t.filtered_ns as f64 / 1e9,
         percent(share)
-    ))
+    )
+}
+
+/// The phase-for-phase comparison of two runs (`mpiburst compare`): which phase of the earlier
+/// run became which of the later one, and how its duration, time share, instructions and IPC
+/// changed.
+pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "== phases of {} ({} ranks) → {} ({} ranks){}",
+        a.label,
+        a.frame.ranks,
+        b.label,
+        b.frame.ranks,
+        if m.same_application { "" } else { "; NOTE: different executables, matched on behaviour only" }
+    );
+    let _ = writeln!(
+        out,
+        "   coverage {:.0} %, call sites {}compared, instructions {}",
+        100.0 * m.coverage,
+        if m.call_sites_compared { "" } else { "not " },
+        match m.scaling {
+            InstructionScaling::None => "compared per burst",
+            InstructionScaling::ByRanks => "scaled by ranks (strong scaling)",
+        }
+    );
+    let _ = writeln!(
+        out,
+        "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>9} {:>10} {:>9}",
+        "before", "after", "match", "mean before", "mean after", "Δ mean", "Δ share", "Δ IPC"
+    );
+    let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join("+");
+    for p in &m.phases {
+        let t = &p.trend;
+        let _ = writeln!(
+            out,
+            "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>+8.1}% {:>+9.1}pp {:>9}",
+            ids(&p.a),
+            ids(&p.b),
+            format!("{:?}", p.kind),
+            duration(t.a.duration_mean_ns as u64),
+            duration(t.b.duration_mean_ns as u64),
+            100.0 * t.duration_mean_change,
+            100.0 * t.time_share_change,
+            t.ipc_change.map_or("-".to_string(), |c| format!("{:+.1}%", 100.0 * c)),
+        );
+    }
+    if !m.unmatched_a.is_empty() || !m.unmatched_b.is_empty() {
+        let _ = writeln!(
+            out,
+            "   only before: {}; only after: {}",
+            if m.unmatched_a.is_empty() { "-".into() } else { ids(&m.unmatched_a) },
+            if m.unmatched_b.is_empty() { "-".into() } else { ids(&m.unmatched_b) }
+        );
+    }
+    out
+}
+
+/// The snapshot a daemon would serve for a synthetic 4-rank job of 3 phases (10 ms per iteration,
+/// hardware counters) that started at 2023-11-14 22:13:20 UTC, with 1 s windows, as read back
+/// from its JSON, after the daemon's last tick at `now_ns`. 250 iterations fill windows 0 and 1
+/// and part of 2.
+#[cfg(test)]
+pub(crate) fn synthetic_snapshot(iterations: u32, now_ns: u64) -> PhasesSnapshot {
+    use crate::analysis::{
+        online::{JobPhases, OnlineParams},
+        synthetic::{Phase, SyntheticJob},
+    };
+    let bursts = SyntheticJob {
+        ranks: 4,
+        iterations,
+        phases: vec![Phase::new(1e6, 2.0, 0.03), Phase::new(5e6, 0.6, 0.03), Phase::new(2e7, 1.2, 0.03)],
+        tiny_bursts_per_phase: 2,
+        outlier_share: 0.0,
+        counters: true,
+        seed: 7,
+    }
+    .bursts();
+    let params = OnlineParams { window_s: 1.0, lateness_s: 0.0, ..OnlineParams::default() };
+    let mut online = JobPhases::new(4, params).unwrap();
+    for b in bursts.iter().filter(|b| b.start_ns < now_ns) {
+        online.push(b);
+    }
+    online.tick(now_ns);
+    serde_json::from_str(&serde_json::to_string(&online.snapshot()).unwrap()).unwrap()
 }
 
 #[cfg(test)]
@@ -294,6 +600,92 @@ mod tests {
         synthetic::{Phase, SyntheticJob},
         AnalysisParams,
     };
+
+    /// Start of the synthetic jobs: 2023-11-14 22:13:20 UTC.
+    const T0: u64 = 1_700_000_000_000_000_000;
+
+    /// The table rows (lines that start with a label, not the regions under them).
+    fn rows(text: &str) -> Vec<Vec<&str>> {
+        text.lines()
+            .filter(|l| l.trim_start().starts_with(char::is_numeric) || l.trim_start().starts_with("noise "))
+            .map(|l| l.split_whitespace().collect())
+            .collect()
+    }
+
+    #[test]
+    fn utc_times() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(T0), "2023-11-14 22:13:20");
+        assert_eq!(utc(T0 + 500_000_000), "2023-11-14 22:13:20.500");
+        assert_eq!(utc(1_709_164_800_000_000_000), "2024-02-29 00:00:00", "leap day");
+        assert_eq!(utc(1_735_689_599_000_000_000), "2024-12-31 23:59:59");
+        assert_eq!(utc_span(T0, T0 + 30_000_000_000), "2023-11-14 22:13:20–22:13:50 UTC");
+        assert_eq!(
+            utc_span(1_735_689_570_000_000_000, 1_735_689_600_000_000_000),
+            "2024-12-31 23:59:30–2025-01-01 00:00:00 UTC"
+        );
+        assert_eq!(roughly(400_000_000), "under a second");
+        assert_eq!(roughly(4_400_000_000), "4 s");
+        assert_eq!(roughly(840_000_000_000), "14 min");
+        assert_eq!(roughly(12_600_000_000_000), "3.5 h");
+    }
+
+    #[test]
+    fn live_table_names_its_window_and_keys_phases_by_stable_id() {
+        let now = T0 + 2_400_000_000;
+        let snapshot = synthetic_snapshot(250, now);
+        let text = render_live_phases(&JobId("pmix:42".into()), &snapshot, now);
+        let window = snapshot.last_window.as_ref().expect("windows 0 and 1 closed");
+        assert_eq!(window.window, T0 / 1_000_000_000 + 1, "{text}");
+        assert!(
+            text.starts_with(
+                "== phases of job pmix:42 in the last clustered window, 2023-11-14 22:13:21–22:13:22 UTC (1 s, \
+                 ended under a second ago): 3 phases over 4 ranks, SPMD score 1.000\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("features: instructions (log) and IPC from hardware counters"), "{text}");
+        assert!(text.contains("clustering: as the daemon is configured"), "{text}");
+        assert!(text.contains("\n     phase  bursts    time s"), "{text}");
+        assert!(text.contains("tracking: phases 1, 2, 3 active; events since the job started: 3 appear"), "{text}");
+        assert!(
+            text.contains("the current window, 2023-11-14 22:13:22–22:13:23 UTC, holds ")
+                && text.contains("so far; it is clustered a few seconds after it ends, in under a second\n"),
+            "{text}"
+        );
+        let (window_part, whole) = text.split_once("== whole job so far: ").expect("cumulative view");
+        assert!(whole.starts_with("3 clusters in a sample of 2 windows from 2023-11-14 22:13:20–22:13:22 UTC, SPMD score 1.000"), "{text}");
+        // Rows by stable id, with the window's statistics: 1 s of 10 ms iterations on 4 ranks.
+        let ids: Vec<&str> = rows(window_part).iter().map(|r| r[0]).collect();
+        assert_eq!(ids, ["1", "2", "3"], "{text}");
+        for (row, phase) in rows(window_part).iter().zip(&window.phases) {
+            assert_eq!(row[1], phase.stats.bursts.to_string(), "{text}");
+            assert!((350..=400).contains(&phase.stats.bursts), "about 97 iterations × 4 ranks: {text}");
+        }
+        let (_, whole_table) = whole.split_once('\n').unwrap();
+        assert_eq!(rows(whole_table).len(), 3, "{text}");
+    }
+
+    #[test]
+    fn before_the_first_window_closes_the_live_table_says_when() {
+        let now = T0 + 400_000_000;
+        let snapshot = synthetic_snapshot(250, now);
+        let text = render_live_phases(&JobId("j".into()), &snapshot, now);
+        assert_eq!(
+            text,
+            format!(
+                "== phases of job j: no window clustered yet (1 s windows)\n   windows are aligned to \
+                 Unix time; the current window, 2023-11-14 22:13:20–22:13:21 UTC, holds {} bursts so \
+                 far; it is clustered a few seconds after it ends, in under a second\n",
+                snapshot.open_window.unwrap().bursts_seen
+            )
+        );
+        // Before the daemon's first tick, the window is the one of the time asked about.
+        let mut untouched = snapshot.clone();
+        untouched.open_window = None;
+        let text = render_live_phases(&JobId("j".into()), &untouched, T0 + 65_000_000_000);
+        assert!(text.contains("the current window, 2023-11-14 22:14:25–22:14:26 UTC, holds 0 bursts"), "{text}");
+    }
 
     fn job(counters: bool) -> SyntheticJob {
         SyntheticJob {
@@ -440,7 +832,7 @@ mod tests {
             first_seen_ns: 0,
             ended_ns: None,
         });
-        assert_eq!(render_kernel_filter(&job, 100_000), None);
+        assert_eq!(render_kernel_filter(&job, Some(100_000)), "");
         assert_eq!(node_ranks(&job), 0);
         let mut burst = job_bursts_one();
         burst.rank = 3;
@@ -467,68 +859,11 @@ mod tests {
             2,
             "rank 0 from its totals, rank 3 from its burst, not the world size"
         );
-        let line = render_kernel_filter(&job, 100_000).unwrap();
+        let line = render_kernel_filter(&job, Some(100_000));
         assert!(
             line.contains("8 bursts shorter than 100 µs")
                 && line.contains("2.0% of the computation"),
             "{line}"
         );
     }
-}
-
-/// The phase-for-phase comparison of two runs (`mpiburst compare`): which phase of the earlier
-/// run became which of the later one, and how its duration, time share, instructions and IPC
-/// changed.
-pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "== phases of {} ({} ranks) → {} ({} ranks){}",
-        a.label,
-        a.frame.ranks,
-        b.label,
-        b.frame.ranks,
-        if m.same_application { "" } else { "; NOTE: different executables, matched on behaviour only" }
-    );
-    let _ = writeln!(
-        out,
-        "   coverage {:.0} %, call sites {}compared, instructions {}",
-        100.0 * m.coverage,
-        if m.call_sites_compared { "" } else { "not " },
-        match m.scaling {
-            InstructionScaling::None => "compared per burst",
-            InstructionScaling::ByRanks => "scaled by ranks (strong scaling)",
-        }
-    );
-    let _ = writeln!(
-        out,
-        "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>9} {:>10} {:>9}",
-        "before", "after", "match", "mean before", "mean after", "Δ mean", "Δ share", "Δ IPC"
-    );
-    let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join("+");
-    for p in &m.phases {
-        let t = &p.trend;
-        let _ = writeln!(
-            out,
-            "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>+8.1}% {:>+9.1}pp {:>9}",
-            ids(&p.a),
-            ids(&p.b),
-            format!("{:?}", p.kind),
-            duration(t.a.duration_mean_ns as u64),
-            duration(t.b.duration_mean_ns as u64),
-            100.0 * t.duration_mean_change,
-            100.0 * t.time_share_change,
-            t.ipc_change.map_or("-".to_string(), |c| format!("{:+.1}%", 100.0 * c)),
-        );
-    }
-    if !m.unmatched_a.is_empty() || !m.unmatched_b.is_empty() {
-        let _ = writeln!(
-            out,
-            "   only before: {}; only after: {}",
-            if m.unmatched_a.is_empty() { "-".into() } else { ids(&m.unmatched_a) },
-            if m.unmatched_b.is_empty() { "-".into() } else { ids(&m.unmatched_b) }
-        );
-    }
-    out
 }

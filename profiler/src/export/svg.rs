@@ -18,9 +18,12 @@ use std::{
     fmt::Write as _,
 };
 
-use super::phases::{count, duration, features_line, render_phases};
+use super::phases::{count, duration, features_line, render_phases, utc_span};
 use crate::{
-    analysis::{Analysis, ClusterId, FeatureSet, NOISE},
+    analysis::{
+        online::{PhasesSnapshot, WindowView},
+        Analysis, ClusterId, ClusterStats, FeatureSet, NOISE,
+    },
     model::{Burst, CallSite, JobId},
     store::Job,
 };
@@ -355,13 +358,15 @@ fn legend(svg: &mut String, items: &[LegendItem], x0: f64, y: f64) -> f64 {
     items.len().div_ceil(per_row) as f64 * ROW
 }
 
-/// Legend entries for the clusters and the noise of an analysis.
-fn cluster_legend(analysis: &Analysis) -> Vec<LegendItem> {
-    let mut items: Vec<LegendItem> = analysis
-        .clusters
-        .iter()
+/// Legend entries for clusters (`word` "cluster") or tracked phases ("phase") and the noise.
+fn cluster_legend<'a>(
+    word: &str,
+    clusters: impl Iterator<Item = &'a ClusterStats>,
+    noise: Option<&ClusterStats>,
+) -> Vec<LegendItem> {
+    let mut items: Vec<LegendItem> = clusters
         .map(|c| {
-            let mut text = format!("cluster {}: {:.1}% of time", c.id, 100.0 * c.time_share);
+            let mut text = format!("{word} {}: {:.1}% of time", c.id, 100.0 * c.time_share);
             if let Some(ipc) = c.ipc {
                 let _ = write!(text, ", IPC {ipc:.2}");
             }
@@ -373,7 +378,7 @@ fn cluster_legend(analysis: &Analysis) -> Vec<LegendItem> {
             }
         })
         .collect();
-    if let Some(noise) = &analysis.noise {
+    if let Some(noise) = noise {
         items.push(LegendItem {
             colour: NOISE_COLOUR.into(),
             outline: false,
@@ -577,7 +582,7 @@ fn scatter(bursts: &[Burst], analysis: &Analysis, options: &HtmlOptions) -> (Str
         }
     };
 
-    let legend_items = cluster_legend(analysis);
+    let legend_items = cluster_legend("cluster", analysis.clusters.iter(), analysis.noise.as_ref());
     let legend_y = top + plot_h + 50.0;
     let mut body = String::new();
     let legend_h = legend(&mut body, &legend_items, left, legend_y);
@@ -701,6 +706,20 @@ fn scatter(bursts: &[Burst], analysis: &Analysis, options: &HtmlOptions) -> (Str
     (svg, caption)
 }
 
+/// The runs of equal neighbours in `cells`, as `(first, end)` index ranges: adjacent cells that
+/// look the same are drawn as one bar.
+fn runs<T: PartialEq>(cells: &[T]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for end in 1..=cells.len() {
+        if end == cells.len() || cells[end] != cells[start] {
+            out.push((start, end));
+            start = end;
+        }
+    }
+    out
+}
+
 /// How a timeline with more bursts than bars was drawn.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Binning {
@@ -797,14 +816,9 @@ fn bin_timeline(
     for (row, cells) in time.iter().enumerate() {
         let y0 = g.top + row as f64 * g.row_h + (g.row_h - g.bar_h) / 2.0;
         let looks: Vec<_> = cells.iter().map(look).collect();
-        let mut c = 0;
-        while c < columns {
-            let start = c;
-            while c < columns && looks[c] == looks[start] {
-                c += 1;
-            }
+        for (start, end) in runs(&looks) {
             let x = g.left + start as f64 * column_px;
-            let w = (c - start) as f64 * column_px;
+            let w = (end - start) as f64 * column_px;
             for &(paint, offset, h) in &looks[start] {
                 let _ = writeln!(
                     bars.entry(paint).or_default(),
@@ -818,6 +832,101 @@ fn bin_timeline(
         Binning::Stacked { column_px }
     } else {
         Binning::Majority { column_px }
+    }
+}
+
+/// The layout of a chart with one row per rank: bars in the rows, an x axis below them, then a
+/// legend.
+#[derive(Clone, Copy)]
+struct RankRows<'a> {
+    /// One row each, top down.
+    ranks: &'a [u32],
+    left: f64,
+    right: f64,
+    top: f64,
+    row_h: f64,
+    bar_h: f64,
+    plot_h: f64,
+}
+
+impl<'a> RankRows<'a> {
+    fn new(ranks: &'a [u32]) -> Self {
+        let rows = ranks.len().max(1);
+        let row_h = (420.0 / rows as f64).clamp(3.0, 32.0);
+        RankRows {
+            ranks,
+            left: 70.0,
+            right: WIDTH - 20.0,
+            top: 12.0,
+            row_h,
+            bar_h: if row_h >= 8.0 { row_h - 3.0 } else { row_h },
+            plot_h: rows as f64 * row_h,
+        }
+    }
+
+    /// The top of the bars in row `row`.
+    fn bar_y(&self, row: usize) -> f64 {
+        self.top + row as f64 * self.row_h + (self.row_h - self.bar_h) / 2.0
+    }
+
+    /// The whole chart: rank labels, the x axis (`scale`, `tick` labels, `title`), the bars
+    /// (`<rect>` fragments grouped by paint, drawn in paint order) and the legend.
+    fn svg(
+        &self,
+        class: &str,
+        scale: &Scale,
+        tick: impl Fn(f64) -> String,
+        title: &str,
+        bars: &BTreeMap<Paint, String>,
+        items: &[LegendItem],
+    ) -> String {
+        let RankRows { ranks, left, top, row_h, plot_h, .. } = *self;
+        let legend_y = top + plot_h + 50.0;
+        let mut legend_svg = String::new();
+        let legend_h = legend(&mut legend_svg, items, left, legend_y);
+        let height = legend_y + legend_h + 6.0;
+        let mut svg = String::new();
+        let _ = writeln!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" class="{class}" width="{WIDTH}" height="{height:.0}" viewBox="0 0 {WIDTH} {height:.0}" {FONT}>"#
+        );
+        let _ = writeln!(
+            svg,
+            r#"<rect x="0" y="0" width="{WIDTH}" height="{height:.0}" fill="white"/>"#
+        );
+        // Rank labels, at least 11 px apart.
+        let every = (11.0 / row_h).ceil().max(1.0) as usize;
+        for (row, rank) in ranks.iter().enumerate() {
+            if row % every == 0 {
+                let _ = writeln!(
+                    svg,
+                    r#"<text x="{:.1}" y="{:.1}" text-anchor="end">rank {rank}</text>"#,
+                    left - 6.0,
+                    top + (row as f64 + 0.5) * row_h + 4.0
+                );
+            }
+        }
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{left:.1}" y1="{top:.1}" x2="{left:.1}" y2="{:.1}" stroke="#333"/>"##,
+            top + plot_h
+        );
+        x_axis(&mut svg, scale, top + plot_h, tick, title);
+        let _ = writeln!(svg, r#"<g class="bursts">"#);
+        for (paint, rects) in bars {
+            let _ = writeln!(
+                svg,
+                r#"<g {} fill="{}">"#,
+                paint_attr(*paint),
+                paint_colour(*paint)
+            );
+            svg.push_str(rects);
+            let _ = writeln!(svg, "</g>");
+        }
+        let _ = writeln!(svg, "</g>");
+        svg.push_str(&legend_svg);
+        let _ = writeln!(svg, "</svg>");
+        svg
     }
 }
 
@@ -848,13 +957,8 @@ fn timeline(
         .max()
         .unwrap_or(t0)
         .max(t0 + 1);
-    let left = 70.0;
-    let right = WIDTH - 20.0;
-    let top = 12.0;
-    let rows = ranks.len().max(1);
-    let row_h = (420.0 / rows as f64).clamp(3.0, 32.0);
-    let bar_h = if row_h >= 8.0 { row_h - 3.0 } else { row_h };
-    let plot_h = rows as f64 * row_h;
+    let frame = RankRows::new(&ranks);
+    let RankRows { left, right, top, row_h, bar_h, .. } = frame;
     let scale = Scale {
         lo: 0.0,
         hi: (t1 - t0) as f64 / 1e9,
@@ -864,7 +968,6 @@ fn timeline(
     };
     let x_of = |ns: u64| scale.at(ns.saturating_sub(t0) as f64 / 1e9);
 
-    let mut svg = String::new();
     // Bars grouped by paint, drawn filtered first, then noise, then clusters.
     let mut bars: BTreeMap<Paint, String> = BTreeMap::new();
     let per_burst = bursts.len() <= options.max_bars;
@@ -875,7 +978,7 @@ fn timeline(
             let paint = analysis.labels[i];
             let x = x_of(b.start_ns);
             let w = (x_of(b.start_ns + b.duration_ns) - x).max(0.4);
-            let y = top + row_of[&b.rank] as f64 * row_h + (row_h - bar_h) / 2.0;
+            let y = frame.bar_y(row_of[&b.rank]);
             let out = bars.entry(paint).or_default();
             if tooltips {
                 let what = match paint {
@@ -907,7 +1010,7 @@ fn timeline(
             &analysis.labels,
             &Bins {
                 row_of: &row_of,
-                rows,
+                rows: ranks.len().max(1),
                 t0,
                 span_ns: (t1 - t0) as f64,
                 left,
@@ -920,7 +1023,7 @@ fn timeline(
         ));
     }
 
-    let mut items = cluster_legend(analysis);
+    let mut items = cluster_legend("cluster", analysis.clusters.iter(), analysis.noise.as_ref());
     if analysis.labels.iter().any(Option::is_none) {
         items.push(LegendItem {
             colour: FILTERED_COLOUR.into(),
@@ -937,57 +1040,15 @@ fn timeline(
         outline: true,
         text: "MPI (or bursts below the kernel filter)".into(),
     });
-    let legend_y = top + plot_h + 50.0;
-    let mut legend_svg = String::new();
-    let legend_h = legend(&mut legend_svg, &items, left, legend_y);
-    let height = legend_y + legend_h + 6.0;
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{WIDTH}" height="{height:.0}" viewBox="0 0 {WIDTH} {height:.0}" {FONT}>"#
-    );
-    let _ = writeln!(
-        svg,
-        r#"<rect x="0" y="0" width="{WIDTH}" height="{height:.0}" fill="white"/>"#
-    );
-    // Rank labels, at least 11 px apart.
-    let every = (11.0 / row_h).ceil().max(1.0) as usize;
-    for (row, rank) in ranks.iter().enumerate() {
-        if row % every == 0 {
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">rank {rank}</text>"#,
-                left - 6.0,
-                top + (row as f64 + 0.5) * row_h + 4.0
-            );
-        }
-    }
-    let _ = writeln!(
-        svg,
-        r##"<line x1="{left:.1}" y1="{top:.1}" x2="{left:.1}" y2="{:.1}" stroke="#333"/>"##,
-        top + plot_h
-    );
     let step = nice_step(scale.hi / 6.0);
-    x_axis(
-        &mut svg,
+    let svg = frame.svg(
+        "timeline",
         &scale,
-        top + plot_h,
         |v| seconds_label(v, step),
         "time since the job was first seen (s)",
+        &bars,
+        &items,
     );
-    let _ = writeln!(svg, r#"<g class="bursts">"#);
-    for (paint, rects) in &bars {
-        let _ = writeln!(
-            svg,
-            r#"<g {} fill="{}">"#,
-            paint_attr(*paint),
-            paint_colour(*paint)
-        );
-        svg.push_str(rects);
-        let _ = writeln!(svg, "</g>");
-    }
-    let _ = writeln!(svg, "</g>");
-    svg.push_str(&legend_svg);
-    let _ = writeln!(svg, "</svg>");
 
     let mut caption = format!(
         "One row per rank on this node ({} rank{}), each burst a bar from its start to its end coloured by its cluster; white is MPI time.",
@@ -1078,14 +1139,46 @@ pub fn render_html_with(
     let m = &job.meta;
     let (scatter_svg, scatter_caption) = scatter(bursts, analysis, options);
     let (timeline_svg, timeline_caption) = timeline(job, bursts, analysis, options);
+    page(
+        &m.id,
+        &[
+            format!(
+                "node {} · {} · {} of {} ranks on this node · {} bursts · global SPMD score {:.3}",
+                m.node,
+                m.executable,
+                analysis.ranks,
+                m.size,
+                bursts.len(),
+                analysis.global_score
+            ),
+            features_line(&analysis.features),
+        ],
+        &[
+            Section { heading: "Clusters", caption: scatter_caption, content: scatter_svg },
+            Section { heading: "Timeline", caption: timeline_caption, content: timeline_svg },
+            Section {
+                heading: "Phase table",
+                caption: String::new(),
+                content: format!("<pre>{}</pre>\n", escape(&render_phases(&m.id, analysis))),
+            },
+        ],
+    )
+}
+
+/// One part of a page: a heading, a caption (plain text) and its content (HTML).
+struct Section {
+    heading: &'static str,
+    caption: String,
+    content: String,
+}
+
+/// A self-contained HTML page about one job: `meta` lines (plain text) under the title, then the
+/// sections.
+fn page(job: &JobId, meta: &[String], sections: &[Section]) -> String {
     let mut html = String::new();
     let _ = writeln!(html, "<!DOCTYPE html>");
     let _ = writeln!(html, r#"<html lang="en"><head><meta charset="utf-8">"#);
-    let _ = writeln!(
-        html,
-        "<title>mpiburst phases: job {}</title>",
-        escape(&m.id.0)
-    );
+    let _ = writeln!(html, "<title>mpiburst phases: job {}</title>", escape(&job.0));
     let _ = writeln!(
         html,
         "<style>body{{font-family:sans-serif;margin:16px 24px;color:#222}}h1{{font-size:20px}}h2{{font-size:16px;margin-top:28px}}\
@@ -1093,41 +1186,138 @@ pub fn render_html_with(
          pre{{font-size:12px;background:#f6f6f6;padding:8px;overflow-x:auto}}</style>"
     );
     let _ = writeln!(html, "</head><body>");
-    let _ = writeln!(html, "<h1>Phases of job {}</h1>", escape(&m.id.0));
-    let _ = writeln!(
-        html,
-        r#"<p class="meta">node {} · {} · {} of {} ranks on this node · {} bursts · global SPMD score {:.3}</p>"#,
-        escape(&m.node),
-        escape(&m.executable),
-        analysis.ranks,
-        m.size,
-        bursts.len(),
-        analysis.global_score
-    );
-    let _ = writeln!(
-        html,
-        r#"<p class="meta">{}</p>"#,
-        escape(&features_line(analysis))
-    );
-    let _ = writeln!(
-        html,
-        "<h2>Clusters</h2>\n<p>{}</p>",
-        escape(&scatter_caption)
-    );
-    html.push_str(&scatter_svg);
-    let _ = writeln!(
-        html,
-        "<h2>Timeline</h2>\n<p>{}</p>",
-        escape(&timeline_caption)
-    );
-    html.push_str(&timeline_svg);
-    let _ = writeln!(
-        html,
-        "<h2>Phase table</h2>\n<pre>{}</pre>",
-        escape(&render_phases(&m.id, analysis))
-    );
+    let _ = writeln!(html, "<h1>Phases of job {}</h1>", escape(&job.0));
+    for line in meta {
+        let _ = writeln!(html, r#"<p class="meta">{}</p>"#, escape(line));
+    }
+    for s in sections {
+        let _ = writeln!(html, "<h2>{}</h2>", escape(s.heading));
+        if !s.caption.is_empty() {
+            let _ = writeln!(html, "<p>{}</p>", escape(&s.caption));
+        }
+        html.push_str(&s.content);
+    }
     let _ = writeln!(html, "</body></html>");
     html
+}
+
+/// The rank × position view of a window's phase sequences and a caption for it: each rank's
+/// analysed bursts in their order, coloured by stable phase id. Not to time scale: the daemon
+/// keeps, per window, the order of the phases, not when each burst ran. Above the bar budget each
+/// column shows the phase most of its bursts had.
+fn sequences(window: &WindowView, options: &HtmlOptions) -> (String, String) {
+    let ranks: Vec<u32> = window.sequences.iter().map(|s| s.rank).collect();
+    let frame = RankRows::new(&ranks);
+    let longest = window.sequences.iter().map(|s| s.phases.len()).max().unwrap_or(0).max(1);
+    let rows = ranks.len().max(1);
+    let columns = longest
+        .min((frame.right - frame.left) as usize)
+        .min((options.max_bars / rows).max(1));
+    let column_px = (frame.right - frame.left) / columns as f64;
+    let tooltips = rows * columns <= options.max_tooltips;
+    let mut bars: BTreeMap<Paint, String> = BTreeMap::new();
+    for (row, sequence) in window.sequences.iter().enumerate() {
+        // Column c holds positions [c·longest/columns, (c+1)·longest/columns).
+        let cells: Vec<Option<ClusterId>> = (0..columns)
+            .map(|c| {
+                let (a, b) = (c * longest / columns, ((c + 1) * longest / columns).min(sequence.phases.len()));
+                let mut counts: BTreeMap<ClusterId, usize> = BTreeMap::new();
+                for &id in sequence.phases.get(a..b).unwrap_or_default() {
+                    *counts.entry(id).or_default() += 1;
+                }
+                counts.into_iter().max_by(|x, y| x.1.cmp(&y.1).then(y.0.cmp(&x.0))).map(|(id, _)| id)
+            })
+            .collect();
+        for (start, end) in runs(&cells) {
+            let Some(id) = cells[start] else { continue };
+            let x = frame.left + start as f64 * column_px;
+            let w = (end - start) as f64 * column_px;
+            let out = bars.entry(Some(id)).or_default();
+            let _ = write!(
+                out,
+                r#"<rect x="{x:.2}" y="{:.1}" width="{w:.2}" height="{:.1}""#,
+                frame.bar_y(row),
+                frame.bar_h
+            );
+            if tooltips {
+                let what = if id == NOISE { "noise".to_string() } else { format!("phase {id}") };
+                let _ = writeln!(
+                    out,
+                    "><title>rank {} · {what} · bursts {}–{}</title></rect>",
+                    sequence.rank,
+                    start * longest / columns + 1,
+                    (end * longest / columns).min(sequence.phases.len())
+                );
+            } else {
+                let _ = writeln!(out, "/>");
+            }
+        }
+    }
+    let scale = Scale {
+        lo: 0.0,
+        hi: longest as f64,
+        px_lo: frame.left,
+        px_hi: frame.right,
+        log: false,
+    };
+    let items = cluster_legend("phase", window.phases.iter().map(|p| &p.stats), window.noise.as_ref());
+    let svg = frame.svg(
+        "sequences",
+        &scale,
+        |v| format!("{v:.0}"),
+        "analysed bursts of the rank, in order",
+        &bars,
+        &items,
+    );
+    let mut caption = format!(
+        "The phases of the window {} in the order each rank ran them: one row per rank on this \
+         node, one bar per analysed burst (filtered bursts left out), coloured by stable phase id. \
+         Not to time scale. The same pattern down every column is SPMD behaviour.",
+        utc_span(window.start_ns, window.end_ns)
+    );
+    if columns < longest {
+        let _ = write!(
+            caption,
+            " {longest} bursts per rank are more than {columns} columns, so each column shows the \
+             phase of most of its bursts."
+        );
+    }
+    (svg, caption)
+}
+
+/// The HTML page of a job a daemon is running, from its JSON API: the window's phase sequences
+/// (the daemon's snapshot carries them) and the phase tables `tables`. The scatter plot and the
+/// timeline are left out, and the page says so: they need the bursts themselves, which the API
+/// does not serve.
+pub fn render_live_html(job: &Job, snapshot: &PhasesSnapshot, tables: &str, daemon: &str) -> String {
+    let m = &job.meta;
+    let mut meta = vec![format!(
+        "node {} · {} · {} of {} ranks on this node · live from the daemon at {daemon}",
+        m.node,
+        m.executable,
+        snapshot.ranks,
+        m.size
+    )];
+    let mut sections = Vec::new();
+    if let Some(window) = &snapshot.last_window {
+        meta.push(features_line(&window.features));
+        let (svg, caption) = sequences(window, &HtmlOptions::default());
+        sections.push(Section { heading: "Phase sequences", caption, content: svg });
+    }
+    sections.push(Section {
+        heading: "Cluster scatter plot and timeline",
+        caption: "Not drawn: they need every burst's features and times, which the daemon's JSON API \
+                  does not serve. Record the job (`mpiburst record -o job.jsonl`, then start it) and \
+                  run `mpiburst report job.jsonl --html OUT` for them."
+            .to_string(),
+        content: String::new(),
+    });
+    sections.push(Section {
+        heading: "Phase tables",
+        caption: String::new(),
+        content: format!("<pre>{}</pre>\n", escape(tables)),
+    });
+    page(&m.id, &meta, &sections)
 }
 
 #[cfg(test)]
@@ -1640,6 +1830,54 @@ mod tests {
             bars[&Some(2)],
             vec![[20.0, 10.0, 20.0, 10.0], [40.0, 0.0, 60.0, 20.0]]
         );
+    }
+
+    #[test]
+    fn live_page_draws_the_window_sequences_and_says_what_it_cannot_draw() {
+        let now = 1_700_000_002_400_000_000;
+        let snapshot = crate::export::phases::synthetic_snapshot(250, now);
+        let window = snapshot.last_window.as_ref().unwrap();
+        let tables = crate::export::phases::render_live_phases(&JobId("pmix:<a&b>".into()), &snapshot, now);
+        let html = render_live_html(&crate::store::Job::new(meta(4)), &snapshot, &tables, "127.0.0.1:9464");
+        assert!(!html.contains("<script") && html.matches("http").count() == 1, "no network: {html}");
+        assert!(html.contains("live from the daemon at 127.0.0.1:9464"), "{html}");
+        assert!(html.contains("Not drawn: they need every burst"), "{html}");
+        assert!(html.contains("== phases of job pmix:&lt;a&amp;b&gt; in the last clustered window"), "the tables, escaped");
+        let svgs = svgs(&html);
+        assert_eq!(svgs.len(), 1);
+        assert_eq!(svgs[0].attr("class"), Some("sequences"));
+        // One bar per analysed burst (no two neighbours alike in this loop), coloured by stable id.
+        let bars = groups(&svgs[0], "bursts", "rect");
+        for phase in &window.phases {
+            let id = phase.id.to_string();
+            assert_eq!(bars[&id], (cluster_colour(phase.id), phase.stats.bursts as usize), "phase {id}");
+        }
+        let drawn: usize = bars.values().map(|(_, n)| n).sum();
+        assert_eq!(drawn, window.sequences.iter().map(|s| s.phases.len()).sum::<usize>());
+        for r in 0..4 {
+            assert!(html.contains(&format!(">rank {r}</text>")));
+        }
+    }
+
+    #[test]
+    fn long_sequences_show_the_phase_of_most_bursts_per_column() {
+        let snapshot = crate::export::phases::synthetic_snapshot(250, 1_700_000_002_400_000_000);
+        let window = snapshot.last_window.as_ref().unwrap();
+        let longest = window.sequences.iter().map(|s| s.phases.len()).max().unwrap();
+        // 4 ranks × 10 columns.
+        let options = HtmlOptions { max_bars: 40, ..HtmlOptions::default() };
+        let (svg, caption) = sequences(window, &options);
+        assert!(caption.contains(&format!("{longest} bursts per rank are more than 10 columns")), "{caption}");
+        let svg = parse_xml(&svg).unwrap();
+        let bars = groups(&svg, "bursts", "rect");
+        let drawn: usize = bars.values().map(|(_, n)| n).sum();
+        assert!((4..=40).contains(&drawn), "{bars:?}");
+    }
+
+    #[test]
+    fn runs_of_equal_cells() {
+        assert_eq!(runs(&[1, 1, 2, 1]), vec![(0, 2), (2, 3), (3, 4)]);
+        assert_eq!(runs::<u8>(&[]), vec![]);
     }
 
     #[test]

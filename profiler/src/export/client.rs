@@ -1,0 +1,399 @@
+//! Client of a running daemon's JSON API, for `mpiburst report http://HOST:PORT`: one blocking
+//! HTTP/1.0 GET per connection over a TCP stream. The daemon's answers are small JSON documents on
+//! a local or cluster network, so this is all the HTTP the CLI needs, without an HTTP client
+//! library in the daemon's build.
+
+use std::{
+    io::{ErrorKind, Read as _, Write as _},
+    net::{TcpStream, ToSocketAddrs as _},
+    time::Duration,
+};
+
+use serde::{de::DeserializeOwned, Deserialize};
+
+use crate::{
+    analysis::online::PhasesSnapshot,
+    config::Config,
+    model::JobId,
+    store::{Job, JobMeta, RankRecord},
+};
+
+/// How long connecting, sending and each read may take.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("{arg}: the daemon serves plain HTTP; pass http://{rest}")]
+    Https { arg: String, rest: String },
+    #[error(
+        "{arg}: not a daemon address ({why}); pass http://HOST:PORT, the address the daemon \
+         listens on (`mpiburst run --listen`), or a recording file"
+    )]
+    Address { arg: String, why: &'static str },
+    #[error("no mpiburst daemon at {addr} (start one with `mpiburst run`, or pass a recording file)")]
+    NoDaemon { addr: String },
+    // The causes are named `cause`, not `source`: the message already says them, and a source
+    // would be printed again after it by `{:#}`.
+    #[error("cannot resolve {host}: {cause}; check the daemon's host name")]
+    Resolve { host: String, cause: std::io::Error },
+    #[error(
+        "cannot connect to {addr}: {cause}; check the address and that a daemon listens there \
+         (`mpiburst run --listen ADDR`)"
+    )]
+    Connect { addr: String, cause: std::io::Error },
+    #[error(
+        "{addr} did not answer GET {path} within {} s; check that it is an mpiburst daemon and \
+         that no firewall drops the connection",
+        TIMEOUT.as_secs()
+    )]
+    Timeout { addr: String, path: String },
+    #[error("GET {path} from {addr} failed: {cause}")]
+    Io { addr: String, path: String, cause: std::io::Error },
+    #[error("{addr} answered GET {path} with something other than HTTP ({why}); is it an mpiburst daemon?")]
+    NotHttp { addr: String, path: String, why: String },
+    #[error("{addr} answered GET {path} with status {status}: {body}")]
+    Status { addr: String, path: String, status: u16, body: String },
+    #[error(
+        "{addr} answered GET {path} with JSON this mpiburst cannot read ({cause}); use the \
+         mpiburst release the daemon runs"
+    )]
+    Json { addr: String, path: String, cause: serde_json::Error },
+}
+
+/// A daemon's address: host (a name, an IPv4 address, or an IPv6 address in brackets) and port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DaemonClient {
+    host: String,
+    port: u16,
+}
+
+impl std::fmt::Display for DaemonClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// Splits `HOST[:PORT]`; `None` for a missing port. IPv6 hosts need brackets, as in URLs.
+fn authority(s: &str) -> Result<(&str, Option<u16>), &'static str> {
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let close = rest.find(']').ok_or("an IPv6 address needs its closing bracket")?;
+        let host = &s[..close + 2];
+        match &s[close + 2..] {
+            "" => (host, None),
+            tail => (host, Some(tail.strip_prefix(':').ok_or("text after the IPv6 address")?)),
+        }
+    } else {
+        match s.rsplit_once(':') {
+            Some((host, _)) if host.contains(':') => return Err("an IPv6 address needs brackets: [ADDR]:PORT"),
+            Some((host, port)) => (host, Some(port)),
+            None => (s, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("no host");
+    }
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().ok().filter(|&p| p > 0).ok_or("the port is not a number from 1 to 65535")?),
+        None => None,
+    };
+    Ok((host, port))
+}
+
+impl DaemonClient {
+    /// A daemon address given on the command line: `http://HOST[:PORT][/]` (port 9464, the
+    /// daemon's default, when omitted), or `HOST:PORT` without the scheme. `Ok(None)` when `arg`
+    /// is neither (then it names a recording); an error when it is meant as an address but is not
+    /// a usable one.
+    pub fn parse(arg: &str) -> Result<Option<DaemonClient>, ClientError> {
+        let bad = |why| ClientError::Address { arg: arg.to_string(), why };
+        let scheme = arg.find("://").map(|i| arg[..i].to_ascii_lowercase());
+        match scheme.as_deref() {
+            Some("https") => Err(ClientError::Https { arg: arg.to_string(), rest: arg[8..].to_string() }),
+            Some("http") => {
+                let rest = &arg[7..];
+                let rest = rest.strip_suffix('/').unwrap_or(rest);
+                if rest.contains(['/', '?', '#']) {
+                    return Err(bad("the address has a path; the report finds the API itself"));
+                }
+                let (host, port) = authority(rest).map_err(bad)?;
+                let port = port.unwrap_or_else(|| Config::default().daemon.listen.port());
+                Ok(Some(DaemonClient { host: host.to_string(), port }))
+            }
+            Some(_) => Err(bad("the daemon speaks http://")),
+            None if arg.contains('/') => Ok(None),
+            None => match authority(arg) {
+                Ok((host, Some(port))) => Ok(Some(DaemonClient { host: host.to_string(), port })),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// The body of a successful GET of `path` (which must be percent-encoded already).
+    pub fn get(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        let addr = self.to_string();
+        let io = |cause: std::io::Error| match cause.kind() {
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => {
+                ClientError::Timeout { addr: addr.clone(), path: path.to_string() }
+            }
+            _ => ClientError::Io { addr: addr.clone(), path: path.to_string(), cause },
+        };
+        let mut stream = self.connect()?;
+        stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
+        stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n");
+        stream.write_all(request.as_bytes()).map_err(io)?;
+        // HTTP/1.0: the server closes the connection after the body.
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).map_err(io)?;
+        let not_http = |why: String| ClientError::NotHttp { addr: addr.clone(), path: path.to_string(), why };
+        let split = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| not_http("no end of the header".into()))?;
+        let head = String::from_utf8_lossy(&response[..split]);
+        let body = &response[split + 4..];
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .filter(|l| l.starts_with("HTTP/"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|code| code.parse::<u16>().ok())
+            .ok_or_else(|| not_http(format!("status line {:?}", head.lines().next().unwrap_or(""))))?;
+        let length = lines
+            .filter_map(|l| l.split_once(':'))
+            .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse::<usize>().ok());
+        if let Some(length) = length.filter(|&l| l > body.len()) {
+            return Err(not_http(format!("the body was cut short at {} of {length} bytes", body.len())));
+        }
+        if status != 200 {
+            return Err(ClientError::Status {
+                addr,
+                path: path.to_string(),
+                status,
+                body: String::from_utf8_lossy(body).trim().to_string(),
+            });
+        }
+        Ok(body.to_vec())
+    }
+
+    fn connect(&self) -> Result<TcpStream, ClientError> {
+        let addr = self.to_string();
+        let host = self.host.trim_start_matches('[').trim_end_matches(']');
+        let candidates: Vec<_> = (host, self.port)
+            .to_socket_addrs()
+            .map_err(|cause| ClientError::Resolve { host: self.host.clone(), cause })?
+            .collect();
+        let mut last = None;
+        for candidate in &candidates {
+            match TcpStream::connect_timeout(candidate, TIMEOUT) {
+                Ok(stream) => return Ok(stream),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(match last {
+            Some(e) if e.kind() == ErrorKind::ConnectionRefused => ClientError::NoDaemon { addr },
+            Some(cause) => ClientError::Connect { addr, cause },
+            None => ClientError::Resolve {
+                host: self.host.clone(),
+                cause: std::io::Error::new(ErrorKind::NotFound, "no address"),
+            },
+        })
+    }
+
+    fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let body = self.get(path)?;
+        serde_json::from_slice(&body).map_err(|cause| ClientError::Json { addr: self.to_string(), path: path.into(), cause })
+    }
+
+    /// The daemon's jobs (`/api/jobs`), in its order (by id).
+    pub fn jobs(&self) -> Result<Vec<JobMeta>, ClientError> {
+        #[derive(Deserialize)]
+        struct Summary {
+            meta: JobMeta,
+        }
+        Ok(self.get_json::<Vec<Summary>>("/api/jobs")?.into_iter().map(|s| s.meta).collect())
+    }
+
+    /// One job as the store holds it (`/api/jobs/{id}`), without its bursts: the daemon's API
+    /// serves identity, ranks with their exact totals, and per-function calls, which is what the
+    /// job report shows.
+    pub fn job(&self, id: &JobId) -> Result<Job, ClientError> {
+        #[derive(Deserialize)]
+        struct Detail {
+            meta: JobMeta,
+            ranks: Vec<RankRecord>,
+            bursts_evicted: u64,
+        }
+        let d: Detail = self.get_json(&format!("/api/jobs/{}", encode_segment(&id.0)))?;
+        let mut job = Job::new(d.meta);
+        job.ranks = d.ranks.into_iter().map(|r| (r.rank, r)).collect();
+        job.bursts_evicted = d.bursts_evicted;
+        Ok(job)
+    }
+
+    /// The online phase analysis of a job (`/api/jobs/{id}/phases`); `None` when the daemon has
+    /// not started one (it does with the job's first bursts).
+    pub fn phases(&self, id: &JobId) -> Result<Option<PhasesSnapshot>, ClientError> {
+        match self.get_json(&format!("/api/jobs/{}/phases", encode_segment(&id.0))) {
+            Ok(snapshot) => Ok(Some(snapshot)),
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Which counters the daemon reads per burst, in words, from its `mpiburst_counters_info`
+    /// metric (the JSON API does not carry it).
+    pub fn counters_note(&self) -> Result<String, ClientError> {
+        let metrics = String::from_utf8_lossy(&self.get("/metrics")?).into_owned();
+        Ok(counters_note(&metrics))
+    }
+}
+
+/// The counters line of the job report from a `/metrics` exposition.
+fn counters_note(metrics: &str) -> String {
+    let label = |line: &str, name: &str| {
+        let start = line.find(&format!("{name}=\""))? + name.len() + 2;
+        let len = line[start..].find('"')?;
+        Some(line[start..start + len].to_string())
+    };
+    let info = metrics.lines().find(|l| l.starts_with("mpiburst_counters_info{"));
+    match info.and_then(|l| Some((label(l, "event")?, label(l, "hardware")?))) {
+        Some((events, _)) if events == "none" => {
+            "no counters: bursts carry wall and on-CPU time only (the daemon's log says why)".into()
+        }
+        Some((events, hardware)) if hardware == "true" => format!("hardware counters: {events}"),
+        Some((events, _)) => format!("software counters {events} (no instructions or cycles)"),
+        None => "counters per burst: not reported by the daemon's /metrics".into(),
+    }
+}
+
+/// Percent-encodes one path segment: everything but RFC 3986's unreserved characters, so job ids
+/// such as `pmix:prterun-host-1234@1` reach the daemon intact.
+pub fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{io::BufRead as _, net::TcpListener, thread};
+
+    use super::*;
+
+    fn parsed(arg: &str) -> Option<String> {
+        DaemonClient::parse(arg).unwrap().map(|d| d.to_string())
+    }
+
+    #[test]
+    fn addresses_with_and_without_the_scheme() {
+        assert_eq!(parsed("http://127.0.0.1:9464").as_deref(), Some("127.0.0.1:9464"));
+        assert_eq!(parsed("http://node17:9000/").as_deref(), Some("node17:9000"));
+        assert_eq!(parsed("HTTP://node17").as_deref(), Some("node17:9464"), "the daemon's default port");
+        assert_eq!(parsed("http://[::1]:9464").as_deref(), Some("[::1]:9464"));
+        assert_eq!(parsed("127.0.0.1:9464").as_deref(), Some("127.0.0.1:9464"));
+        assert_eq!(parsed("localhost:9464").as_deref(), Some("localhost:9464"));
+        assert_eq!(parsed("[::1]:9464").as_deref(), Some("[::1]:9464"));
+        // Recordings.
+        for path in ["job.jsonl", "runs/job.jsonl", "./host:9464", "c:drive", "::1"] {
+            assert_eq!(parsed(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn unusable_addresses_say_what_to_pass() {
+        let e = DaemonClient::parse("https://n:9464").unwrap_err().to_string();
+        assert!(e.contains("plain HTTP; pass http://n:9464"), "{e}");
+        let e = DaemonClient::parse("http://n:9464/api/jobs").unwrap_err().to_string();
+        assert!(e.contains("has a path") && e.contains("http://HOST:PORT"), "{e}");
+        let e = DaemonClient::parse("http://n:99999").unwrap_err().to_string();
+        assert!(e.contains("from 1 to 65535"), "{e}");
+        let e = DaemonClient::parse("http://::1:9464").unwrap_err().to_string();
+        assert!(e.contains("brackets"), "{e}");
+        let e = DaemonClient::parse("ftp://n").unwrap_err().to_string();
+        assert!(e.contains("http://"), "{e}");
+    }
+
+    #[test]
+    fn job_ids_are_percent_encoded() {
+        assert_eq!(encode_segment("pmix:prterun-host-1234@1"), "pmix%3Aprterun-host-1234%401");
+        assert_eq!(encode_segment("a b/c"), "a%20b%2Fc");
+    }
+
+    /// A one-shot server: answers the first request with `response` and returns the request line.
+    fn serve(response: &'static str) -> (DaemonClient, thread::JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handle = thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(&stream);
+            let mut request = String::new();
+            reader.read_line(&mut request).unwrap();
+            let mut header = String::new();
+            while header != "\r\n" {
+                header.clear();
+                reader.read_line(&mut header).unwrap();
+            }
+            stream.write_all(response.as_bytes()).unwrap();
+            request
+        });
+        (DaemonClient { host: "127.0.0.1".into(), port }, handle)
+    }
+
+    #[test]
+    fn a_get_returns_the_body_and_sends_the_encoded_path() {
+        let (client, server) = serve("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n[]");
+        assert!(client.jobs().unwrap().is_empty());
+        assert_eq!(server.join().unwrap(), "GET /api/jobs HTTP/1.0\r\n");
+        let (client, server) = serve("HTTP/1.0 404 Not Found\r\n\r\nno phase analysis yet");
+        assert_eq!(client.phases(&JobId("pmix:a@1".into())).unwrap(), None, "404: not started");
+        assert_eq!(server.join().unwrap(), "GET /api/jobs/pmix%3Aa%401/phases HTTP/1.0\r\n");
+    }
+
+    #[test]
+    fn bad_answers_name_the_cause() {
+        let (client, _s) = serve("HTTP/1.0 500 Internal Server Error\r\n\r\nboom");
+        let e = client.get("/api/jobs").unwrap_err().to_string();
+        assert!(e.contains("status 500: boom"), "{e}");
+        let (client, _s) = serve("SSH-2.0-OpenSSH\r\n\r\n");
+        let e = client.get("/api/jobs").unwrap_err().to_string();
+        assert!(e.contains("something other than HTTP"), "{e}");
+        let (client, _s) = serve("HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\n[");
+        let e = client.get("/api/jobs").unwrap_err().to_string();
+        assert!(e.contains("cut short at 1 of 10 bytes"), "{e}");
+        let (client, _s) = serve("HTTP/1.0 200 OK\r\n\r\n{\"not\": \"jobs\"}");
+        let e = client.jobs().unwrap_err().to_string();
+        assert!(e.contains("JSON this mpiburst cannot read"), "{e}");
+    }
+
+    #[test]
+    fn nothing_listening_means_no_daemon_there() {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let client = DaemonClient { host: "127.0.0.1".into(), port };
+        let e = client.jobs().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "no mpiburst daemon at 127.0.0.1:{port} (start one with `mpiburst run`, or pass a recording file)"
+            )
+        );
+    }
+
+    #[test]
+    fn counters_note_from_the_metrics() {
+        let none = "# HELP x\nmpiburst_counters_info{event=\"none\",hardware=\"false\"} 1\n";
+        assert!(counters_note(none).starts_with("no counters: bursts carry wall and on-CPU time only"));
+        let hw = "mpiburst_counters_info{event=\"instructions,cycles\",hardware=\"true\"} 1\n";
+        assert_eq!(counters_note(hw), "hardware counters: instructions,cycles");
+        let sw = "mpiburst_counters_info{event=\"task-clock,page-faults\",hardware=\"false\"} 1\n";
+        assert!(counters_note(sw).starts_with("software counters task-clock,page-faults"));
+        assert!(counters_note("").contains("not reported"));
+    }
+}
