@@ -195,6 +195,22 @@ fn software_counter_path_reads_per_thread_counts_in_bpf() {
     }
     eprintln!("{agree}/{} bursts: cpu-clock counter delta equals on-CPU time within 5 %", job.bursts.len());
     assert!(agree as f64 >= 0.95 * job.bursts.len() as f64);
+    // The kernel also sums both slots over every burst of each rank, shipped or below the filter
+    // (the per-rank instructions and cycles of the properties, with a PMU): the shipped bursts'
+    // counts plus at most the filtered bursts' wall time.
+    for record in job.ranks.values() {
+        let sums = record.totals.counter_sums.expect("counter sums while counters are on");
+        for slot in 0..2 {
+            let shipped: u64 =
+                job.bursts.iter().zip(counts).filter(|(b, _)| b.pid == record.pid).map(|(_, c)| c.unwrap()[slot]).sum();
+            eprintln!(
+                "rank {} slot {slot}: kernel sum {} ns, shipped bursts {shipped} ns, filtered wall {} ns",
+                record.rank, sums[slot], record.totals.filtered_ns
+            );
+            assert!(sums[slot] >= shipped, "rank {}: kernel sum below the shipped bursts", record.rank);
+            assert!(sums[slot] - shipped <= record.totals.filtered_ns + shipped / 100, "rank {}", record.rank);
+        }
+    }
     assert!(pairs.len() >= 90);
 }
 

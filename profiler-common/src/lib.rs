@@ -174,8 +174,11 @@ pub struct BurstTotals {
     pub filtered_ns: u64,
     /// Bursts at or above the filter that the ring buffer had no room for.
     pub dropped_bursts: u64,
+    /// The two counter slots summed over all bursts, whatever their duration (0 when counters
+    /// are off).
+    pub counters: [u64; NUM_COUNTERS],
 }
-const _: () = assert!(core::mem::size_of::<BurstTotals>() == 56);
+const _: () = assert!(core::mem::size_of::<BurstTotals>() == 72);
 
 /// File I/O of one thread of a tracked process, summed in kernel from the syscall tracepoints
 /// (keyed by tid like `BurstTotals`; the daemon sums threads per process). Reads and writes count

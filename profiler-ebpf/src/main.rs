@@ -227,6 +227,16 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
     // Entries are per thread, so plain adds are exact: one thread runs on one CPU at a time.
     let initial = BurstTotals { pid: st.pid, ..BurstTotals::default() };
     let Some(totals) = get_or_insert(&BURST_TOTALS, &tid, initial) else { return };
+    let counters_on = config(&COUNTERS_ENABLED) != 0;
+    let mut counters = [0u64; NUM_COUNTERS];
+    for i in 0..NUM_COUNTERS {
+        counters[i] = counters_now[i]
+            .wrapping_sub(st.burst_start_counters[i])
+            .wrapping_sub(st.polled_counters[i]);
+        if counters_on {
+            totals.counters[i] += counters[i];
+        }
+    }
     totals.bursts += 1;
     totals.burst_ns += duration;
     totals.burst_oncpu_ns += oncpu;
@@ -234,12 +244,6 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
         totals.filtered_bursts += 1;
         totals.filtered_ns += duration;
         return;
-    }
-    let mut counters = [0u64; NUM_COUNTERS];
-    for i in 0..NUM_COUNTERS {
-        counters[i] = counters_now[i]
-            .wrapping_sub(st.burst_start_counters[i])
-            .wrapping_sub(st.polled_counters[i]);
     }
     st.pending = BurstRecord {
         pid: st.pid,
@@ -253,7 +257,7 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
         start_func: st.burst_start_func,
         end_func,
         polling_calls: st.polling_calls,
-        flags: if config(&COUNTERS_ENABLED) != 0 { BURST_HAS_COUNTERS } else { 0 },
+        flags: if counters_on { BURST_HAS_COUNTERS } else { 0 },
     };
     st.outer_flags |= OUTER_BURST_PENDING;
 }

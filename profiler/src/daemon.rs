@@ -455,6 +455,7 @@ impl Daemon {
                 filtered_bursts: bursts.filtered_bursts,
                 filtered_ns: bursts.filtered_ns,
                 dropped_bursts: bursts.dropped_bursts,
+                counter_sums: self.capture.counters.is_ok().then_some(bursts.counters),
             };
             rank.functions = functions
                 .iter()
@@ -567,7 +568,7 @@ impl Daemon {
                 shared.usage.insert(id.clone(), u);
             }
             let phases = shared.phases.get(id).and_then(|p| p.last_window.as_ref());
-            let live = self.evaluators.entry(id.clone()).or_insert_with(|| LiveEvaluator::new(window_ns)).update(
+            let live = self.evaluators.entry(id.clone()).or_insert_with(|| LiveEvaluator::new(window_ns, self.hardware_counters)).update(
                 job,
                 usage.as_ref(),
                 self.memory_available_bytes,

@@ -19,6 +19,10 @@ pub struct RankTotals {
     pub filtered_ns: u64,
     /// Bursts at or above the filter lost because the ring buffer was full.
     pub dropped_bursts: u64,
+    /// The two counter slots (the daemon's counter events) summed over all bursts, whatever the
+    /// filter; `None` when counters are off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counter_sums: Option<[u64; 2]>,
 }
 
 /// Calls, time and bytes of one MPI function in one rank (outermost calls only).
@@ -113,6 +117,11 @@ impl Job {
             t.filtered_ns += r.totals.filtered_ns;
             t.dropped_bursts += r.totals.dropped_bursts;
         }
+        // Counter sums of the job only when every rank has them.
+        t.counter_sums = self.ranks.values().try_fold([0u64; 2], |[a, b], r| {
+            let [x, y] = r.totals.counter_sums?;
+            Some([a + x, b + y])
+        });
         t
     }
 

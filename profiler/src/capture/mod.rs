@@ -451,6 +451,9 @@ pub fn per_process(totals: &KernelTotals) -> BTreeMap<u32, (BurstTotals, BTreeMa
         e.filtered_bursts += t.filtered_bursts;
         e.filtered_ns += t.filtered_ns;
         e.dropped_bursts += t.dropped_bursts;
+        for (sum, c) in e.counters.iter_mut().zip(t.counters) {
+            *sum += c;
+        }
     }
     for (k, s) in &totals.functions {
         let e = out.entry(s.pid).or_default().1.entry(k.func).or_default();

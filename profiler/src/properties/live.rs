@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    evaluate_job, IoStats, JobInput, JobProperties, PhasesInput, PropertyConfig, PropertyError,
-    RankSample, ResourceUsage, Span,
+    evaluate_job, IoStats, JobInput, JobProperties, PhasesInput, PmuCounters, PropertyConfig,
+    PropertyError, RankSample, ResourceUsage, Span,
 };
 use crate::{
     analysis::online::WindowView,
@@ -48,6 +48,8 @@ struct Mark {
 
 pub struct LiveEvaluator {
     window_ns: u64,
+    /// The counter slots hold instructions and cycles (a PMU), not test-mode software events.
+    hardware_counters: bool,
     mark: Option<Mark>,
     last_window: Option<WindowProperties>,
     /// The most CPUs the job's live processes could use at any reading: the CPU shares of an
@@ -80,10 +82,16 @@ fn io(after: &UsageTotals, before: Option<&UsageTotals>, seconds: f64) -> IoStat
     }
 }
 
+/// A rank's instructions and cycles inside its bursts, from the kernel's counter sums.
+fn pmu(record: &RankRecord) -> Option<PmuCounters> {
+    let [instructions, cycles] = record.totals.counter_sums?;
+    Some(PmuCounters { instructions, cycles, ref_cycles: None, llc_misses: None, branch_misses: None })
+}
+
 impl LiveEvaluator {
-    pub fn new(window_ns: u64) -> Self {
+    pub fn new(window_ns: u64, hardware_counters: bool) -> Self {
         assert!(window_ns > 0, "window length must be positive");
-        LiveEvaluator { window_ns, mark: None, last_window: None, cpus_seen: 0 }
+        LiveEvaluator { window_ns, hardware_counters, mark: None, last_window: None, cpus_seen: 0 }
     }
 
     /// Evaluates the job now. `usage` is the job's kernel usage (None where it could not be
@@ -101,6 +109,11 @@ impl LiveEvaluator {
             self.cpus_seen = self.cpus_seen.max(u.cpus);
         }
         let mut lifetime = JobInput::lifetime(job, now_ns);
+        if self.hardware_counters {
+            for (sample, record) in lifetime.ranks.iter_mut().zip(job.ranks.values()) {
+                sample.pmu = pmu(record);
+            }
+        }
         let seconds = (lifetime.span.end_ns - lifetime.span.start_ns) as f64 / 1e9;
         lifetime.resources = usage.map(|u| resources(u, None, self.cpus_seen, memory_available_bytes, seconds));
         lifetime.io = usage.map(|u| io(u, None, seconds));
@@ -147,8 +160,19 @@ impl LiveEvaluator {
             .ranks
             .values()
             .filter(|r| r.ended_ns.is_none_or(|end| end > span.start_ns))
-            .map(|r| RankSample::window(mark.ranks.get(&r.rank).filter(|b| b.pid == r.pid), r, span))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|r| {
+                let before = mark.ranks.get(&r.rank).filter(|b| b.pid == r.pid);
+                let mut sample = RankSample::window(before, r, span)?;
+                if self.hardware_counters {
+                    sample.pmu = match (pmu(r), before.map(pmu)) {
+                        (Some(after), Some(Some(before))) => Some(after.delta(&before, r.rank)?),
+                        (after, None) => after,
+                        _ => None,
+                    };
+                }
+                Ok(sample)
+            })
+            .collect::<Result<Vec<_>, PropertyError>>()?;
         // Usage is differenced only when both snapshots have it.
         let usage = usage.zip(mark.usage.as_ref());
         let input = JobInput {
@@ -206,7 +230,7 @@ mod tests {
     #[test]
     fn windows_are_differences_between_boundary_snapshots() {
         let config = PropertyConfig::default();
-        let mut e = LiveEvaluator::new(W);
+        let mut e = LiveEvaluator::new(W, false);
         let usage = |user_s: u64, write_bytes: u64| UsageTotals {
             user_ns: user_s * S,
             cpus: 2,
@@ -241,7 +265,7 @@ mod tests {
     #[test]
     fn a_new_process_for_a_rank_starts_from_zero() {
         let config = PropertyConfig::default();
-        let mut e = LiveEvaluator::new(W);
+        let mut e = LiveEvaluator::new(W, false);
         e.update(&job([10 * S, 10 * S], [0, 0]), None, 0, None, 100 * W + S, &config);
         let mut restarted = job([S, 20 * S], [0, 0]);
         restarted.ranks.get_mut(&0).unwrap().pid = 99;
@@ -251,5 +275,27 @@ mod tests {
         let lb = w.properties.get("load_balance").unwrap().value().unwrap();
         assert!((lb - 0.55).abs() < 1e-12, "{lb}");
         assert!(w.properties.get("user_time_share").unwrap().reason().is_some(), "no usage: not measured");
+    }
+
+    #[test]
+    fn hardware_counter_sums_give_the_window_cpi() {
+        let config = PropertyConfig::default();
+        let with_counters = |instructions: u64, cycles: u64| {
+            let mut j = job([S, S], [0, 0]);
+            for r in j.ranks.values_mut() {
+                r.totals.counter_sums = Some([instructions, cycles]);
+            }
+            j
+        };
+        let mut e = LiveEvaluator::new(W, true);
+        e.update(&with_counters(1_000_000_000, 2_000_000_000), None, 0, None, 100 * W + S, &config);
+        let live = e.update(&with_counters(3_000_000_000, 5_000_000_000), None, 0, None, 101 * W + S, &config);
+        let cpi = |p: &JobProperties| p.get("cpi").unwrap().value().unwrap();
+        assert!((cpi(&live.job) - 5.0 / 3.0).abs() < 1e-12);
+        assert!((cpi(&live.window.unwrap().properties) - 1.5).abs() < 1e-12);
+        // Software events in the slots are not instructions and cycles: not measured.
+        let mut soft = LiveEvaluator::new(W, false);
+        let live = soft.update(&with_counters(3, 5), None, 0, None, 100 * W + S, &config);
+        assert!(live.job.get("cpi").unwrap().reason().unwrap().contains("no PMU"));
     }
 }
