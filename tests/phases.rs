@@ -252,7 +252,12 @@ fn runs_with_2_and_4_ranks_are_matched_phase_for_phase() {
         let (recording, bursts) = record_phases(ranks, &["iters=40", "ms=2,6,12"]);
         let analysis = analyse(&bursts, ranks, &AnalysisParams::default()).unwrap();
         let job = recording.jobs.values().next().unwrap();
-        let app = AppIdentity { build_id: None, executable: job.meta.executable.clone() };
+        // The runs are identified by the executable's build-id, as `readelf -n` prints it.
+        let notes = std::process::Command::new("readelf").arg("-n").arg(&job.meta.executable).output().unwrap();
+        let notes = String::from_utf8_lossy(&notes.stdout).to_string();
+        let build_id = job.meta.build_id.clone().expect("the daemon records the executable's build-id");
+        assert!(notes.contains(&format!("Build ID: {build_id}")), "build-id {build_id} not in\n{notes}");
+        let app = AppIdentity { build_id: Some(build_id), executable: job.meta.executable.clone() };
         RunSignature::from_analysis(app, format!("{ranks} ranks"), &analysis, &bursts, &params).unwrap()
     };
     let (two, four) = (signature(2), signature(4));

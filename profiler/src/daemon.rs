@@ -308,6 +308,7 @@ impl Daemon {
                     executable: std::fs::read_link(format!("/proc/{pid}/exe"))
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
+                    build_id: discovery::build_id(std::path::Path::new(&format!("/proc/{pid}/exe"))).ok().flatten(),
                     first_seen_ns: now,
                     ended_ns: None,
                 },
@@ -323,6 +324,7 @@ impl Daemon {
                         size: 1,
                         source: format!("unidentified ({e})"),
                         executable: String::new(),
+                        build_id: None,
                         first_seen_ns: now,
                         ended_ns: None,
                     },

@@ -219,7 +219,7 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
         let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
         let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
             .with_context(|| format!("phase analysis of job {} in {}", job.meta.id, path.display()))?;
-        let app = AppIdentity { build_id: None, executable: job.meta.executable.clone() };
+        let app = AppIdentity { build_id: job.meta.build_id.clone(), executable: job.meta.executable.clone() };
         signatures.push(RunSignature::from_analysis(app, job.meta.id.0.clone(), &analysis, &bursts, &params)?);
     }
     let matched = match_runs(&signatures[0], &signatures[1], &params);

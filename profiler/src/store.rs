@@ -65,6 +65,10 @@ pub struct JobMeta {
     pub source: String,
     /// Executable of the first rank seen.
     pub executable: String,
+    /// Its GNU build-id in hex, when it has one: what tells runs of the same application apart
+    /// from runs of a rebuilt one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_id: Option<String>,
     pub first_seen_ns: u64,
     pub ended_ns: Option<u64>,
 }
@@ -169,6 +173,7 @@ mod tests {
             size: 2,
             source: "test".into(),
             executable: "x".into(),
+            build_id: None,
             first_seen_ns: 0,
             ended_ns: ended,
         }

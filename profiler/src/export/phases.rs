@@ -829,6 +829,7 @@ mod tests {
             size: 64,
             source: "t".into(),
             executable: "x".into(),
+            build_id: None,
             first_seen_ns: 0,
             ended_ns: None,
         });

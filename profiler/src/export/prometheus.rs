@@ -555,6 +555,7 @@ mod tests {
             size: 4,
             source: "SlurmEnv".into(),
             executable: "/bin/x".into(),
+            build_id: None,
             first_seen_ns: 0,
             ended_ns: None,
         });
@@ -608,6 +609,7 @@ mod tests {
             size: job_ranks,
             source: "SlurmEnv".into(),
             executable: "/bin/app".into(),
+            build_id: None,
             first_seen_ns: 0,
             ended_ns: None,
         };

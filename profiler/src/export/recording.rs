@@ -221,6 +221,7 @@ mod tests {
             size: 1,
             source: "test".into(),
             executable: "x".into(),
+            build_id: None,
             first_seen_ns: 0,
             ended_ns: None,
         }

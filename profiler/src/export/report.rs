@@ -103,6 +103,7 @@ mod tests {
             size: 2,
             source: "OMPI environment".into(),
             executable: "/bin/app".into(),
+            build_id: None,
             first_seen_ns: 0,
             ended_ns: Some(2_000_000_000),
         });

@@ -1528,6 +1528,7 @@ mod tests {
             size,
             source: "test".into(),
             executable: "/bin/app <x>".into(),
+            build_id: None,
             first_seen_ns: 1_700_000_000_000_000_000 - 500_000_000,
             ended_ns: None,
         }

@@ -206,6 +206,7 @@ mod tests {
             size: 2,
             source: "test".into(),
             executable: "/bin/x".into(),
+            build_id: None,
             first_seen_ns: 100 * W,
             ended_ns: None,
         });

@@ -24,6 +24,7 @@ fn meta() -> JobMeta {
         size: 2,
         source: "test".into(),
         executable: "/bin/ats".into(),
+        build_id: None,
         first_seen_ns: 0,
         ended_ns: None,
     }
