@@ -191,23 +191,35 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
     eprintln!("events: {}; windows closed: {}", snapshot["events"], snapshot["totals"]["windows_closed"]);
     assert!(snapshot["totals"]["windows_closed"].as_u64().unwrap() >= 3);
     assert_eq!(counts["vanish"], 0, "{counts}");
-    // The first window brings the three phases.
+    // The first window brings the three phases (and maybe a sliver: a burst group one hiccup
+    // slowed, which the whole-job view shows with almost no time).
     let events = snapshot["events"].as_array().unwrap();
     let ids = |e: &serde_json::Value, side: &str| -> BTreeSet<u64> {
         e[side].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
     };
-    let first: BTreeSet<u64> = events.iter().take(3).flat_map(|e| ids(e, "to")).collect();
-    assert!(events.iter().take(3).all(|e| e["kind"] == "appear") && first.len() == 3, "{}", snapshot["events"]);
+    let first_window = &events[0]["window"];
+    let (at_start, later): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) =
+        events.iter().partition(|e| &e["window"] == first_window);
+    assert!(at_start.iter().all(|e| e["kind"] == "appear"), "{}", snapshot["events"]);
+    let first: BTreeSet<u64> = at_start.iter().flat_map(|e| ids(e, "to")).collect();
+    let significant: BTreeSet<u64> = snapshot["cumulative"]["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["stats"]["time_share"].as_f64().unwrap() >= 0.02)
+        .map(|c| c["phase"].as_u64().unwrap())
+        .collect();
+    let phases_at_start: BTreeSet<u64> = first.intersection(&significant).copied().collect();
     // Afterwards only the changed phase is involved: either it moved and kept its id, or the
     // window holding the change shows its old and new behaviour side by side (a split into one
     // new id) and the old one merges into the new in the next window.
-    let later: Vec<_> = events.iter().skip(3).collect();
     assert!(!later.is_empty(), "the phase change went unnoticed");
     let involved: BTreeSet<u64> = later.iter().flat_map(|e| ids(e, "from").into_iter().chain(ids(e, "to"))).collect();
     let old: BTreeSet<u64> = involved.intersection(&first).copied().collect();
     let new: BTreeSet<u64> = involved.difference(&first).copied().collect();
     assert_eq!(old.len(), 1, "only the changed phase may be involved: {}", snapshot["events"]);
     assert!(new.len() <= 1, "at most one new cluster: {}", snapshot["events"]);
+    assert_eq!(phases_at_start.union(&old).count(), 3, "three phases at the start: {first:?}, whole job {significant:?}");
     // The two unchanged phases kept their ids to the end.
     // Slivers (a burst group one hiccup slowed) may come and go; the phases hold the time.
     let last: BTreeSet<u64> = snapshot["last_window"]["phases"]
@@ -217,7 +229,7 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
         .filter(|p| p["stats"]["time_share"].as_f64().unwrap() >= 0.02)
         .map(|p| p["id"].as_u64().unwrap())
         .collect();
-    let unchanged: BTreeSet<u64> = first.difference(&old).copied().collect();
+    let unchanged: BTreeSet<u64> = phases_at_start.difference(&old).copied().collect();
     assert!(unchanged.is_subset(&last), "unchanged phases {unchanged:?} must keep their ids: last window {last:?}");
     assert_eq!(last.len(), 3, "three phases at the end: {last:?}");
 

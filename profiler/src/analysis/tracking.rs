@@ -1280,7 +1280,23 @@ impl Tracker {
                 same_features
                     .then(|| centroid_move(frame.features, &old(i).centroid, &new(j).centroid, 0.0))
             };
-            let stayed = |i: u32, j: u32| moved(i, j).is_some_and(|d| d <= move_threshold);
+            // A part of a split or merge counts when it is relevant and holds at least the
+            // outlier share of its side of the relation (004's 5 % rule for a split row).
+            let time_a: u64 = relation.a.iter().map(|&i| old(i).time_ns).sum();
+            let time_b: u64 = relation.b.iter().map(|&j| new(j).time_ns).sum();
+            let significant_old = |i: u32| {
+                is_relevant(old(i)) && old(i).time_ns as f64 >= outlier_share * time_a as f64
+            };
+            let significant_new =
+                |j: u32| new_relevant(j) && new(j).time_ns as f64 >= outlier_share * time_b as f64;
+            let any_significant_new = relation.b.iter().any(|&j| significant_new(j));
+            // A cluster that stayed where the old one was continues it, unless it is a remnant:
+            // when a phase changes at the start of a window, a few bursts of the old behaviour
+            // stay behind while the bulk moves, and the bulk is what continues the phase.
+            let stayed = |i: u32, j: u32| {
+                moved(i, j).is_some_and(|d| d <= move_threshold)
+                    && (significant_new(j) || !any_significant_new)
+            };
 
             // 1. Continuations: an old cluster and a new one that stayed where it was, by E1
             //    affinity (both directions), then the smaller move.
@@ -1352,16 +1368,6 @@ impl Tracker {
                     reanchored.insert(i);
                 }
             }
-
-            // A part of a split or merge counts when it is relevant and holds at least the
-            // outlier share of its side of the relation (004's 5 % rule for a split row).
-            let time_a: u64 = relation.a.iter().map(|&i| old(i).time_ns).sum();
-            let time_b: u64 = relation.b.iter().map(|&j| new(j).time_ns).sum();
-            let significant_old = |i: u32| {
-                is_relevant(old(i)) && old(i).time_ns as f64 >= outlier_share * time_a as f64
-            };
-            let significant_new =
-                |j: u32| new_relevant(j) && new(j).time_ns as f64 >= outlier_share * time_b as f64;
 
             // 3. Leftover new clusters split off the old cluster most of their bursts are
             //    nearest to; their ids are decided below.
@@ -2262,6 +2268,19 @@ mod tests {
             simultaneous: Vec::new(),
             sequences: vec![clusters.iter().map(|c| c.0).collect::<Vec<_>>().repeat(4)],
         }
+    }
+
+    #[test]
+    fn a_phase_changing_at_a_window_start_moves_and_leaves_its_remnant_aside() {
+        let mut tracker = Tracker::new(TrackingParams::default()).unwrap();
+        tracker.update(0, &cloud_frame(&[(1, 10.0, 1, 100), (2, 12.0, 2, 100)]), true);
+        // Two bursts still ran the old way before the change; the bulk moved by ln 1.6.
+        let changed = cloud_frame(&[(5, 10.0, 1, 2), (6, 10.0 + 1.6f64.ln(), 1, 98), (7, 12.0, 2, 100)]);
+        let update = tracker.update(1, &changed, true);
+        assert_eq!(update.ids[&6], 1, "the bulk continues the phase: {:?}", update.ids);
+        assert_eq!(update.ids[&7], 2);
+        let kinds: Vec<(EventKind, Vec<StableId>)> = update.events.iter().map(|e| (e.kind, e.from.clone())).collect();
+        assert_eq!(kinds, vec![(EventKind::Moved, vec![1])]);
     }
 
     #[test]
