@@ -8,6 +8,11 @@
 //! The probe cost of a configuration is its ns per call minus (c); the budget is
 //! cost(b) ≤ 1.3 × cost(a). Configurations alternate over several rounds and medians are taken,
 //! so drift on the machine hits all three alike.
+//!
+//! The file I/O tracepoints run on every read and write of every process on the node, so their
+//! cost is measured too, on 1-byte pwrite calls to a file: without the BPF programs, with them
+//! loaded (a process the daemon does not track: every other process on the node), and in a
+//! tracked process writing to a file it opened (a counted request).
 
 use std::{path::PathBuf, process::Command};
 
@@ -21,6 +26,19 @@ use mpiburst::{
 
 const CALLS: &str = "2000000";
 const ROUNDS: usize = 5;
+const WRITES: u32 = 1_000_000;
+
+/// ns per 1-byte pwrite to a fresh file in a temporary directory (page cache).
+fn ns_per_write() -> Result<f64> {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir()?;
+    let file = std::fs::File::create(dir.path().join("w"))?;
+    let start = std::time::Instant::now();
+    for _ in 0..WRITES {
+        file.write_at(b"x", 0)?;
+    }
+    Ok(start.elapsed().as_nanos() as f64 / WRITES as f64)
+}
 
 fn ns_per_call(program: &PathBuf) -> Result<f64> {
     let out = Command::new(program).arg(CALLS).env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").output()?;
@@ -72,11 +90,35 @@ fn main() -> Result<()> {
             real[round]
         );
     }
+    let (mut plain, mut loaded, mut tracked) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        plain.push(ns_per_write()?);
+        let mut capture = Capture::load(&config.capture, 0)?;
+        loaded.push(ns_per_write()?);
+        capture.track(std::process::id())?;
+        tracked.push(ns_per_write()?);
+        let counted = capture.read_io()?.get(&std::process::id()).map_or(0, |t| t.write_calls);
+        if counted != u64::from(WRITES) {
+            bail!("the tracked writes were counted {counted} times, not {WRITES}");
+        }
+        eprintln!(
+            "round {}: pwrite {:.1} ns without the programs, {:.1} ns untracked, {:.1} ns tracked and counted",
+            round + 1,
+            plain[round],
+            loaded[round],
+            tracked[round]
+        );
+    }
     let (c, a, b) = (median(none), median(floor), median(real));
     println!("MPI_Barrier(MPI_COMM_SELF), {CALLS} calls, median of {ROUNDS} alternating rounds:");
     println!("  (c) no probes            {c:>9.1} ns per call");
     println!("  (a) empty uprobe+uretprobe {a:>7.1} ns per call  -> probe floor {:.1} ns", a - c);
     println!("  (b) mpiburst probes      {b:>9.1} ns per call  -> probe cost  {:.1} ns", b - c);
     println!("  ratio b/a of probe costs: {:.3} (budget 1.3)", (b - c) / (a - c));
+    let (p, l, t) = (median(plain), median(loaded), median(tracked));
+    println!("1-byte pwrite to a file, {WRITES} calls, median of {ROUNDS} rounds:");
+    println!("  without the BPF programs {p:>9.1} ns per call");
+    println!("  untracked process        {l:>9.1} ns per call  -> tracepoint cost {:.1} ns", l - p);
+    println!("  tracked, counted file    {t:>9.1} ns per call  -> tracepoint cost {:.1} ns", t - p);
     Ok(())
 }

@@ -548,7 +548,8 @@ impl Daemon {
     /// Reads the CPU time, memory and file I/O of every member process into its job's usage.
     fn update_usage(&mut self, io: &BTreeMap<u32, profiler_common::IoTotals>, gone: &HashSet<u32>) {
         for (pid, member) in &self.members {
-            let job = self.usage.entry(member.job.clone()).or_default();
+            let file_io = self.config.capture.file_io;
+            let job = self.usage.entry(member.job.clone()).or_insert_with(|| JobUsage::new(file_io));
             if let Some(counts) = io.get(pid) {
                 job.update_io(*pid, counts.into());
             }

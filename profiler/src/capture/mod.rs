@@ -208,6 +208,9 @@ impl Capture {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
             program.load().map_err(|source| CaptureError::Program { program: name, source })?;
             for event in events {
+                if category == "syscalls" && !config.file_io {
+                    continue;
+                }
                 if category == "syscalls" && !Path::new(TRACEFS).join("events/syscalls").join(event).is_dir() {
                     tracing::debug!("no tracepoint syscalls/{event} on this kernel");
                     continue;

@@ -157,17 +157,24 @@ pub struct UsageTotals {
     /// CPUs the live processes may use: the size of the union of their affinity masks, but no
     /// more than one per process (a rank without a cpuset may run anywhere, yet uses one CPU).
     pub cpus: u32,
-    pub io: IoCounts,
+    /// `None` when file I/O is not counted (`capture.file_io = false`).
+    pub io: Option<IoCounts>,
 }
 
 /// The last reading of every process of one job, live or ended.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct JobUsage {
     processes: BTreeMap<u32, (ProcessUsage, bool)>,
     io: BTreeMap<u32, IoCounts>,
+    file_io: bool,
 }
 
 impl JobUsage {
+    /// `file_io`: whether the I/O tracepoints count (else the totals have no I/O).
+    pub fn new(file_io: bool) -> Self {
+        JobUsage { processes: BTreeMap::new(), io: BTreeMap::new(), file_io }
+    }
+
     /// Records a reading of a live process.
     pub fn update(&mut self, pid: u32, usage: ProcessUsage) {
         self.processes.insert(pid, (usage, true));
@@ -193,7 +200,7 @@ impl JobUsage {
             system_ns: self.processes.values().map(|(u, _)| u.system_ns).sum(),
             memory_used_bytes: live.iter().map(|u| u.rss_bytes).sum(),
             cpus: (allowed.len() as u32).min(live.len() as u32),
-            io: self.io.values().fold(IoCounts::default(), |a, b| a + *b),
+            io: self.file_io.then(|| self.io.values().fold(IoCounts::default(), |a, b| a + *b)),
         }
     }
 }
@@ -236,7 +243,7 @@ mod tests {
             rss_bytes,
             cpus_allowed: cpus.iter().copied().collect(),
         };
-        let mut job = JobUsage::default();
+        let mut job = JobUsage::new(true);
         job.update(1, p(10, 100, &[0, 1, 2, 3]));
         job.update(2, p(20, 200, &[0, 1, 2, 3]));
         let io = |write_bytes| IoCounts { write_bytes, write_calls: 1, ..IoCounts::default() };
@@ -245,12 +252,12 @@ mod tests {
         let io_sum = IoCounts { write_bytes: 12, write_calls: 2, ..IoCounts::default() };
         assert_eq!(
             job.totals(),
-            UsageTotals { user_ns: 30, system_ns: 2, memory_used_bytes: 300, cpus: 2, io: io_sum }
+            UsageTotals { user_ns: 30, system_ns: 2, memory_used_bytes: 300, cpus: 2, io: Some(io_sum) }
         );
         job.ended(1);
         assert_eq!(
             job.totals(),
-            UsageTotals { user_ns: 30, system_ns: 2, memory_used_bytes: 200, cpus: 1, io: io_sum }
+            UsageTotals { user_ns: 30, system_ns: 2, memory_used_bytes: 200, cpus: 1, io: Some(io_sum) }
         );
     }
 }

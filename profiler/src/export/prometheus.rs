@@ -365,8 +365,8 @@ fn render_usage(e: &mut Exposition, shared: &Shared) {
         "mpiburst_job_io_bytes_total",
         "counter",
         "File bytes the job's processes read or wrote here (syscall tracepoints; files they opened, not pipes or sockets), by direction.",
-        usage.iter().flat_map(|(l, u)| {
-            [("read", u.io.read_bytes), ("write", u.io.write_bytes)]
+        usage.iter().filter_map(|(l, u)| Some((l, u.io?))).flat_map(|(l, io)| {
+            [("read", io.read_bytes), ("write", io.write_bytes)]
                 .map(|(d, v)| (format!("{l},direction=\"{d}\""), v as f64))
         }),
     );
@@ -374,8 +374,8 @@ fn render_usage(e: &mut Exposition, shared: &Shared) {
         "mpiburst_job_io_requests_total",
         "counter",
         "File read and write system calls of the job's processes here, by direction.",
-        usage.iter().flat_map(|(l, u)| {
-            [("read", u.io.read_calls), ("write", u.io.write_calls)]
+        usage.iter().filter_map(|(l, u)| Some((l, u.io?))).flat_map(|(l, io)| {
+            [("read", io.read_calls), ("write", io.write_calls)]
                 .map(|(d, v)| (format!("{l},direction=\"{d}\""), v as f64))
         }),
     );
@@ -383,13 +383,13 @@ fn render_usage(e: &mut Exposition, shared: &Shared) {
         "mpiburst_job_io_opens_total",
         "counter",
         "Successful file opens of the job's processes here.",
-        usage.iter().map(|(l, u)| (l.clone(), u.io.opens as f64)),
+        usage.iter().filter_map(|(l, u)| Some((l.clone(), u.io?.opens as f64))),
     );
     e.family(
         "mpiburst_job_io_closes_total",
         "counter",
         "Closes of the files the job's processes opened here.",
-        usage.iter().map(|(l, u)| (l.clone(), u.io.closes as f64)),
+        usage.iter().filter_map(|(l, u)| Some((l.clone(), u.io?.closes as f64))),
     );
 }
 

@@ -172,7 +172,7 @@ fn llc_misses_per_instruction(c: &JobContext) -> Observation {
     per_instruction(
         c,
         |p| p.llc_misses,
-        "not measured (the PMU has no last-level cache miss event)",
+        "not measured (no last-level cache miss counts: the per-burst counters are instructions and cycles)",
     )
 }
 
@@ -180,7 +180,7 @@ fn branch_misses_per_instruction(c: &JobContext) -> Observation {
     per_instruction(
         c,
         |p| p.branch_misses,
-        "not measured (the PMU has no branch miss event)",
+        "not measured (no branch miss counts: the per-burst counters are instructions and cycles)",
     )
 }
 
@@ -195,7 +195,7 @@ fn core_frequency(c: &JobContext) -> Observation {
         .collect::<Option<Vec<_>>>()
     else {
         return Observation::NotMeasured(
-            "not measured (the PMU has no reference cycles event)".into(),
+            "not measured (no reference cycle counts: the per-burst counters are instructions and cycles)".into(),
         );
     };
     let Some(nominal) = c.nominal_hz.filter(|f| f.is_finite() && *f > 0.0) else {

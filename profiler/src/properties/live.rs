@@ -69,9 +69,13 @@ fn resources(after: &UsageTotals, before: Option<&UsageTotals>, cpus: u32, memor
     }
 }
 
-fn io(after: &UsageTotals, before: Option<&UsageTotals>, seconds: f64) -> IoStats {
-    let (a, b) = (after.io, before.map(|u| u.io).unwrap_or_default());
-    IoStats {
+fn io(after: &UsageTotals, before: Option<&UsageTotals>, seconds: f64) -> Option<IoStats> {
+    let a = after.io?;
+    let b = match before {
+        Some(u) => u.io?,
+        None => Default::default(),
+    };
+    Some(IoStats {
         seconds,
         read_bytes: a.read_bytes.saturating_sub(b.read_bytes),
         read_calls: a.read_calls.saturating_sub(b.read_calls),
@@ -79,7 +83,7 @@ fn io(after: &UsageTotals, before: Option<&UsageTotals>, seconds: f64) -> IoStat
         write_calls: a.write_calls.saturating_sub(b.write_calls),
         opens: a.opens.saturating_sub(b.opens),
         closes: a.closes.saturating_sub(b.closes),
-    }
+    })
 }
 
 /// A rank's instructions and cycles inside its bursts, from the kernel's counter sums.
@@ -116,7 +120,7 @@ impl LiveEvaluator {
         }
         let seconds = (lifetime.span.end_ns - lifetime.span.start_ns) as f64 / 1e9;
         lifetime.resources = usage.map(|u| resources(u, None, self.cpus_seen, memory_available_bytes, seconds));
-        lifetime.io = usage.map(|u| io(u, None, seconds));
+        lifetime.io = usage.and_then(|u| io(u, None, seconds));
         let job_properties = evaluate_job(&lifetime, config);
 
         let window = now_ns / self.window_ns;
@@ -181,7 +185,7 @@ impl LiveEvaluator {
             ranks,
             nominal_hz: None,
             resources: usage.map(|(u, b)| resources(u, Some(b), self.cpus_seen, memory_available_bytes, seconds)),
-            io: usage.map(|(u, b)| io(u, Some(b), seconds)),
+            io: usage.and_then(|(u, b)| io(u, Some(b), seconds)),
             phases: phases.map(PhasesInput::from),
         };
         Ok(evaluate_job(&input, config))
@@ -235,7 +239,7 @@ mod tests {
         let usage = |user_s: u64, write_bytes: u64| UsageTotals {
             user_ns: user_s * S,
             cpus: 2,
-            io: crate::capture::usage::IoCounts { write_bytes, write_calls: 1, ..Default::default() },
+            io: Some(crate::capture::usage::IoCounts { write_bytes, write_calls: 1, ..Default::default() }),
             ..Default::default()
         };
         // First update: a mark, no window yet. Balanced so far.
@@ -276,6 +280,12 @@ mod tests {
         let lb = w.properties.get("load_balance").unwrap().value().unwrap();
         assert!((lb - 0.55).abs() < 1e-12, "{lb}");
         assert!(w.properties.get("user_time_share").unwrap().reason().is_some(), "no usage: not measured");
+        // CPU time read, file I/O not counted (capture.file_io = false): the I/O properties say so.
+        let usage = UsageTotals { user_ns: S, cpus: 2, io: None, ..Default::default() };
+        let live = LiveEvaluator::new(W, false).update(&restarted, Some(&usage), 0, None, 101 * W + S, &config);
+        assert!(live.job.get("user_time_share").unwrap().value().is_some());
+        let io = live.job.get("io_open_rate").unwrap();
+        assert!(io.reason().is_some_and(|r| r.contains("not collected")), "{io:?}");
     }
 
     #[test]
