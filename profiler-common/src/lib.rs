@@ -200,11 +200,12 @@ pub struct IoTotals {
 }
 const _: () = assert!(core::mem::size_of::<IoTotals>() == 56);
 
-/// A read or write syscall between its entry and exit: what the exit must add to.
+/// A read, write or open system call between its entry and exit: what the exit must add to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IoPending {
-    pub write: u32,
+    /// Read, write or open (the BPF side's constants).
+    pub kind: u32,
     pub _pad: u32,
 }
 const _: () = assert!(core::mem::size_of::<IoPending>() == 8);

@@ -9,11 +9,11 @@ use aya_ebpf::{
     bindings::{bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        bpf_perf_event_read_value, bpf_probe_read_user,
+        bpf_perf_event_read_value, bpf_probe_read_kernel, bpf_probe_read_user,
     },
-    macros::{map, tracepoint, uprobe, uretprobe},
+    macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
 use profiler_common::{
@@ -441,10 +441,16 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-// Field offsets of the raw syscall tracepoints (syscalls/sys_enter_* and sys_exit_*; see their
-// tracefs format files): the first argument and the return value.
-const SYSCALL_ARG0: usize = 16;
-const SYSCALL_RET: usize = 16;
+// x86_64 system call numbers of the file I/O calls counted.
+const SYS_READS: [i64; 5] = [0, 17, 19, 295, 327]; // read pread64 readv preadv preadv2
+const SYS_WRITES: [i64; 5] = [1, 18, 20, 296, 328]; // write pwrite64 writev pwritev pwritev2
+const SYS_OPENS: [i64; 4] = [2, 85, 257, 437]; // open creat openat openat2
+const SYS_CLOSE: i64 = 3;
+
+/// What the exit of a pending call adds to.
+const IO_READ: u32 = 0;
+const IO_WRITE: u32 = 1;
+const IO_OPEN: u32 = 2;
 
 /// The calling thread's I/O totals, if its process is tracked.
 #[inline(always)]
@@ -453,87 +459,85 @@ fn io_totals(pid: u32, tid: u32) -> Option<&'static mut IoTotals> {
     get_or_insert(&IO_TOTALS, &tid, IoTotals { pid, ..IoTotals::default() })
 }
 
+/// The first argument of the system call, from the registers it was entered with.
 #[inline(always)]
-fn io_enter(ctx: &TracePointContext, write: u32) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let pid = (pid_tgid >> 32) as u32;
-    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.unwrap_or(u64::MAX);
-    if fd > u32::MAX as u64 || unsafe { IO_FILES.get(&(((pid as u64) << 32) | fd)) }.is_none() {
-        return 0;
-    }
-    let _ = IO_PENDING.insert(&(pid_tgid as u32), &IoPending { write, _pad: 0 }, 0);
-    0
+fn syscall_fd(ctx: &RawTracePointContext) -> Option<u64> {
+    let regs: *const pt_regs = ctx.arg(0);
+    let fd = unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdi)) }.ok()?;
+    (fd <= u32::MAX as u64).then_some(fd)
 }
 
-/// Entry of read, pread64, readv, preadv, preadv2.
-#[tracepoint]
-pub fn io_read_enter(ctx: TracePointContext) -> u32 {
-    io_enter(&ctx, 0)
-}
-
-/// Entry of write, pwrite64, writev, pwritev, pwritev2.
-#[tracepoint]
-pub fn io_write_enter(ctx: TracePointContext) -> u32 {
-    io_enter(&ctx, 1)
-}
-
-/// Exit of every read and write syscall above.
-#[tracepoint]
-pub fn io_rw_exit(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    let Some(pending) = (unsafe { IO_PENDING.get(&tid) }).copied() else {
+/// Entry of every system call on the node (a raw tracepoint: far cheaper per call than the
+/// per-syscall tracepoints, which build a trace record before any program runs). Anything but
+/// the file calls of a tracked process returns at once.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn io_sys_enter(ctx: RawTracePointContext) -> i32 {
+    let id: i64 = ctx.arg(1);
+    let kind = if SYS_READS.contains(&id) {
+        IO_READ
+    } else if SYS_WRITES.contains(&id) {
+        IO_WRITE
+    } else if SYS_OPENS.contains(&id) {
+        IO_OPEN
+    } else if id == SYS_CLOSE {
+        u32::MAX
+    } else {
         return 0;
     };
-    let _ = IO_PENDING.remove(&tid);
-    let ret: i64 = unsafe { ctx.read_at(SYSCALL_RET) }.unwrap_or(-1);
-    if ret < 0 {
-        return 0;
-    }
-    if let Some(t) = io_totals((pid_tgid >> 32) as u32, tid) {
-        if pending.write != 0 {
-            t.write_bytes += ret as u64;
-            t.write_calls += 1;
-        } else {
-            t.read_bytes += ret as u64;
-            t.read_calls += 1;
-        }
-    }
-    0
-}
-
-/// Exit of open, openat, openat2 and creat: the new descriptor is a file whose I/O counts.
-#[tracepoint]
-pub fn io_open_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let pid = (pid_tgid >> 32) as u32;
-    let ret: i64 = unsafe { ctx.read_at(SYSCALL_RET) }.unwrap_or(-1);
-    if ret < 0 {
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if unsafe { TRACKED.get(&pid) }.is_none() {
         return 0;
     }
-    if let Some(t) = io_totals(pid, pid_tgid as u32) {
-        t.opens += 1;
-        let _ = IO_FILES.insert(&(((pid as u64) << 32) | ret as u64), &1, 0);
-    }
-    0
-}
-
-/// Entry of close: a counted descriptor stops counting (its number may be reused for a pipe).
-#[tracepoint]
-pub fn io_close_enter(ctx: TracePointContext) -> u32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let pid = (pid_tgid >> 32) as u32;
-    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.unwrap_or(u64::MAX);
-    if fd > u32::MAX as u64 {
+    if kind == IO_OPEN {
+        let _ = IO_PENDING.insert(&tid, &IoPending { kind, _pad: 0 }, 0);
         return 0;
     }
+    let Some(fd) = syscall_fd(&ctx) else { return 0 };
     let key = ((pid as u64) << 32) | fd;
     if unsafe { IO_FILES.get(&key) }.is_none() {
         return 0;
     }
-    let _ = IO_FILES.remove(&key);
-    if let Some(t) = io_totals(pid, pid_tgid as u32) {
-        t.closes += 1;
+    if kind == u32::MAX {
+        // A counted descriptor stops counting (its number may be reused for a pipe).
+        let _ = IO_FILES.remove(&key);
+        if let Some(t) = io_totals(pid, tid) {
+            t.closes += 1;
+        }
+    } else {
+        let _ = IO_PENDING.insert(&tid, &IoPending { kind, _pad: 0 }, 0);
+    }
+    0
+}
+
+/// Exit of every system call: completes the pending file call of the thread, if any.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn io_sys_exit(ctx: RawTracePointContext) -> i32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let Some(pending) = (unsafe { IO_PENDING.get(&tid) }).copied() else {
+        return 0;
+    };
+    let _ = IO_PENDING.remove(&tid);
+    let ret: i64 = ctx.arg(1);
+    if ret < 0 {
+        return 0;
+    }
+    let Some(t) = io_totals(pid, tid) else { return 0 };
+    match pending.kind {
+        IO_WRITE => {
+            t.write_bytes += ret as u64;
+            t.write_calls += 1;
+        }
+        IO_READ => {
+            t.read_bytes += ret as u64;
+            t.read_calls += 1;
+        }
+        _ => {
+            // The new descriptor is a file whose reads and writes count.
+            t.opens += 1;
+            let _ = IO_FILES.insert(&(((pid as u64) << 32) | ret as u64), &1, 0);
+        }
     }
     0
 }

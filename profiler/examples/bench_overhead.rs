@@ -9,8 +9,8 @@
 //! cost(b) ≤ 1.3 × cost(a). Configurations alternate over several rounds and medians are taken,
 //! so drift on the machine hits all three alike.
 //!
-//! The file I/O tracepoints run on every read and write of every process on the node, so their
-//! cost is measured too, on 1-byte pwrite calls to a file: without the BPF programs, with them
+//! The file I/O programs on the raw syscall tracepoints make every system call on the node take
+//! the kernel's traced path, so their cost is measured too, on 1-byte pwrite calls to a file: without the BPF programs, with them
 //! loaded (a process the daemon does not track: every other process on the node), and in a
 //! tracked process writing to a file it opened (a counted request).
 

@@ -64,9 +64,9 @@ pub struct CaptureConfig {
     /// them, else none), "hardware" (fail without a PMU), "software" (the software cpu-clock event
     /// in both slots: exercises the counter path where no PMU exists), or "off".
     pub counters: CounterMode,
-    /// Count the file I/O of the MPI processes from the syscall tracepoints. The tracepoints fire
-    /// for every read, write, open and close on the node; `cargo xtask bench overhead` measures
-    /// what that adds per call.
+    /// Count the file I/O of the MPI processes from the raw syscall tracepoints. While they are
+    /// attached every system call on the node takes the kernel's traced path;
+    /// `cargo xtask bench overhead` measures what that adds per call.
     pub file_io: bool,
 }
 
@@ -365,8 +365,9 @@ impl Config {
              # \"auto\" (hardware instructions+cycles if the PMU has them, else none), \"hardware\",\n\
              # \"software\" (cpu-clock in both slots, to exercise the counter path), or \"off\".\n\
              counters = \"auto\"\n\
-             # Count the MPI processes' file I/O from the syscall tracepoints (read, write, open,\n\
-             # close). They fire for every such call on the node, about 0.5 us each on a VM;\n\
+             # Count the MPI processes' file I/O from the raw syscall tracepoints (read, write, open,\n\
+             # close). While attached, every system call on the node takes the kernel's traced path\n\
+             # (about 0.4 us more per call on a VM; `cargo xtask bench overhead` measures it here);\n\
              # false turns the I/O properties into \"not measured\".\n\
              file_io = true\n\n",
             d.capture.min_burst_us, d.capture.drain_interval_ms, d.capture.stats_interval_ms, d.capture.ring_buffer_mib

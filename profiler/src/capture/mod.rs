@@ -14,7 +14,7 @@ use std::{
 
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
@@ -92,41 +92,16 @@ pub struct ProgramStats {
 /// only the overhead benchmark uses.
 const UPROBE_PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit"];
 
-/// Where each tracepoint program attaches: (program, category, events). A syscall this kernel
-/// does not have (e.g. no `open` on arm64) is skipped.
-const TRACEPOINTS: [(&str, &str, &[&str]); 8] = [
-    ("sched_switch", "sched", &["sched_switch"]),
-    ("sched_process_exec", "sched", &["sched_process_exec"]),
-    ("sched_process_exit", "sched", &["sched_process_exit"]),
-    (
-        "io_read_enter",
-        "syscalls",
-        &["sys_enter_read", "sys_enter_pread64", "sys_enter_readv", "sys_enter_preadv", "sys_enter_preadv2"],
-    ),
-    (
-        "io_write_enter",
-        "syscalls",
-        &["sys_enter_write", "sys_enter_pwrite64", "sys_enter_writev", "sys_enter_pwritev", "sys_enter_pwritev2"],
-    ),
-    (
-        "io_rw_exit",
-        "syscalls",
-        &[
-            "sys_exit_read",
-            "sys_exit_pread64",
-            "sys_exit_readv",
-            "sys_exit_preadv",
-            "sys_exit_preadv2",
-            "sys_exit_write",
-            "sys_exit_pwrite64",
-            "sys_exit_writev",
-            "sys_exit_pwritev",
-            "sys_exit_pwritev2",
-        ],
-    ),
-    ("io_open_exit", "syscalls", &["sys_exit_open", "sys_exit_openat", "sys_exit_openat2", "sys_exit_creat"]),
-    ("io_close_enter", "syscalls", &["sys_enter_close"]),
+/// Where each tracepoint program attaches: (program, category, event).
+const TRACEPOINTS: [(&str, &str, &str); 3] = [
+    ("sched_switch", "sched", "sched_switch"),
+    ("sched_process_exec", "sched", "sched_process_exec"),
+    ("sched_process_exit", "sched", "sched_process_exit"),
 ];
+
+/// The file I/O programs, on the raw syscall tracepoints (program, tracepoint): with
+/// `capture.file_io` only.
+const RAW_TRACEPOINTS: [(&str, &str); 2] = [("io_sys_enter", "sys_enter"), ("io_sys_exit", "sys_exit")];
 
 pub struct Capture {
     ebpf: Ebpf,
@@ -204,18 +179,16 @@ impl Capture {
         };
 
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
-        for (name, category, events) in TRACEPOINTS {
+        for (name, category, event) in TRACEPOINTS {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
             program.load().map_err(|source| CaptureError::Program { program: name, source })?;
-            for event in events {
-                if category == "syscalls" && !config.file_io {
-                    continue;
-                }
-                if category == "syscalls" && !Path::new(TRACEFS).join("events/syscalls").join(event).is_dir() {
-                    tracing::debug!("no tracepoint syscalls/{event} on this kernel");
-                    continue;
-                }
-                program.attach(category, event).map_err(|source| CaptureError::Program { program: name, source })?;
+            program.attach(category, event).map_err(|source| CaptureError::Program { program: name, source })?;
+        }
+        if config.file_io {
+            for (name, tracepoint) in RAW_TRACEPOINTS {
+                let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
+                program.load().map_err(|source| CaptureError::Program { program: name, source })?;
+                program.attach(tracepoint).map_err(|source| CaptureError::Program { program: name, source })?;
             }
         }
         let bursts = take_ring(&mut ebpf, "BURSTS")?;
@@ -383,7 +356,7 @@ impl Capture {
     /// Run time and count of each program, from the kernel's BPF statistics.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
         let probes = UPROBE_PROGRAMS[..2].iter().zip(&self.uprobe_programs).map(|(&name, fd)| (name, fd.as_fd()));
-        let tracepoints = TRACEPOINTS.iter().filter_map(|&(name, _, _)| {
+        let tracepoints = TRACEPOINTS.iter().map(|&(name, _, _)| name).chain(RAW_TRACEPOINTS.map(|(name, _)| name)).filter_map(|name| {
             let fd = self.ebpf.program(name)?.fd().ok()?;
             Some((name, fd.as_fd()))
         });
