@@ -140,14 +140,8 @@ fn a_job_over_two_nodes_has_an_exact_job_wide_load_balance() {
         return;
     }
     let (a, b) = (Cgroup::new("mpiburst-node-a"), Cgroup::new("mpiburst-node-b"));
-    let config = |cg: &Cgroup| {
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), format!("[daemon]\ncgroup = \"{}\"\n", cg.path)).unwrap();
-        file
-    };
-    let (config_a, config_b) = (config(&a), config(&b));
-    let node_a = Daemon::start(&["--node", "node-a", "-c", config_a.path().to_str().unwrap()]);
-    let node_b = Daemon::start(&["--node", "node-b", "-c", config_b.path().to_str().unwrap()]);
+    let node_a = Daemon::start(&["--node", "node-a", "--cgroup", &a.path]);
+    let node_b = Daemon::start(&["--node", "node-b", "--cgroup", &b.path]);
     let prometheus = Prometheus::start(&[&node_a.addr, &node_b.addr]);
     // Even ranks run in node a's cgroup, odd ranks in node b's: each rank moves itself before
     // it execs the program, so each daemon sees only its half of the job.

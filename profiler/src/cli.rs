@@ -141,6 +141,10 @@ pub struct RunArgs {
     /// Extra MPI library file to probe (repeatable).
     #[arg(long = "library")]
     pub libraries: Vec<PathBuf>,
+    /// Profile only processes in this cgroup or below it, as /proc/PID/cgroup names it (e.g. a
+    /// Slurm step's).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
 }
 
 impl RunArgs {
@@ -166,6 +170,9 @@ impl RunArgs {
             c.capture.counters = v;
         }
         c.mpi.libraries.extend(self.libraries.iter().cloned());
+        if let Some(v) = &self.cgroup {
+            c.daemon.cgroup = v.clone();
+        }
         c.validate()?;
         Ok(c)
     }
@@ -180,9 +187,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
         std::fs::write(&path, "[capture]\nmin_burst_us = 500\nring_buffer_mib = 8\n").unwrap();
-        let cli = Cli::parse_from(["mpiburst", "run", "-c", path.to_str().unwrap(), "--min-burst-us", "50"]);
+        let cli = Cli::parse_from(["mpiburst", "run", "-c", path.to_str().unwrap(), "--min-burst-us", "50", "--cgroup", "/slurm/job_7"]);
         let Command::Run(args) = cli.command else { panic!("parsed {:?}", cli.command) };
         let c = args.config().unwrap();
+        assert_eq!(c.daemon.cgroup, "/slurm/job_7");
         assert_eq!(c.capture.min_burst_us, 50, "CLI wins over the file");
         assert_eq!(c.capture.ring_buffer_mib, 8, "the file wins over the default");
         assert_eq!(c.capture.drain_interval_ms, Config::default().capture.drain_interval_ms);
