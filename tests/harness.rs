@@ -297,11 +297,23 @@ impl Prometheus {
             .expect("prometheus (Debian package; `cargo xtask test` installs it)");
         let p = Prometheus { child, addr, _dir: dir };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(&p.addr).is_err() {
-            assert!(Instant::now() < deadline, "prometheus did not start listening");
+        // Listening is not enough: until its storage and rules are loaded, queries answer 503.
+        while !p.ready() {
+            assert!(Instant::now() < deadline, "prometheus did not become ready within 30 s");
             thread::sleep(Duration::from_millis(200));
         }
         p
+    }
+
+    /// GET /-/ready answers 200.
+    fn ready(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::net::TcpStream::connect(&self.addr) else { return false };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut head = [0u8; 12];
+        write!(stream, "GET /-/ready HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).is_ok()
+            && stream.read_exact(&mut head).is_ok()
+            && head.ends_with(b" 200")
     }
 
     /// The single value of an instant query, once it has one (bounded wait).
