@@ -346,3 +346,25 @@ pub fn encode(q: &str) -> String {
         })
         .collect()
 }
+
+/// The load balance (mean over max) of per-rank useful seconds, after checking that the
+/// recording rules give exactly the same for job `id` once Prometheus has scraped the final
+/// values and evaluated the rules on them.
+pub fn assert_rules_load_balance(prometheus: &Prometheus, id: &str, useful: &[f64]) -> f64 {
+    let direct = useful.iter().sum::<f64>() / useful.len() as f64 / useful.iter().cloned().fold(0.0, f64::max);
+    thread::sleep(Duration::from_secs(3));
+    let from_rules = prometheus.value(&format!("mpi_job:mpiburst_load_balance:ratio{{mpi_job=\"{id}\"}}"));
+    eprintln!("load balance: {from_rules} from the recording rules, {direct} from all {} ranks directly", useful.len());
+    assert!((from_rules - direct).abs() < 1e-9, "rules {from_rules} vs direct {direct}");
+    direct
+}
+
+/// A job-level or per-rank property of a span in `/api/jobs/{id}/properties`.
+pub fn property<'a>(span: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    span["properties"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no property {name} in {span}"))
+}

@@ -33,22 +33,14 @@ fn job_load_balance_from_the_rules_equals_the_direct_value() {
     let useful: Vec<f64> =
         detail["ranks"].as_array().unwrap().iter().map(|r| r["totals"]["burst_ns"].as_f64().unwrap() / 1e9).collect();
     assert_eq!(useful.len(), 2);
-    let direct = useful.iter().sum::<f64>() / useful.len() as f64 / useful.iter().cloned().fold(0.0, f64::max);
-    // Let Prometheus scrape the final values and evaluate the rules on them.
-    thread::sleep(Duration::from_secs(3));
-    let from_rules = prometheus.value(&format!("mpi_job:mpiburst_load_balance:ratio{{mpi_job=\"{id}\"}}"));
-    eprintln!("load balance: {from_rules} from the recording rules, {direct} from the ranks directly");
-    assert!((from_rules - direct).abs() < 1e-9, "rules {from_rules} vs direct {direct}");
+    let direct = assert_rules_load_balance(&prometheus, &id, &useful);
     assert!((0.5..0.62).contains(&direct), "load balance {direct}, expected about 0.55");
 
     // The load-balance property fires with its F2 severity 1 − LB / 0.8 (threshold 0.8, exponent
     // 1), in the JSON API and in Prometheus alike.
     let props: serde_json::Value =
         serde_json::from_str(&http_get(&daemon.addr, &format!("/api/jobs/{}/properties", encode(&id)))).unwrap();
-    let find = |name: &str| {
-        props["job"]["properties"].as_array().unwrap().iter().find(|p| p["name"] == name).cloned().unwrap()
-    };
-    let lb = find("load_balance");
+    let lb = property(&props["job"], "load_balance");
     let (value, severity) = (lb["outcome"]["value"].as_f64().unwrap(), lb["outcome"]["severity"].as_f64().unwrap());
     assert!((value - direct).abs() < 1e-9, "property {value} vs direct {direct}");
     assert!((severity - (1.0 - value / 0.8)).abs() < 1e-12, "severity {severity} for load balance {value}");
@@ -62,7 +54,7 @@ fn job_load_balance_from_the_rules_equals_the_direct_value() {
     ));
     assert_eq!(recommended, 1.0);
     // Per-rank MPI time fractions, as quantiles over the ranks: the largest is rank 0's.
-    let fraction = find("mpi_time_fraction");
+    let fraction = property(&props["job"], "mpi_time_fraction");
     let highest = fraction["outcome"]["ranks"]["values"]["quantiles"].as_array().unwrap().last().unwrap().as_f64().unwrap();
     eprintln!("load balance property {value:.4}, severity {severity:.4}; largest MPI time fraction {highest:.3}");
     assert!((0.8..0.95).contains(&highest), "MPI time fraction of rank 0: {highest}");

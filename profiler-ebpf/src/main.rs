@@ -229,11 +229,11 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
     let Some(totals) = get_or_insert(&BURST_TOTALS, &tid, initial) else { return };
     let counters_on = config(&COUNTERS_ENABLED) != 0;
     let mut counters = [0u64; NUM_COUNTERS];
-    for i in 0..NUM_COUNTERS {
-        counters[i] = counters_now[i]
-            .wrapping_sub(st.burst_start_counters[i])
-            .wrapping_sub(st.polled_counters[i]);
-        if counters_on {
+    if counters_on {
+        for i in 0..NUM_COUNTERS {
+            counters[i] = counters_now[i]
+                .wrapping_sub(st.burst_start_counters[i])
+                .wrapping_sub(st.polled_counters[i]);
             totals.counters[i] += counters[i];
         }
     }

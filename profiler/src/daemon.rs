@@ -297,7 +297,7 @@ impl Daemon {
         }
         // From the process's start (its MPI_Init is in its MPI time), but not before the daemon's:
         // the kernel totals start then.
-        let now = usage::start_time_unix_ns(pid).map_or(unix_now_ns(), |t| t.max(self.started_ns));
+        let first_seen_ns = usage::start_time_unix_ns(pid).map_or(unix_now_ns(), |t| t.max(self.started_ns));
         let (meta, rank) = match discovery::identify(pid, &self.node) {
             Ok(id) => (
                 JobMeta {
@@ -309,7 +309,7 @@ impl Daemon {
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
                     build_id: discovery::build_id(std::path::Path::new(&format!("/proc/{pid}/exe"))).ok().flatten(),
-                    first_seen_ns: now,
+                    first_seen_ns,
                     ended_ns: None,
                 },
                 id.rank,
@@ -325,7 +325,7 @@ impl Daemon {
                         source: format!("unidentified ({e})"),
                         executable: String::new(),
                         build_id: None,
-                        first_seen_ns: now,
+                        first_seen_ns,
                         ended_ns: None,
                     },
                     0,
@@ -345,7 +345,7 @@ impl Daemon {
         job.ranks.entry(rank).or_insert_with(|| RankRecord {
             rank,
             pid,
-            first_seen_ns: now,
+            first_seen_ns,
             ended_ns: None,
             totals: RankTotals::default(),
             functions: BTreeMap::new(),

@@ -7,6 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::properties::IoCounts;
+
 /// One process's usage at one instant.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcessUsage {
@@ -16,19 +18,20 @@ pub struct ProcessUsage {
     pub cpus_allowed: BTreeSet<u32>,
 }
 
-fn sysconf(name: libc::c_int) -> u64 {
+/// `sysconf(name)`, or the POSIX default where this system does not know the name.
+fn sysconf(name: libc::c_int, default: u64) -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let v = unsafe { libc::sysconf(name) };
     if v > 0 {
         v as u64
     } else {
-        // POSIX defaults; sysconf only fails for names this system does not know.
-        if name == libc::_SC_CLK_TCK {
-            100
-        } else {
-            4096
-        }
+        default
     }
+}
+
+/// The length of the kernel's clock tick (the unit of the times in /proc/PID/stat).
+fn ns_per_tick() -> u64 {
+    1_000_000_000 / sysconf(libc::_SC_CLK_TCK, 100)
 }
 
 /// Parses "0-3,8,10-11" (the kernel's list format) into CPU numbers.
@@ -71,7 +74,7 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
 
 /// When the process started, in Unix ns (to the kernel's clock-tick resolution).
 pub fn start_time_unix_ns(pid: u32) -> std::io::Result<u64> {
-    let since_boot_ns = stat_field(&stat_fields(pid)?, pid, 22)? * (1_000_000_000 / sysconf(libc::_SC_CLK_TCK));
+    let since_boot_ns = stat_field(&stat_fields(pid)?, pid, 22)? * ns_per_tick();
     let boot_unix_ns = clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_BOOTTIME));
     Ok(boot_unix_ns + since_boot_ns)
 }
@@ -80,7 +83,6 @@ pub fn start_time_unix_ns(pid: u32) -> std::io::Result<u64> {
 pub fn read_process(pid: u32) -> std::io::Result<ProcessUsage> {
     let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/{what}"));
     let fields = stat_fields(pid)?;
-    let ns_per_tick = 1_000_000_000 / sysconf(libc::_SC_CLK_TCK);
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
     let resident_pages: u64 =
         statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| invalid("statm"))?;
@@ -91,9 +93,9 @@ pub fn read_process(pid: u32) -> std::io::Result<ProcessUsage> {
         .map(parse_cpu_list)
         .unwrap_or_default();
     Ok(ProcessUsage {
-        user_ns: stat_field(&fields, pid, 14)? * ns_per_tick,
-        system_ns: stat_field(&fields, pid, 15)? * ns_per_tick,
-        rss_bytes: resident_pages * sysconf(libc::_SC_PAGESIZE),
+        user_ns: stat_field(&fields, pid, 14)? * ns_per_tick(),
+        system_ns: stat_field(&fields, pid, 15)? * ns_per_tick(),
+        rss_bytes: resident_pages * sysconf(libc::_SC_PAGESIZE, 4096),
         cpus_allowed,
     })
 }
@@ -109,17 +111,7 @@ pub fn node_memory_bytes() -> std::io::Result<u64> {
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo"))
 }
 
-/// File I/O counts (cumulative).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct IoCounts {
-    pub read_bytes: u64,
-    pub read_calls: u64,
-    pub write_bytes: u64,
-    pub write_calls: u64,
-    pub opens: u64,
-    pub closes: u64,
-}
-
+/// The kernel's per-process I/O totals as counts.
 impl From<&profiler_common::IoTotals> for IoCounts {
     fn from(t: &profiler_common::IoTotals) -> Self {
         IoCounts {
@@ -129,20 +121,6 @@ impl From<&profiler_common::IoTotals> for IoCounts {
             write_calls: t.write_calls,
             opens: t.opens,
             closes: t.closes,
-        }
-    }
-}
-
-impl std::ops::Add for IoCounts {
-    type Output = IoCounts;
-    fn add(self, o: IoCounts) -> IoCounts {
-        IoCounts {
-            read_bytes: self.read_bytes + o.read_bytes,
-            read_calls: self.read_calls + o.read_calls,
-            write_bytes: self.write_bytes + o.write_bytes,
-            write_calls: self.write_calls + o.write_calls,
-            opens: self.opens + o.opens,
-            closes: self.closes + o.closes,
         }
     }
 }

@@ -289,22 +289,22 @@ fn io_request_size(
 }
 
 fn io_read_bandwidth(c: &JobContext) -> Observation {
-    io_rate(c, |io| io.read_bytes)
+    io_rate(c, |io| io.counts.read_bytes)
 }
 fn io_write_bandwidth(c: &JobContext) -> Observation {
-    io_rate(c, |io| io.write_bytes)
+    io_rate(c, |io| io.counts.write_bytes)
 }
 fn io_read_request_size(c: &JobContext) -> Observation {
-    io_request_size(c, |io| (io.read_bytes, io.read_calls), "read")
+    io_request_size(c, |io| (io.counts.read_bytes, io.counts.read_calls), "read")
 }
 fn io_write_request_size(c: &JobContext) -> Observation {
-    io_request_size(c, |io| (io.write_bytes, io.write_calls), "write")
+    io_request_size(c, |io| (io.counts.write_bytes, io.counts.write_calls), "write")
 }
 fn io_open_rate(c: &JobContext) -> Observation {
-    io_rate(c, |io| io.opens)
+    io_rate(c, |io| io.counts.opens)
 }
 fn io_close_rate(c: &JobContext) -> Observation {
-    io_rate(c, |io| io.closes)
+    io_rate(c, |io| io.counts.closes)
 }
 
 // ---- strategy "phase" (per cluster) ----

@@ -1,7 +1,8 @@
 //! What the properties are computed from: per-rank totals over a span (from the store's exact
 //! kernel totals), optional per-rank hardware counters, and the kernel's per-job resource usage
-//! and I/O counts. The capture side fills [`ResourceUsage`], [`IoStats`] and [`PmuCounters`];
-//! until it does, they are `None` and the properties over them say "not measured".
+//! and I/O counts. The daemon fills [`ResourceUsage`], [`IoStats`] and [`PmuCounters`] from
+//! capture (see [`super::live`]); where one is not collected it is `None` and the properties over
+//! it say "not measured".
 
 use serde::{Deserialize, Serialize};
 
@@ -161,18 +162,51 @@ pub struct ResourceUsage {
     pub cpus: f64,
 }
 
-/// The job's file I/O on this node from syscall tracepoints (read/pread/readv…, write/pwrite/
-/// writev…, openat, close) over `seconds`. Bytes are what the calls returned. This is the
-/// syscall level, not the file system's (the thesis measured GPFS with mmpmon).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct IoStats {
-    pub seconds: f64,
+/// File I/O counts of a job's processes from the syscall tracepoints (read/pread/readv…,
+/// write/pwrite/writev…, open/openat…, close): cumulative, or over a span in [`IoStats`]. Bytes
+/// are what the calls returned. This is the syscall level, not the file system's (the thesis
+/// measured GPFS with mmpmon).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoCounts {
     pub read_bytes: u64,
     pub read_calls: u64,
     pub write_bytes: u64,
     pub write_calls: u64,
     pub opens: u64,
     pub closes: u64,
+}
+
+impl IoCounts {
+    fn zip(self, o: IoCounts, f: impl Fn(u64, u64) -> u64) -> IoCounts {
+        IoCounts {
+            read_bytes: f(self.read_bytes, o.read_bytes),
+            read_calls: f(self.read_calls, o.read_calls),
+            write_bytes: f(self.write_bytes, o.write_bytes),
+            write_calls: f(self.write_calls, o.write_calls),
+            opens: f(self.opens, o.opens),
+            closes: f(self.closes, o.closes),
+        }
+    }
+
+    /// The counts since an earlier reading of the same counters.
+    pub fn since(self, before: IoCounts) -> IoCounts {
+        self.zip(before, u64::saturating_sub)
+    }
+}
+
+impl std::ops::Add for IoCounts {
+    type Output = IoCounts;
+    fn add(self, o: IoCounts) -> IoCounts {
+        self.zip(o, |a, b| a + b)
+    }
+}
+
+/// The job's file I/O on this node over `seconds`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct IoStats {
+    pub seconds: f64,
+    #[serde(flatten)]
+    pub counts: IoCounts,
 }
 
 /// The phases the per-phase properties are evaluated on: the clusters of an offline analysis

@@ -70,20 +70,11 @@ fn resources(after: &UsageTotals, before: Option<&UsageTotals>, cpus: u32, memor
 }
 
 fn io(after: &UsageTotals, before: Option<&UsageTotals>, seconds: f64) -> Option<IoStats> {
-    let a = after.io?;
-    let b = match before {
+    let before = match before {
         Some(u) => u.io?,
         None => Default::default(),
     };
-    Some(IoStats {
-        seconds,
-        read_bytes: a.read_bytes.saturating_sub(b.read_bytes),
-        read_calls: a.read_calls.saturating_sub(b.read_calls),
-        write_bytes: a.write_bytes.saturating_sub(b.write_bytes),
-        write_calls: a.write_calls.saturating_sub(b.write_calls),
-        opens: a.opens.saturating_sub(b.opens),
-        closes: a.closes.saturating_sub(b.closes),
-    })
+    Some(IoStats { seconds, counts: after.io?.since(before) })
 }
 
 /// A rank's instructions and cycles inside its bursts, from the kernel's counter sums.
@@ -118,9 +109,9 @@ impl LiveEvaluator {
                 sample.pmu = pmu(record);
             }
         }
-        let seconds = (lifetime.span.end_ns - lifetime.span.start_ns) as f64 / 1e9;
-        lifetime.resources = usage.map(|u| resources(u, None, self.cpus_seen, memory_available_bytes, seconds));
-        lifetime.io = usage.and_then(|u| io(u, None, seconds));
+        if let Some(u) = usage {
+            self.set_usage(&mut lifetime, u, None, memory_available_bytes);
+        }
         let job_properties = evaluate_job(&lifetime, config);
 
         let window = now_ns / self.window_ns;
@@ -142,6 +133,14 @@ impl LiveEvaluator {
         LiveProperties { job: job_properties, window: self.last_window.clone() }
     }
 
+    /// The span's resource usage and file I/O: the usage since `before`, or since the job
+    /// started.
+    fn set_usage(&self, input: &mut JobInput<'_>, after: &UsageTotals, before: Option<&UsageTotals>, memory_available_bytes: u64) {
+        let seconds = (input.span.end_ns - input.span.start_ns) as f64 / 1e9;
+        input.resources = Some(resources(after, before, self.cpus_seen, memory_available_bytes, seconds));
+        input.io = io(after, before, seconds);
+    }
+
     fn set_mark(&mut self, window: u64, job: &Job, usage: Option<&UsageTotals>, now_ns: u64) {
         self.mark = Some(Mark { window, at_ns: now_ns, ranks: job.ranks.clone(), usage: usage.copied() });
     }
@@ -158,7 +157,6 @@ impl LiveEvaluator {
         config: &PropertyConfig,
     ) -> Result<JobProperties, PropertyError> {
         let span = Span::new(mark.at_ns, now_ns);
-        let seconds = (span.end_ns - span.start_ns) as f64 / 1e9;
         // Ranks that ended before the window have nothing in it and would only dilute the means.
         let ranks = job
             .ranks
@@ -177,17 +175,19 @@ impl LiveEvaluator {
                 Ok(sample)
             })
             .collect::<Result<Vec<_>, PropertyError>>()?;
-        // Usage is differenced only when both snapshots have it.
-        let usage = usage.zip(mark.usage.as_ref());
-        let input = JobInput {
+        let mut input = JobInput {
             meta: &job.meta,
             span,
             ranks,
             nominal_hz: None,
-            resources: usage.map(|(u, b)| resources(u, Some(b), self.cpus_seen, memory_available_bytes, seconds)),
-            io: usage.and_then(|(u, b)| io(u, Some(b), seconds)),
+            resources: None,
+            io: None,
             phases: phases.map(PhasesInput::from),
         };
+        // Usage is differenced only when both snapshots have it.
+        if let (Some(u), Some(before)) = (usage, mark.usage.as_ref()) {
+            self.set_usage(&mut input, u, Some(before), memory_available_bytes);
+        }
         Ok(evaluate_job(&input, config))
     }
 }
@@ -239,7 +239,7 @@ mod tests {
         let usage = |user_s: u64, write_bytes: u64| UsageTotals {
             user_ns: user_s * S,
             cpus: 2,
-            io: Some(crate::capture::usage::IoCounts { write_bytes, write_calls: 1, ..Default::default() }),
+            io: Some(crate::properties::IoCounts { write_bytes, write_calls: 1, ..Default::default() }),
             ..Default::default()
         };
         // First update: a mark, no window yet. Balanced so far.

@@ -3,7 +3,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::*;
 use crate::analysis::{self, synthetic, AnalysisParams};
 use crate::properties::engine::Outcome;
-use crate::properties::inputs::PmuCounters;
+use crate::properties::inputs::{IoCounts, PmuCounters};
 use crate::properties::pop::Aggregate;
 use crate::store::{CallStats, Job, JobMeta, RankRecord, RankTotals};
 
@@ -273,12 +273,14 @@ fn small_io_requests_get_the_consolidation_recommendation() {
     let run = |size: u64| {
         let io = IoStats {
             seconds: 10.0,
-            read_bytes: requests * size,
-            read_calls: requests,
-            write_bytes: requests * size,
-            write_calls: requests,
-            opens: 2,
-            closes: 2,
+            counts: IoCounts {
+                read_bytes: requests * size,
+                read_calls: requests,
+                write_bytes: requests * size,
+                write_calls: requests,
+                opens: 2,
+                closes: 2,
+            },
         };
         evaluate_job(&io_input(&job, io), &PropertyConfig::default())
     };
@@ -330,9 +332,11 @@ fn a_few_small_requests_do_not_make_a_job_look_io_bound() {
     // Start-up reads of configuration and library files: 36 small reads in 10 s.
     let io = IoStats {
         seconds: 10.0,
-        read_bytes: 36 * 832,
-        read_calls: 36,
-        ..IoStats::default()
+        counts: IoCounts {
+            read_bytes: 36 * 832,
+            read_calls: 36,
+            ..IoCounts::default()
+        },
     };
     let props = evaluate_job(&io_input(&ats_job(), io), &PropertyConfig::default());
     let size = props.get("io_read_request_size").unwrap();
@@ -351,9 +355,11 @@ fn high_io_bandwidth_takes_the_other_branch() {
     let job = ats_job();
     let io = IoStats {
         seconds: 1.0,
-        read_bytes: 3 * 1024 * 1024 * 1024,
-        read_calls: 3 * 16 * 1024,
-        ..IoStats::default()
+        counts: IoCounts {
+            read_bytes: 3 * 1024 * 1024 * 1024,
+            read_calls: 3 * 16 * 1024,
+            ..IoCounts::default()
+        },
     };
     let props = evaluate_job(&io_input(&job, io), &PropertyConfig::default());
     let high = props.get("io_read_bandwidth_high").unwrap();
