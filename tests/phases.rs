@@ -275,7 +275,8 @@ fn runs_with_2_and_4_ranks_are_matched_phase_for_phase() {
     use mpiburst::analysis::tracking::{match_runs, AppIdentity, MatchKind, RunSignature, TrackingParams};
     let params = TrackingParams::default();
     let signature = |ranks: u32| {
-        let (recording, bursts) = record_phases(ranks, &["iters=40", "ms=2,6,12"]);
+        // Long enough that a few bursts a hiccup slowed stay below the relevant share.
+        let (recording, bursts) = record_phases(ranks, &["iters=160", "ms=2,6,12"]);
         let analysis = analyse(&bursts, ranks, &AnalysisParams::default()).unwrap();
         let job = recording.jobs.values().next().unwrap();
         // The runs are identified by the executable's build-id, as `readelf -n` prints it.

@@ -1880,10 +1880,21 @@ pub fn match_runs(a: &RunSignature, b: &RunSignature, params: &TrackingParams) -
             .cluster(id)
             .is_some_and(|c| c.time_share >= params.relevant_time_share)
     };
+    // Clusters below the relevant share make no split or merge, as in the tracker: a few bursts a
+    // hiccup of the machine slowed are not a phase of the run.
+    let members = |frame: &Frame, ids: &[u32]| -> Vec<u32> {
+        let kept: Vec<u32> = ids.iter().copied().filter(|&id| relevant(frame, id)).collect();
+        if kept.is_empty() {
+            ids.to_vec()
+        } else {
+            kept
+        }
+    };
     let phases: Vec<PhaseMatch> = pairing
         .relations
         .iter()
         .map(|r| {
+            let r = Relation { a: members(fa, &r.a), b: members(fb, &r.b), ..r.clone() };
             let kind = match (r.a.len(), r.b.len()) {
                 (1, 1) => MatchKind::OneToOne,
                 (1, _) => MatchKind::Split,
