@@ -2,50 +2,9 @@
 //! tracepoints (request sizes and the consolidation recommendation), and a job split over two
 //! daemons with distinct node identities whose job-wide load balance Prometheus computes exactly.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Stdio,
-    thread,
-    time::{Duration, Instant},
-};
+use std::{path::PathBuf, process::Stdio, time::Duration};
 
 use mpiburst_tests::*;
-
-/// GET a JSON document from a daemon.
-fn get_json(addr: &str, path: &str) -> serde_json::Value {
-    serde_json::from_str(&http_get(addr, path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
-}
-
-/// The id of the one job on the daemon whose executable is `program`, other than `earlier`.
-fn job_id(addr: &str, program: &Path, earlier: &[String]) -> String {
-    let exe = program.canonicalize().unwrap().display().to_string();
-    let jobs = get_json(addr, "/api/jobs");
-    let ids: Vec<&str> = jobs
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|j| j["meta"]["executable"] == exe.as_str())
-        .map(|j| j["meta"]["id"].as_str().unwrap())
-        .filter(|id| !earlier.iter().any(|e| e == id))
-        .collect();
-    assert_eq!(ids.len(), 1, "jobs running {exe}: {jobs}");
-    ids[0].to_string()
-}
-
-/// The job's properties, once the daemon has evaluated them after the job ended (bounded wait).
-fn ended_job_properties(addr: &str, id: &str) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let detail = get_json(addr, &format!("/api/jobs/{}", encode(id)));
-        if !detail["meta"]["ended_ns"].is_null() {
-            // One more stats update evaluates the job with its final totals.
-            thread::sleep(Duration::from_millis(1500));
-            return get_json(addr, &format!("/api/jobs/{}/properties", encode(id)));
-        }
-        assert!(Instant::now() < deadline, "job {id} did not end: {detail}");
-        thread::sleep(Duration::from_millis(300));
-    }
-}
 
 #[test]
 fn io_request_sizes_and_the_small_request_recommendation() {
@@ -160,7 +119,7 @@ fn a_job_over_two_nodes_has_an_exact_job_wide_load_balance() {
         assert_eq!(detail["meta"]["node"], node);
         let seen: Vec<u64> = detail["ranks"].as_array().unwrap().iter().map(|r| r["rank"].as_u64().unwrap()).collect();
         assert_eq!(seen, ranks, "ranks seen by {node}");
-        useful.extend(detail["ranks"].as_array().unwrap().iter().map(|r| r["totals"]["burst_ns"].as_f64().unwrap() / 1e9));
+        useful.extend(detail["ranks"].as_array().unwrap().iter().map(region_useful_seconds));
     }
     let direct = assert_rules_load_balance(&prometheus, &id, &useful);
     // Rank 1 does 10× the others' work: (1 + 3 × 0.1) / 4 = 0.325, with scheduling noise.

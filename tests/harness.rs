@@ -368,3 +368,57 @@ pub fn property<'a>(span: &'a serde_json::Value, name: &str) -> &'a serde_json::
         .find(|p| p["name"] == name)
         .unwrap_or_else(|| panic!("no property {name} in {span}"))
 }
+
+/// GET a JSON document from a daemon.
+pub fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    serde_json::from_str(&http_get(addr, path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// The id of the one job on the daemon whose executable is `program`, other than `earlier`.
+pub fn job_id(addr: &str, program: &Path, earlier: &[String]) -> String {
+    let exe = program.canonicalize().unwrap().display().to_string();
+    let jobs = get_json(addr, "/api/jobs");
+    let ids: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["meta"]["executable"] == exe.as_str())
+        .map(|j| j["meta"]["id"].as_str().unwrap())
+        .filter(|id| !earlier.iter().any(|e| e == id))
+        .collect();
+    assert_eq!(ids.len(), 1, "jobs running {exe}: {jobs}");
+    ids[0].to_string()
+}
+
+/// The job's properties, once the daemon has evaluated them after the job ended (bounded wait).
+pub fn ended_job_properties(addr: &str, id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let detail = get_json(addr, &format!("/api/jobs/{}", encode(id)));
+        if !detail["meta"]["ended_ns"].is_null() {
+            // One more stats update evaluates the job with its final totals.
+            thread::sleep(Duration::from_millis(1500));
+            return get_json(addr, &format!("/api/jobs/{}/properties", encode(id)));
+        }
+        assert!(Instant::now() < deadline, "job {id} did not end: {detail}");
+        thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// A rank's useful time in seconds from its record in `/api/jobs/{id}` (the POP definition,
+/// recomputed here as an oracle): its region of interest, from the return of MPI_Init to the
+/// entry of MPI_Finalize, minus the time inside every other MPI call. Only for ended ranks that
+/// went through both.
+pub fn region_useful_seconds(rank: &serde_json::Value) -> f64 {
+    let region = &rank["region"];
+    let (start, end) = (region["init_return_ns"].as_u64(), region["finalize_entry_ns"].as_u64());
+    let (Some(start), Some(end)) = (start, end) else { panic!("no complete region of interest in {rank}") };
+    let mpi: u64 = rank["functions"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| !["MPI_Init", "MPI_Init_thread", "MPI_Finalize"].contains(&name.as_str()))
+        .map(|(_, f)| f["time_ns"].as_u64().unwrap())
+        .sum();
+    (end - start - mpi) as f64 / 1e9
+}

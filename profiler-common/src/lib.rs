@@ -18,6 +18,8 @@ pub const NUM_COUNTERS: usize = 2;
 /// | 20–23 | argument index of the datatype, `NO_ARG` if none              |
 /// | 24–27 | datatype encoding (`DTYPE_*`)                                 |
 /// | 28    | polling call: counted, but it neither ends nor starts a burst |
+/// | 29    | MPI_Init / MPI_Init_thread: its return starts the region of interest |
+/// | 30    | MPI_Finalize: its entry ends the region of interest           |
 pub mod cookie {
     pub const NO_ARG: u64 = 0xf;
     /// No byte accounting at this attach point (for example Fortran wrappers, whose arguments
@@ -28,13 +30,16 @@ pub mod cookie {
     /// MPICH: builtin datatype handles encode their size in bits 8–15.
     pub const DTYPE_MPICH: u64 = 2;
     pub const POLLING: u64 = 1 << 28;
+    pub const REGION_START: u64 = 1 << 29;
+    pub const REGION_END: u64 = 1 << 30;
 
-    pub const fn encode(func: u16, count_arg: u64, dtype_arg: u64, dtype: u64, polling: bool) -> u64 {
+    /// `flags` is any of `POLLING`, `REGION_START`, `REGION_END`.
+    pub const fn encode(func: u16, count_arg: u64, dtype_arg: u64, dtype: u64, flags: u64) -> u64 {
         func as u64
             | (count_arg & 0xf) << 16
             | (dtype_arg & 0xf) << 20
             | (dtype & 0xf) << 24
-            | if polling { POLLING } else { 0 }
+            | (flags & (POLLING | REGION_START | REGION_END))
     }
     pub const fn func(c: u64) -> u32 {
         (c & 0xffff) as u32
@@ -52,6 +57,26 @@ pub mod cookie {
         c & POLLING != 0
     }
 }
+
+/// Per process (keyed by pid): the region of interest of the POP methodology, from the return
+/// of MPI_Init/MPI_Init_thread to the entry of MPI_Finalize (CLOCK_MONOTONIC ns, 0 until seen).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankRegion {
+    pub init_return_ns: u64,
+    pub finalize_entry_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<RankRegion>() == 16);
+
+/// Per CPU: the time and counter values of the last context switch on that CPU, i.e. when the
+/// thread now running on it came in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuSwitch {
+    pub last_switch_ns: u64,
+    pub counters: [u64; NUM_COUNTERS],
+}
+const _: () = assert!(core::mem::size_of::<CpuSwitch>() == 24);
 
 /// One burst at or above the duration filter, sent through the ring buffer.
 #[repr(C)]
@@ -119,20 +144,31 @@ pub struct ThreadState {
     /// On-CPU snapshot at the entry of the polling call in progress.
     pub poll_entry_oncpu: u64,
     pub poll_entry_counters: [u64; NUM_COUNTERS],
-    /// On-CPU time accumulated up to the last switch-out, and the last switch-in time
-    /// (0 while the thread is off CPU).
+    /// The thread's run time as the scheduler accounts it (the sum of its `sched_stat_runtime`
+    /// deltas since it was first seen), and when it was last accounted (CLOCK_MONOTONIC ns).
+    /// Running since then or since its switch-in (`CpuSwitch`), whichever is later, adds to it.
     pub oncpu_ns: u64,
-    pub switched_in_ns: u64,
+    pub oncpu_accounted_ns: u64,
     /// Per-thread counter totals, virtualised from per-CPU counters at sched_switch.
     pub counters: [u64; NUM_COUNTERS],
-    pub switch_in_counters: [u64; NUM_COUNTERS],
 }
 /// `outer_flags` bits.
 pub const OUTER_POLLING: u32 = 1;
 pub const OUTER_BYTES_DONE: u32 = 2;
 /// `pending` holds a burst to ship at the return of the outermost call.
 pub const OUTER_BURST_PENDING: u32 = 4;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 264);
+/// The outermost call in progress is MPI_Init/MPI_Init_thread.
+pub const OUTER_REGION_START: u32 = 8;
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 248);
+
+/// Value of the task → thread map: which thread (and process) a kernel task is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskThread {
+    pub tid: u32,
+    pub pid: u32,
+}
+const _: () = assert!(core::mem::size_of::<TaskThread>() == 8);
 
 /// Key of the per-thread, per-function call statistics. Keyed by thread, not process, so that
 /// only one CPU at a time updates an entry and plain adds are exact without atomics.
@@ -229,6 +265,8 @@ mod pod {
     unsafe impl aya::Pod for BurstRecord {}
     unsafe impl aya::Pod for ExecRecord {}
     unsafe impl aya::Pod for ThreadState {}
+    unsafe impl aya::Pod for RankRegion {}
+    unsafe impl aya::Pod for TaskThread {}
     unsafe impl aya::Pod for FuncKey {}
     unsafe impl aya::Pod for FuncStats {}
     unsafe impl aya::Pod for IoTotals {}

@@ -1,6 +1,6 @@
 //! mpiburst BPF programs: one uprobe/uretprobe pair attached to every MPI entry point (the attach
-//! cookie says which function it is), sched_switch for per-thread on-CPU time and counter
-//! virtualisation, sched_process_exec to find new MPI libraries, sched_process_exit for the exit
+//! cookie says which function it is), the raw sched_stat_runtime and sched_switch tracepoints
+//! for per-thread on-CPU time and counter virtualisation, sched_process_exec to find new MPI libraries, sched_process_exit for the exit
 //! time of the MPI processes the daemon tracks, and the file I/O syscall tracepoints of those.
 #![no_std]
 #![no_main]
@@ -8,7 +8,7 @@
 use aya_ebpf::{
     bindings::{bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
         bpf_perf_event_read_value, bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
@@ -17,9 +17,9 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    cookie, lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoPending, IoTotals,
-    ThreadState,
-    BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS, OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_POLLING,
+    cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoPending,
+    IoTotals, RankRegion, TaskThread, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
+    OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_POLLING, OUTER_REGION_START,
 };
 
 /// Bursts shorter than this are only summed in kernel. Set by the daemon at load time.
@@ -32,13 +32,29 @@ static OMPI_DTYPE_SIZE_OFFSET: u64 = 24;
 /// 1 when the daemon filled the counter arrays with per-CPU perf events.
 #[no_mangle]
 static COUNTERS_ENABLED: u32 = 0;
+/// Field offsets of the classic tracepoints, read by the daemon from their tracefs `format`
+/// files at load (they differ between kernel versions).
+#[no_mangle]
+static EXEC_PID_OFFSET: u64 = 0;
+#[no_mangle]
+static EXIT_GROUP_DEAD_OFFSET: u64 = 0;
 
 #[map]
 static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(65536, 0);
+/// Kernel task (task_struct address) → thread, for the threads in THREADS: sched_stat_runtime
+/// names the task, which may run on another CPU than the one accounting it.
+#[map]
+static TASK_THREADS: LruHashMap<u64, TaskThread> = LruHashMap::with_max_entries(65536, 0);
 #[map]
 static FUNC_STATS: HashMap<FuncKey, FuncStats> = HashMap::with_max_entries(65536, 0);
 #[map]
 static BURST_TOTALS: HashMap<u32, BurstTotals> = HashMap::with_max_entries(16384, 0);
+/// Region of interest per process (by pid).
+#[map]
+static REGIONS: HashMap<u32, RankRegion> = HashMap::with_max_entries(16384, 0);
+/// The last context switch on each CPU.
+#[map]
+static CPU_SWITCH: PerCpuArray<CpuSwitch> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static BURSTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 #[map]
@@ -105,46 +121,40 @@ fn read_counters() -> [u64; NUM_COUNTERS] {
     [read_counter(&COUNTER_INSTRUCTIONS), read_counter(&COUNTER_CYCLES)]
 }
 
-/// On-CPU time and counter totals of a running thread, up to now.
+/// On-CPU time and counter totals of the running thread (the caller's), up to `now`. The
+/// scheduler's own accounting (which leaves out time a hypervisor stole from the virtual CPU,
+/// as the thread's CLOCK_THREAD_CPUTIME_ID does) up to its last update, plus the wall time since
+/// then or since the thread's switch-in, the last switch on this CPU, whichever is later (a
+/// scheduler tick updates the accounting every few ms, so little is left to estimate).
 #[inline(always)]
 fn thread_now(st: &ThreadState, now: u64) -> (u64, [u64; NUM_COUNTERS]) {
     let mut counters = st.counters;
-    // switched_in_ns is 0 only while the thread is off CPU, which a probe on it cannot observe;
-    // the check keeps a lost sched_switch from turning into a huge on-CPU time.
-    if st.switched_in_ns == 0 {
+    let Some(cpu) = CPU_SWITCH.get(0) else { return (st.oncpu_ns, counters) };
+    let since = st.oncpu_accounted_ns.max(cpu.last_switch_ns);
+    // 0 until the first update after load: the time in progress is not counted.
+    if since == 0 {
         return (st.oncpu_ns, counters);
     }
-    let cur = read_counters();
-    for i in 0..NUM_COUNTERS {
-        counters[i] += cur[i].wrapping_sub(st.switch_in_counters[i]);
+    if config(&COUNTERS_ENABLED) != 0 {
+        let cur = read_counters();
+        for i in 0..NUM_COUNTERS {
+            counters[i] += cur[i].wrapping_sub(cpu.counters[i]);
+        }
     }
-    (st.oncpu_ns + now.saturating_sub(st.switched_in_ns), counters)
-}
-
-/// A probe runs on the thread, so the thread is on a CPU: if its clock is stopped, the kernel
-/// skipped the sched_switch program at its switch-in (it does when another tracing program is
-/// active on that CPU; the daemon exports those misses). Restart the clock here so the miss
-/// costs the time since the switch-in, not every burst until the next switch.
-#[inline(always)]
-fn resume_clock(st: &mut ThreadState, now: u64) {
-    if st.switched_in_ns == 0 {
-        st.switched_in_ns = now;
-        st.switch_in_counters = read_counters();
-    }
+    (st.oncpu_ns + now.saturating_sub(since), counters)
 }
 
 #[inline(always)]
-fn thread_state(tid: u32, pid: u32, now: u64) -> Option<&'static mut ThreadState> {
+fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
     if let Some(p) = THREADS.get_ptr_mut(tid) {
         return Some(unsafe { &mut *p });
     }
-    // A thread seen for the first time is running right now: start its on-CPU clock here.
+    // Its run time counts from here: the scheduler's updates add to it from now on.
     let fresh = ThreadState {
         pid,
         outer_func: NO_FUNC,
         burst_start_func: NO_FUNC,
-        switched_in_ns: now,
-        switch_in_counters: read_counters(),
+        oncpu_accounted_ns: unsafe { bpf_ktime_get_ns() },
         ..ThreadState::default()
     };
     if THREADS.insert(tid, fresh, BPF_NOEXIST as u64).is_err() {
@@ -152,6 +162,10 @@ fn thread_state(tid: u32, pid: u32, now: u64) -> Option<&'static mut ThreadState
         if THREADS.get_ptr_mut(tid).is_none() {
             count_lost(lost::THREAD_STATES);
         }
+    }
+    let task = unsafe { bpf_get_current_task() };
+    if TASK_THREADS.insert(&task, &TaskThread { tid, pid }, 0).is_err() {
+        count_lost(lost::THREAD_STATES);
     }
     THREADS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
 }
@@ -284,20 +298,22 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let id = bpf_get_current_pid_tgid();
     let (tid, pid) = (id as u32, (id >> 32) as u32);
-    let Some(st) = thread_state(tid, pid, now) else { return 0 };
-    resume_clock(st, now);
+    let Some(st) = thread_state(tid, pid) else { return 0 };
     let regs = unsafe { &*ctx.regs };
     if st.depth == 0 {
         st.outer_func = cookie::func(c);
         st.outer_entry_ns = now;
         st.outer_bytes = 0;
+        if c & cookie::REGION_END != 0 {
+            set_region(pid, |r| r.finalize_entry_ns = now);
+        }
         if cookie::polling(c) {
             st.outer_flags = OUTER_POLLING;
             let (oncpu, counters) = thread_now(st, now);
             st.poll_entry_oncpu = oncpu;
             st.poll_entry_counters = counters;
         } else {
-            st.outer_flags = 0;
+            st.outer_flags = if c & cookie::REGION_START != 0 { OUTER_REGION_START } else { 0 };
             close_burst(st, tid, now, cookie::func(c));
         }
     }
@@ -321,7 +337,6 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(p) = THREADS.get_ptr_mut(tid) else { return 0 };
     let st = unsafe { &mut *p };
-    resume_clock(st, now);
     // Depth 0 here means the daemon attached while this call was already running.
     if st.depth == 0 {
         return 0;
@@ -331,6 +346,9 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     let elapsed = now.saturating_sub(st.outer_entry_ns);
+    if st.outer_flags & OUTER_REGION_START != 0 {
+        set_region(st.pid, |r| r.init_return_ns = now);
+    }
     let key = FuncKey { tid, func: st.outer_func };
     let initial = FuncStats { pid: st.pid, ..FuncStats::default() };
     if let Some(s) = get_or_insert(&FUNC_STATS, &key, initial) {
@@ -371,6 +389,13 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// Records a region boundary of a process (the first thread to reach it sets it).
+#[inline(always)]
+fn set_region(pid: u32, set: impl FnOnce(&mut RankRegion)) {
+    let Some(region) = get_or_insert(&REGIONS, &pid, RankRegion::default()) else { return };
+    set(region);
+}
+
 /// Empty programs: the bare uprobe + uretprobe cost that `cargo xtask bench overhead` compares
 /// the real probes against, on the same function in the same run.
 #[uprobe]
@@ -383,54 +408,60 @@ pub fn floor_exit(_ctx: RetProbeContext) -> u32 {
     0
 }
 
-// Field offsets of sched/sched_switch (see its tracefs format file); stable across kernels.
-const PREV_PID: usize = 24;
-const NEXT_PID: usize = 56;
+// The scheduler programs are raw tracepoints: the kernel skips a classic tracepoint's program
+// whenever another BPF program or a BPF map system call is active on the CPU, which would lose
+// run time; a raw tracepoint's program is only skipped when it would re-enter itself.
 
-#[tracepoint]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
-    let now = unsafe { bpf_ktime_get_ns() };
-    let prev: u32 = unsafe { ctx.read_at(PREV_PID) }.unwrap_or(0);
-    let next: u32 = unsafe { ctx.read_at(NEXT_PID) }.unwrap_or(0);
-    if prev != 0 {
-        if let Some(p) = THREADS.get_ptr_mut(prev) {
-            let st = unsafe { &mut *p };
-            if st.switched_in_ns != 0 {
-                let (oncpu, counters) = thread_now(st, now);
-                st.oncpu_ns = oncpu;
-                st.counters = counters;
-                st.switched_in_ns = 0;
-            }
-        }
-    }
-    if next != 0 {
-        if let Some(p) = THREADS.get_ptr_mut(next) {
-            let st = unsafe { &mut *p };
-            st.switched_in_ns = now;
-            st.switch_in_counters = read_counters();
-        }
+/// Every time the scheduler accounts run time to a task (at every tick, switch and wake-up
+/// that updates it, possibly from another CPU): add it to the thread's on-CPU time.
+#[raw_tracepoint(tracepoint = "sched_stat_runtime")]
+pub fn sched_stat_runtime(ctx: RawTracePointContext) -> i32 {
+    let task: u64 = ctx.arg(0);
+    let runtime: u64 = ctx.arg(1);
+    let Some(thread) = (unsafe { TASK_THREADS.get(&task) }) else { return 0 };
+    if let Some(p) = THREADS.get_ptr_mut(thread.tid) {
+        let st = unsafe { &mut *p };
+        st.oncpu_ns += runtime;
+        st.oncpu_accounted_ns = unsafe { bpf_ktime_get_ns() };
     }
     0
 }
 
-// Field offset of sched/sched_process_exec's pid.
-const EXEC_PID: usize = 12;
+/// Every context switch: the thread coming in starts its time on this CPU now. With counters,
+/// the per-CPU counts since the last switch belong to the thread leaving (the current task).
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(cpu) = CPU_SWITCH.get_ptr_mut(0) else { return 0 };
+    let cpu = unsafe { &mut *cpu };
+    let counters_now = read_counters();
+    if config(&COUNTERS_ENABLED) != 0 {
+        let prev = bpf_get_current_pid_tgid() as u32;
+        if let Some(p) = THREADS.get_ptr_mut(prev) {
+            let st = unsafe { &mut *p };
+            for i in 0..NUM_COUNTERS {
+                st.counters[i] += counters_now[i].wrapping_sub(cpu.counters[i]);
+            }
+        }
+    }
+    cpu.last_switch_ns = now;
+    cpu.counters = counters_now;
+    0
+}
 
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
-    let pid: u32 = unsafe { ctx.read_at(EXEC_PID) }.unwrap_or(0);
+    let pid: u32 = unsafe { ctx.read_at(config(&EXEC_PID_OFFSET) as usize) }.unwrap_or(0);
     if EXECS.output::<ExecRecord>(&ExecRecord { pid, _pad: 0 }, BPF_RB_NO_WAKEUP as u64).is_err() {
         count_lost(lost::EXECS);
     }
     0
 }
 
-// Field offset of sched/sched_process_exit's group_dead: the last thread of the process exits.
-const EXIT_GROUP_DEAD: usize = 32;
-
+/// The exit of a thread; `group_dead` says it is the last thread of its process.
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    let group_dead: u8 = unsafe { ctx.read_at(EXIT_GROUP_DEAD) }.unwrap_or(0);
+    let group_dead: u8 = unsafe { ctx.read_at(config(&EXIT_GROUP_DEAD_OFFSET) as usize) }.unwrap_or(0);
     if group_dead == 0 {
         return 0;
     }

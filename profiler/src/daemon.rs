@@ -21,16 +21,16 @@ use crate::{
         usage::{self, JobUsage},
         AttachPoint, Capture, CaptureError,
     },
-    config::{Config, FunctionClass},
+    config::{Config, FunctionClass, FunctionSpec},
     discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
     export::{
         http::{self, Shared, SharedState},
         recording::{RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION},
         bottlenecks, phases, report, SelfStats,
     },
-    model::{Burst, HwCounters, JobId},
+    model::{is_lifecycle_function, Burst, HwCounters, JobId, FINALIZE_FUNCTION, INIT_FUNCTIONS},
     properties::{LiveEvaluator, PropertyConfig},
-    store::{CallStats, Job, JobMeta, RankRecord, RankTotals},
+    store::{CallStats, Job, JobMeta, RankRecord, RankTotals, RegionMarks},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +102,19 @@ fn final_phases(job: &Job) -> String {
 
 pub fn unix_now_ns() -> u64 {
     usage::clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// The cookie flags of a probed function: polling, or a bound of the region of interest.
+fn cookie_flags(spec: &FunctionSpec) -> u64 {
+    if spec.class == FunctionClass::Polling {
+        cookie::POLLING
+    } else if INIT_FUNCTIONS.contains(&spec.name.as_str()) {
+        cookie::REGION_START
+    } else if spec.name == FINALIZE_FUNCTION {
+        cookie::REGION_END
+    } else {
+        0
+    }
 }
 
 fn process_alive(pid: u32) -> bool {
@@ -246,7 +259,7 @@ impl Daemon {
                 Some(AttachPoint {
                     function: p.function.clone(),
                     file_offset: p.file_offset,
-                    cookie: cookie::encode(id as u16, count, dt, kind, spec.class == FunctionClass::Polling),
+                    cookie: cookie::encode(id as u16, count, dt, kind, cookie_flags(spec)),
                 })
             })
             .collect();
@@ -295,8 +308,8 @@ impl Daemon {
             self.outside.insert(pid);
             return None;
         }
-        // From the process's start (its MPI_Init is in its MPI time), but not before the daemon's:
-        // the kernel totals start then.
+        // From the process's start, but not before the daemon's: the kernel totals start then.
+        // (The efficiencies use the region of interest from MPI_Init's return instead.)
         let first_seen_ns = usage::start_time_unix_ns(pid).map_or(unix_now_ns(), |t| t.max(self.started_ns));
         let (meta, rank) = match discovery::identify(pid, &self.node) {
             Ok(id) => (
@@ -349,6 +362,7 @@ impl Daemon {
             ended_ns: None,
             totals: RankTotals::default(),
             functions: BTreeMap::new(),
+            region: Default::default(),
         });
         if let Err(e) = self.capture.track(pid) {
             tracing::warn!("pid {pid}: file I/O not counted, exit time approximate: {e}");
@@ -466,6 +480,18 @@ impl Daemon {
                     (name, CallStats { calls: s.calls, time_ns: s.time_ns, bytes: s.bytes, sized_calls: s.sized_calls })
                 })
                 .collect();
+            let marks = totals.regions.get(pid).copied().unwrap_or_default();
+            let seen = |t: u64| (t != 0).then(|| self.unix_ns(t));
+            rank.region = RegionMarks {
+                init_return_ns: seen(marks.init_return_ns),
+                finalize_entry_ns: seen(marks.finalize_entry_ns),
+                open_calls_since_ns: totals
+                    .open_calls
+                    .iter()
+                    .filter(|c| c.pid == *pid && !self.functions.get(c.func as usize).is_some_and(|f| is_lifecycle_function(f)))
+                    .map(|c| self.unix_ns(c.entry_ns))
+                    .collect(),
+            };
         }
         self.update_usage(&io, &gone);
         let ended: HashSet<u32> = if final_update { self.members.keys().copied().collect() } else { gone.clone() };

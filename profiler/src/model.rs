@@ -54,7 +54,8 @@ pub struct Burst {
     pub start_ns: u64,
     /// Wall-clock duration without the time spent in polling MPI calls inside the burst.
     pub duration_ns: u64,
-    /// Time the thread was on a CPU during the burst (from sched_switch).
+    /// Time the thread ran during the burst, as the scheduler accounts it (sched_stat_runtime):
+    /// what the thread's own CLOCK_THREAD_CPUTIME_ID counts, without time stolen by a hypervisor.
     pub oncpu_ns: u64,
     pub counters: Option<HwCounters>,
     /// MPI function whose return opened the burst.
@@ -72,6 +73,17 @@ impl Burst {
     pub fn region(&self) -> (&CallSite, &CallSite) {
         (&self.start_site, &self.end_site)
     }
+}
+
+/// The calls that bound a rank's region of interest, as the POP methodology defines it: from
+/// the return of MPI_Init/MPI_Init_thread to the entry of MPI_Finalize. Their own time is start-up
+/// and shut-down, reported apart and never counted as MPI time of the region.
+pub const INIT_FUNCTIONS: [&str; 2] = ["MPI_Init", "MPI_Init_thread"];
+pub const FINALIZE_FUNCTION: &str = "MPI_Finalize";
+
+/// MPI_Init, MPI_Init_thread or MPI_Finalize.
+pub fn is_lifecycle_function(name: &str) -> bool {
+    INIT_FUNCTIONS.contains(&name) || name == FINALIZE_FUNCTION
 }
 
 /// Identity of one MPI job on a node, as discovery found it.

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Burst, JobId};
+use crate::model::{is_lifecycle_function, Burst, JobId, FINALIZE_FUNCTION, INIT_FUNCTIONS};
 
 /// Exact per-rank burst totals (from the kernel; independent of the duration filter).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,6 +35,21 @@ pub struct CallStats {
     pub sized_calls: u64,
 }
 
+/// What the kernel saw of a rank's region of interest (see [`crate::model::INIT_FUNCTIONS`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionMarks {
+    /// Unix ns at the return of MPI_Init/MPI_Init_thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_return_ns: Option<u64>,
+    /// Unix ns at the entry of MPI_Finalize.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize_entry_ns: Option<u64>,
+    /// Unix ns at the entry of each outermost MPI call (other than the lifecycle calls) that a
+    /// thread of the rank was inside at the last kernel read: their time so far is MPI time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open_calls_since_ns: Vec<u64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankRecord {
     pub rank: u32,
@@ -44,14 +59,55 @@ pub struct RankRecord {
     pub ended_ns: Option<u64>,
     pub totals: RankTotals,
     pub functions: BTreeMap<String, CallStats>,
+    #[serde(default)]
+    pub region: RegionMarks,
 }
 
 impl RankRecord {
+    /// Time inside every outermost MPI call, the lifecycle calls included.
     pub fn mpi_ns(&self) -> u64 {
         self.functions.values().map(|f| f.time_ns).sum()
     }
     pub fn calls(&self) -> u64 {
         self.functions.values().map(|f| f.calls).sum()
+    }
+
+    /// Time inside MPI_Init/MPI_Init_thread.
+    pub fn init_ns(&self) -> u64 {
+        INIT_FUNCTIONS.iter().filter_map(|f| self.functions.get(*f)).map(|s| s.time_ns).sum()
+    }
+
+    /// Time inside MPI_Finalize.
+    pub fn finalize_ns(&self) -> u64 {
+        self.functions.get(FINALIZE_FUNCTION).map_or(0, |s| s.time_ns)
+    }
+
+    /// The rank's region of interest up to `now_ns` (Unix ns): from the return of its init call
+    /// to the entry of MPI_Finalize, or to its exit when it ended without one, or to `now_ns`.
+    /// A rank whose init return the daemon did not see but which made other MPI calls or bursts
+    /// initialised before the daemon saw it: its region starts when the daemon first saw it.
+    /// `None` while the rank has not returned from its init call.
+    pub fn region_span(&self, now_ns: u64) -> Option<(u64, u64)> {
+        let start = match self.region.init_return_ns {
+            Some(t) => t,
+            None if self.totals.bursts > 0 || self.region_functions().any(|(_, s)| s.calls > 0) => self.first_seen_ns,
+            None => return None,
+        };
+        let end = self.region.finalize_entry_ns.or(self.ended_ns).unwrap_or(now_ns).max(start);
+        Some((start, end))
+    }
+
+    /// Time inside outermost MPI calls in the region up to `now_ns`: every call but the
+    /// lifecycle ones, completed or (at the last kernel read) in progress.
+    pub fn region_mpi_ns(&self, now_ns: u64) -> u64 {
+        let completed: u64 = self.region_functions().map(|(_, s)| s.time_ns).sum();
+        let end = self.region_span(now_ns).map_or(now_ns, |(_, end)| end);
+        let open: u64 = self.region.open_calls_since_ns.iter().map(|&since| end.saturating_sub(since)).sum();
+        completed + open
+    }
+
+    fn region_functions(&self) -> impl Iterator<Item = (&String, &CallStats)> {
+        self.functions.iter().filter(|(name, _)| !is_lifecycle_function(name))
     }
 }
 

@@ -18,7 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "clock.h"
-#include <unistd.h>
+#include "output.h"
 
 int main(int argc, char **argv)
 {
@@ -57,18 +57,6 @@ int main(int argc, char **argv)
             t_start = now_ns();
         }
 
-    /* Written after MPI_Finalize, so file I/O does not fall inside a recorded burst. */
     MPI_Finalize();
-    char path[4096];
-    snprintf(path, sizeof path, "%s/timing.%d.json", argv[1], rank);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        perror(path);
-        return 1;
-    }
-    fprintf(f, "{\"rank\":%d,\"pid\":%ld,\"bursts\":[", rank, (long)getpid());
-    for (int j = 0; j < n; j++)
-        fprintf(f, "%s[%lld,%lld]", j ? "," : "", bursts[j][0], bursts[j][1]);
-    fprintf(f, "]}\n");
-    return fclose(f) == 0 ? 0 : 1;
+    return write_bursts(argv[1], "timing", rank, bursts, n);
 }

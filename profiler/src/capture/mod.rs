@@ -3,6 +3,7 @@
 
 mod counters;
 mod multi;
+mod tracefs;
 pub mod usage;
 
 use std::{
@@ -18,13 +19,16 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
-use profiler_common::{lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, ThreadState};
+use profiler_common::{
+    lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion, TaskThread, ThreadState,
+    NO_FUNC,
+};
 
 use crate::config::CaptureConfig;
 
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
 
-const TRACEFS: &str = "/sys/kernel/tracing";
+use tracefs::TRACEFS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
@@ -49,6 +53,8 @@ pub enum CaptureError {
     Io { what: String, source: std::io::Error },
     #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it with `mount -t tracefs nodev {TRACEFS}`")]
     Tracefs(std::io::Error),
+    #[error("tracepoint {event}: {detail}")]
+    TracepointFormat { event: String, detail: String },
 }
 
 /// One place to attach: a function's entry in a library file, with the cookie that tells the
@@ -67,6 +73,21 @@ pub struct KernelTotals {
     pub functions: Vec<(FuncKey, FuncStats)>,
     /// tid → burst totals; each value names its pid.
     pub bursts: Vec<(u32, BurstTotals)>,
+    /// pid → region of interest boundaries seen so far.
+    pub regions: BTreeMap<u32, RankRegion>,
+    /// Outermost MPI calls in progress at the read, one per thread inside one.
+    pub open_calls: Vec<OpenCall>,
+    /// CLOCK_MONOTONIC ns just before the maps were read.
+    pub read_ns: u64,
+}
+
+/// An outermost MPI call a thread is inside of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenCall {
+    pub pid: u32,
+    pub func: u32,
+    /// CLOCK_MONOTONIC ns at its entry.
+    pub entry_ns: u64,
 }
 
 /// Losses the kernel side counted (all are exported; none is silent).
@@ -92,16 +113,17 @@ pub struct ProgramStats {
 /// only the overhead benchmark uses.
 const UPROBE_PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit"];
 
-/// Where each tracepoint program attaches: (program, category, event).
-const TRACEPOINTS: [(&str, &str, &str); 3] = [
-    ("sched_switch", "sched", "sched_switch"),
-    ("sched_process_exec", "sched", "sched_process_exec"),
-    ("sched_process_exit", "sched", "sched_process_exit"),
-];
+/// Where each classic tracepoint program attaches: (program, category, event).
+const TRACEPOINTS: [(&str, &str, &str); 2] =
+    [("sched_process_exec", "sched", "sched_process_exec"), ("sched_process_exit", "sched", "sched_process_exit")];
+
+/// The raw tracepoint programs (program, tracepoint): the scheduler's, always on.
+const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] =
+    [("sched_stat_runtime", "sched_stat_runtime"), ("sched_switch", "sched_switch")];
 
 /// The file I/O programs, on the raw syscall tracepoints (program, tracepoint): with
 /// `capture.file_io` only.
-const RAW_TRACEPOINTS: [(&str, &str); 2] = [("io_sys_enter", "sys_enter"), ("io_sys_exit", "sys_exit")];
+const IO_RAW_TRACEPOINTS: [(&str, &str); 2] = [("io_sys_enter", "sys_enter"), ("io_sys_exit", "sys_exit")];
 
 pub struct Capture {
     ebpf: Ebpf,
@@ -121,27 +143,13 @@ pub struct Capture {
     _stats_fd: Option<OwnedFd>,
 }
 
-fn ensure_tracefs() -> Result<(), CaptureError> {
-    if Path::new(TRACEFS).join("events").is_dir() {
-        return Ok(());
-    }
-    let target = std::ffi::CString::new(TRACEFS).unwrap();
-    // SAFETY: all pointers are valid NUL-terminated strings; data may be NULL for tracefs.
-    let rc = unsafe {
-        libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
-    };
-    if rc != 0 {
-        return Err(CaptureError::Tracefs(std::io::Error::last_os_error()));
-    }
-    tracing::info!("mounted tracefs at {TRACEFS}");
-    Ok(())
-}
-
 impl Capture {
     /// Loads the programs and attaches the scheduler tracepoints. MPI libraries are attached
     /// afterwards with [`Capture::attach_library`].
     pub fn load(config: &CaptureConfig, ompi_dtype_size_offset: u64) -> Result<Self, CaptureError> {
-        ensure_tracefs()?;
+        tracefs::ensure_mounted()?;
+        let exec_pid_offset = tracefs::field_offset("sched", "sched_process_exec", "pid")?;
+        let exit_group_dead_offset = tracefs::field_offset("sched", "sched_process_exit", "group_dead")?;
         let cpus = online_cpus()?;
         let setup = counters::open(config.counters, &cpus)?;
         let ring_bytes = (config.ring_buffer_mib.next_power_of_two()) << 20;
@@ -152,6 +160,8 @@ impl Capture {
             .override_global("MIN_BURST_NS", &min_burst_ns, true)
             .override_global("COUNTERS_ENABLED", &counters_enabled, true)
             .override_global("OMPI_DTYPE_SIZE_OFFSET", &ompi_dtype_size_offset, true)
+            .override_global("EXEC_PID_OFFSET", &exec_pid_offset, true)
+            .override_global("EXIT_GROUP_DEAD_OFFSET", &exit_group_dead_offset, true)
             .map_max_entries("BURSTS", ring_bytes)
             .map_max_entries("COUNTER_INSTRUCTIONS", max_cpu)
             .map_max_entries("COUNTER_CYCLES", max_cpu)
@@ -184,12 +194,11 @@ impl Capture {
             program.load().map_err(|source| CaptureError::Program { program: name, source })?;
             program.attach(category, event).map_err(|source| CaptureError::Program { program: name, source })?;
         }
-        if config.file_io {
-            for (name, tracepoint) in RAW_TRACEPOINTS {
-                let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
-                program.load().map_err(|source| CaptureError::Program { program: name, source })?;
-                program.attach(tracepoint).map_err(|source| CaptureError::Program { program: name, source })?;
-            }
+        let io = if config.file_io { &IO_RAW_TRACEPOINTS[..] } else { &[] };
+        for &(name, tracepoint) in SCHED_RAW_TRACEPOINTS.iter().chain(io) {
+            let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
+            program.load().map_err(|source| CaptureError::Program { program: name, source })?;
+            program.attach(tracepoint).map_err(|source| CaptureError::Program { program: name, source })?;
         }
         let bursts = take_ring(&mut ebpf, "BURSTS")?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
@@ -286,13 +295,26 @@ impl Capture {
         pids
     }
 
-    /// Reads the per-thread call statistics and burst totals.
+    /// Reads the per-thread call statistics, burst totals, regions of interest and the MPI
+    /// calls in progress.
     pub fn read_totals(&self) -> Result<KernelTotals, CaptureError> {
+        let read_ns = usage::clock_ns(libc::CLOCK_MONOTONIC);
         let functions: HashMap<&MapData, FuncKey, FuncStats> = map_ref(&self.ebpf, "FUNC_STATS")?;
         let bursts: HashMap<&MapData, u32, BurstTotals> = map_ref(&self.ebpf, "BURST_TOTALS")?;
+        let regions: HashMap<&MapData, u32, RankRegion> = map_ref(&self.ebpf, "REGIONS")?;
+        let threads: HashMap<&MapData, u32, ThreadState> = map_ref(&self.ebpf, "THREADS")?;
+        let open_calls = threads
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, st)| st.depth > 0 && st.outer_func != NO_FUNC)
+            .map(|(_, st)| OpenCall { pid: st.pid, func: st.outer_func, entry_ns: st.outer_entry_ns })
+            .collect();
         Ok(KernelTotals {
             functions: functions.iter().filter_map(Result::ok).collect(),
             bursts: bursts.iter().filter_map(Result::ok).collect(),
+            regions: regions.iter().filter_map(Result::ok).collect(),
+            open_calls,
+            read_ns,
         })
     }
 
@@ -330,6 +352,10 @@ impl Capture {
         remove_entries::<FuncKey, FuncStats>(&mut self.ebpf, "FUNC_STATS", |v| pids.contains(&v.pid))?;
         remove_entries::<u32, BurstTotals>(&mut self.ebpf, "BURST_TOTALS", |v| pids.contains(&v.pid))?;
         remove_entries::<u32, IoTotals>(&mut self.ebpf, "IO_TOTALS", |v| pids.contains(&v.pid))?;
+        let mut regions: HashMap<&mut MapData, u32, RankRegion> = map_mut(&mut self.ebpf, "REGIONS")?;
+        for pid in pids {
+            let _ = regions.remove(pid);
+        }
         let mut tracked: HashMap<&mut MapData, u32, u64> = map_mut(&mut self.ebpf, "TRACKED")?;
         for pid in pids {
             let _ = tracked.remove(pid);
@@ -339,6 +365,7 @@ impl Capture {
         for k in open {
             let _ = files.remove(&k);
         }
+        remove_entries::<u64, TaskThread>(&mut self.ebpf, "TASK_THREADS", |v| pids.contains(&v.pid))?;
         remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", |v| pids.contains(&v.pid))
     }
 
@@ -356,7 +383,8 @@ impl Capture {
     /// Run time and count of each program, from the kernel's BPF statistics.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
         let probes = UPROBE_PROGRAMS[..2].iter().zip(&self.uprobe_programs).map(|(&name, fd)| (name, fd.as_fd()));
-        let tracepoints = TRACEPOINTS.iter().map(|&(name, _, _)| name).chain(RAW_TRACEPOINTS.map(|(name, _)| name)).filter_map(|name| {
+        let raw = SCHED_RAW_TRACEPOINTS.iter().chain(&IO_RAW_TRACEPOINTS).map(|&(name, _)| name);
+        let tracepoints = TRACEPOINTS.iter().map(|&(name, _, _)| name).chain(raw).filter_map(|name| {
             let fd = self.ebpf.program(name)?.fd().ok()?;
             Some((name, fd.as_fd()))
         });

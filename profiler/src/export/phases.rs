@@ -853,6 +853,7 @@ mod tests {
                     ..Default::default()
                 },
                 functions: Default::default(),
+                region: Default::default(),
             },
         );
         assert_eq!(

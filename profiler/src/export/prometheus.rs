@@ -12,7 +12,7 @@ use crate::{
     capture::ProgramStats,
     export::http::Shared,
     model::JobId,
-    properties::{JobProperties, Outcome, PropertyResult},
+    properties::{Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankSample},
     store::{JobStore, RankRecord},
 };
 
@@ -155,23 +155,55 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         per_function.iter().filter(|(_, s)| s.sized_calls > 0).map(|(l, s)| (l.clone(), s.bytes as f64)),
     );
 
-    // Mergeable per-rank aggregates: summed (sum, count) or maxed/minned across nodes in PromQL,
-    // they give exact job-wide load balance and communication efficiency (dashboards/rules).
-    for (name, help, value) in [
+    // Mergeable per-rank aggregates over each rank's region of interest (the same samples the
+    // properties use): summed (sum, count) or maxed/minned across nodes in PromQL, they give
+    // exact job-wide load balance and communication efficiency (dashboards/rules).
+    let lifetimes: Vec<_> = jobs
+        .iter()
+        .map(|(l, j)| {
+            let samples: Vec<RankSample> = j.ranks.values().map(|r| RankSample::lifetime(r, now_ns)).collect();
+            (l, JobAggregates::from_ranks(&samples))
+        })
+        .collect();
+    e.family(
+        "mpiburst_job_region_ranks",
+        "gauge",
+        "Ranks of the job here past the return of MPI_Init (the count of the per-rank aggregates).",
+        lifetimes.iter().map(|(l, a)| ((*l).clone(), a.useful_seconds.count as f64)),
+    );
+    for (name, help, field) in [
         (
             "mpiburst_job_rank_useful_seconds",
-            "Per-rank useful (burst) time over the job's ranks here: stat=sum|min|max; count is mpiburst_job_local_ranks.",
-            (|r: &RankRecord, _: u64| r.totals.burst_ns) as fn(&RankRecord, u64) -> u64,
+            "Per-rank useful time (region of interest minus MPI time) over the job's ranks here: stat=sum|min|max.",
+            (|a: &JobAggregates| a.useful_seconds) as fn(&JobAggregates) -> Aggregate,
         ),
-        (
-            "mpiburst_job_rank_mpi_seconds",
-            "Per-rank time in MPI over the job's ranks here: stat=sum|min|max.",
-            |r: &RankRecord, _: u64| r.mpi_ns(),
-        ),
+        ("mpiburst_job_rank_mpi_seconds", "Per-rank time in MPI inside the region of interest: stat=sum|min|max.", |a| a.mpi_seconds),
         (
             "mpiburst_job_rank_runtime_seconds",
-            "Per-rank wall time since the daemon first saw the rank, until it ended or now: stat=sum|min|max.",
-            |r: &RankRecord, now: u64| r.ended_ns.unwrap_or(now).saturating_sub(r.first_seen_ns),
+            "Per-rank region of interest, from the return of MPI_Init to the entry of MPI_Finalize (or exit, or now): stat=sum|min|max.",
+            |a| a.runtime_seconds,
+        ),
+    ] {
+        e.family(
+            name,
+            "gauge",
+            help,
+            lifetimes.iter().filter(|(_, a)| a.useful_seconds.count > 0).flat_map(|(l, a)| {
+                let a = field(a);
+                [("sum", a.sum), ("min", a.min), ("max", a.max)].map(|(stat, v)| (format!("{l},stat=\"{stat}\""), v))
+            }),
+        );
+    }
+    for (name, help, value) in [
+        (
+            "mpiburst_job_rank_init_seconds",
+            "Per-rank time inside MPI_Init/MPI_Init_thread (start-up, outside the efficiencies): stat=sum|min|max.",
+            RankRecord::init_ns as fn(&RankRecord) -> u64,
+        ),
+        (
+            "mpiburst_job_rank_finalize_seconds",
+            "Per-rank time inside MPI_Finalize (shut-down, outside the efficiencies): stat=sum|min|max.",
+            RankRecord::finalize_ns,
         ),
     ] {
         e.family(
@@ -179,13 +211,8 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
             "gauge",
             help,
             jobs.iter().filter(|(_, j)| !j.ranks.is_empty()).flat_map(|(l, j)| {
-                let values: Vec<u64> = j.ranks.values().map(|r| value(r, now_ns)).collect();
-                let (sum, min, max) = (
-                    values.iter().sum::<u64>(),
-                    values.iter().copied().min().unwrap_or(0),
-                    values.iter().copied().max().unwrap_or(0),
-                );
-                [("sum", sum), ("min", min), ("max", max)].map(|(stat, v)| (format!("{l},stat=\"{stat}\""), secs(v)))
+                let a = Aggregate::of(j.ranks.values().map(|r| secs(value(r))));
+                [("sum", a.sum), ("min", a.min), ("max", a.max)].map(|(stat, v)| (format!("{l},stat=\"{stat}\""), v))
             }),
         );
     }
@@ -498,11 +525,11 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
     for (name, help, field) in [
         (
             "mpiburst_job_window_rank_useful_seconds",
-            "Per-rank useful (burst) time in the last complete window over the job's ranks here: stat=sum|min|max.",
-            (|a: &crate::properties::JobAggregates| a.useful_seconds) as fn(&crate::properties::JobAggregates) -> crate::properties::Aggregate,
+            "Per-rank useful time (region of interest minus MPI time) in the last complete window over the job's ranks here: stat=sum|min|max.",
+            (|a: &JobAggregates| a.useful_seconds) as fn(&JobAggregates) -> Aggregate,
         ),
         ("mpiburst_job_window_rank_mpi_seconds", "Per-rank MPI time in the last complete window: stat=sum|min|max.", |a| a.mpi_seconds),
-        ("mpiburst_job_window_rank_runtime_seconds", "Per-rank run time in the last complete window: stat=sum|min|max.", |a| a.runtime_seconds),
+        ("mpiburst_job_window_rank_runtime_seconds", "Per-rank region of interest inside the last complete window: stat=sum|min|max.", |a| a.runtime_seconds),
     ] {
         e.family(
             name,
@@ -517,7 +544,7 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
     e.family(
         "mpiburst_job_window_ranks",
         "gauge",
-        "Ranks of the job here in the last complete window (the count of the window aggregates).",
+        "Ranks of the job here whose region of interest overlaps the last complete window (the count of the window aggregates).",
         windows.iter().map(|(l, w)| (l.clone(), w.properties.aggregates.useful_seconds.count as f64)),
     );
     e.family(
@@ -533,17 +560,23 @@ mod tests {
     use super::*;
     use crate::{
         model::JobId,
-        store::{Job, JobMeta, RankTotals},
+        store::{CallStats, Job, JobMeta, RankTotals, RegionMarks},
     };
 
-    fn rank(rank: u32, useful_s: u64, first_seen_s: u64, ended_s: Option<u64>) -> RankRecord {
+    /// A rank that returned from MPI_Init (after 0.5 s in it) when first seen and spent `mpi_s`
+    /// in MPI_Barrier since.
+    fn rank(rank: u32, mpi_s: u64, first_seen_s: u64, ended_s: Option<u64>) -> RankRecord {
+        let mut functions = BTreeMap::new();
+        functions.insert("MPI_Init".into(), CallStats { calls: 1, time_ns: 500_000_000, ..Default::default() });
+        functions.insert("MPI_Barrier".into(), CallStats { calls: 1, time_ns: mpi_s * 1_000_000_000, ..Default::default() });
         RankRecord {
             rank,
             pid: 100 + rank,
             first_seen_ns: first_seen_s * 1_000_000_000,
             ended_ns: ended_s.map(|s| s * 1_000_000_000),
-            totals: RankTotals { burst_ns: useful_s * 1_000_000_000, ..Default::default() },
-            functions: Default::default(),
+            totals: RankTotals { bursts: 1, ..Default::default() },
+            functions,
+            region: RegionMarks { init_return_ns: Some(first_seen_s * 1_000_000_000), ..Default::default() },
         }
     }
 
@@ -559,8 +592,9 @@ mod tests {
             first_seen_ns: 0,
             ended_ns: None,
         });
-        job.ranks.insert(0, rank(0, 2, 0, Some(10)));
-        job.ranks.insert(1, rank(1, 6, 1, None));
+        // Regions of 10 s and 20 s, useful 2 s and 6 s.
+        job.ranks.insert(0, rank(0, 8, 0, Some(10)));
+        job.ranks.insert(1, rank(1, 14, 1, None));
         let mut shared = Shared::default();
         shared.store.jobs.insert(job.meta.id.clone(), job);
         let text = render(&shared, 21_000_000_000);
@@ -572,6 +606,8 @@ mod tests {
             format!("mpiburst_job_rank_runtime_seconds{{{labels},stat=\"max\"}} 20"),
             format!("mpiburst_job_rank_runtime_seconds{{{labels},stat=\"min\"}} 10"),
             format!("mpiburst_job_local_ranks{{{labels}}} 2"),
+            format!("mpiburst_job_region_ranks{{{labels}}} 2"),
+            format!("mpiburst_job_rank_init_seconds{{{labels},stat=\"max\"}} 0.5"),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
         }
@@ -587,7 +623,6 @@ mod tests {
         use crate::{
             analysis::synthetic::{Phase, SyntheticJob},
             export::recording::{RecordedBurst, Recording, RecordingHeader, RecordingWriter, FORMAT_VERSION},
-            store::CallStats,
         };
         let bursts = SyntheticJob {
             ranks: job_ranks,

@@ -254,6 +254,7 @@ mod tests {
             ended_ns: Some(9),
             totals: RankTotals { bursts: 1, burst_ns: 7, ..Default::default() },
             functions: BTreeMap::new(),
+            region: Default::default(),
         };
         w.rank(&meta().id, &record).unwrap();
         w.flush().unwrap();

@@ -1,9 +1,13 @@
-//! The per-job text report printed while a job runs and when it ends: ranks, bursts, time in
-//! computation versus MPI per rank, and calls, time and bytes per MPI function.
+//! The per-job text report printed while a job runs and when it ends: ranks, bursts, useful
+//! time versus MPI time per rank over its region of interest, start-up and shut-down, and calls,
+//! time and bytes per MPI function.
 
 use std::fmt::Write as _;
 
-use crate::store::Job;
+use crate::{
+    properties::{Aggregate, RankSample},
+    store::{Job, RankRecord},
+};
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -43,27 +47,43 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
     let _ = writeln!(out, "   identity from {}; {counters_note}", m.source);
     let _ = writeln!(
         out,
-        "   {:>5} {:>8} {:>9} {:>9} {:>10} {:>10} {:>7} {:>8}",
-        "rank", "pid", "bursts", "filtered", "compute s", "MPI s", "MPI %", "on-CPU %"
+        "   {:>5} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>8}",
+        "rank", "pid", "bursts", "filtered", "region s", "useful s", "MPI s", "MPI %", "on-CPU %"
     );
     for r in job.ranks.values() {
         let t = &r.totals;
-        let mpi = r.mpi_ns();
-        let total = t.burst_ns + mpi;
-        let mpi_pct = if total > 0 { 100.0 * mpi as f64 / total as f64 } else { 0.0 };
+        let sample = RankSample::lifetime(r, end);
+        let mpi_pct = if sample.runtime_ns > 0 { 100.0 * sample.mpi_ns as f64 / sample.runtime_ns as f64 } else { 0.0 };
         let oncpu_pct = if t.burst_ns > 0 { 100.0 * t.burst_oncpu_ns as f64 / t.burst_ns as f64 } else { 0.0 };
+        let state = match (r.region_span(end), r.ended_ns) {
+            (None, _) => "  (in MPI_Init)",
+            (Some(_), Some(_)) if r.region.finalize_entry_ns.is_none() => "  (exited without MPI_Finalize)",
+            (Some(_), Some(_)) => "  (exited)",
+            (Some(_), None) => "",
+        };
         let _ = writeln!(
             out,
-            "   {:>5} {:>8} {:>9} {:>9} {:>10.3} {:>10.3} {:>6.1}% {:>7.1}%{}",
+            "   {:>5} {:>8} {:>9} {:>9} {:>9.3} {:>9.3} {:>9.3} {:>6.1}% {:>7.1}%{state}",
             r.rank,
             r.pid,
             t.bursts,
             t.filtered_bursts,
-            secs(t.burst_ns),
-            secs(mpi),
+            secs(sample.runtime_ns),
+            secs(sample.useful_ns),
+            secs(sample.mpi_ns),
             mpi_pct,
             oncpu_pct,
-            if r.ended_ns.is_some() { "  (exited)" } else { "" }
+        );
+    }
+    let lifecycle = |value: fn(&RankRecord) -> u64| Aggregate::of(job.ranks.values().map(|r| secs(value(r))));
+    let (init, finalize) = (lifecycle(RankRecord::init_ns), lifecycle(RankRecord::finalize_ns));
+    if init.max > 0.0 || finalize.max > 0.0 {
+        let _ = writeln!(
+            out,
+            "   startup: MPI_Init {:.3} s max, {:.3} s mean; shutdown: MPI_Finalize {:.3} s max (outside the region of interest the efficiencies use)",
+            init.max,
+            init.mean().unwrap_or(0.0),
+            finalize.max
         );
     }
     let functions = job.functions();
@@ -92,7 +112,7 @@ mod tests {
     use super::*;
     use crate::{
         model::JobId,
-        store::{CallStats, JobMeta, RankRecord, RankTotals},
+        store::{CallStats, JobMeta, RankTotals, RegionMarks},
     };
 
     #[test]
@@ -109,20 +129,28 @@ mod tests {
         });
         let mut functions = std::collections::BTreeMap::new();
         functions.insert("MPI_Send".to_string(), CallStats { calls: 3, time_ns: 500_000_000, bytes: 3 << 20, sized_calls: 3 });
+        functions.insert("MPI_Init".to_string(), CallStats { calls: 1, time_ns: 300_000_000, ..Default::default() });
+        functions.insert("MPI_Finalize".to_string(), CallStats { calls: 1, time_ns: 100_000_000, ..Default::default() });
         job.ranks.insert(
             0,
             RankRecord {
                 rank: 0,
                 pid: 42,
                 first_seen_ns: 0,
-                ended_ns: None,
+                ended_ns: Some(2_100_000_000),
                 totals: RankTotals { bursts: 4, burst_ns: 1_500_000_000, burst_oncpu_ns: 750_000_000, ..Default::default() },
                 functions,
+                region: RegionMarks {
+                    init_return_ns: Some(0),
+                    finalize_entry_ns: Some(2_000_000_000),
+                    ..Default::default()
+                },
             },
         );
         let text = render(&job, 0, "no counters");
         assert!(text.contains("ended, 2.0 s"), "{text}");
-        assert!(text.contains("25.0%"), "MPI share 0.5/(1.5+0.5): {text}");
+        assert!(text.contains("25.0%"), "MPI share 0.5 s of the 2 s region: {text}");
+        assert!(text.contains("startup: MPI_Init 0.300 s max") && text.contains("MPI_Finalize 0.100 s max"), "{text}");
         assert!(text.contains("50.0%"), "on-CPU share: {text}");
         assert!(text.contains("MPI_Send") && text.contains("3.0 MiB"), "{text}");
     }

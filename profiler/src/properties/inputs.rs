@@ -51,22 +51,24 @@ impl PmuCounters {
     }
 }
 
-/// One rank over one span (its whole life so far, or one window).
+/// One rank over one span (its whole life so far, or one window). Times are those of the
+/// rank's region of interest inside the span (POP methodology, as DLB/TALP measure it): from the
+/// return of MPI_Init/MPI_Init_thread to the entry of MPI_Finalize (see
+/// [`RankRecord::region_span`]); start-up and shut-down are left out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankSample {
     pub rank: u32,
-    /// Wall time of the rank inside the span: from when the daemon first saw it (or the span
-    /// start) to when it ended (or the span end), but never less than `useful_ns + mpi_ns`. The
-    /// daemon sees a rank up to one drain interval after the kernel started counting it, and a
-    /// burst is counted in full in the span in which it ends.
+    /// Wall time of the rank's region of interest inside the span; 0 when the two do not
+    /// overlap (the rank had not returned from MPI_Init, or had entered MPI_Finalize).
     pub runtime_ns: u64,
-    /// Useful time: wall time of all CPU bursts, whatever their duration (exact kernel totals).
+    /// Useful time: `runtime_ns` minus `mpi_ns`.
     pub useful_ns: u64,
-    /// On-CPU time inside those bursts.
+    /// On-CPU time inside the CPU bursts.
     pub useful_oncpu_ns: u64,
-    /// Useful time in bursts shorter than the kernel's duration filter (part of `useful_ns`).
+    /// Time in bursts shorter than the kernel's duration filter.
     pub filtered_ns: u64,
-    /// Time inside outermost MPI calls, all functions.
+    /// Time inside outermost MPI calls in the region: every probed call (blocking,
+    /// non-blocking, polling and local ones) but MPI_Init/MPI_Init_thread/MPI_Finalize.
     pub mpi_ns: u64,
     pub mpi_calls: u64,
     /// Bytes of the MPI calls whose datatype size was known.
@@ -78,13 +80,13 @@ impl RankSample {
     /// The rank's whole life up to `now_ns` (or its end). No counters: set `pmu` when the
     /// capture side provides them.
     pub fn lifetime(record: &RankRecord, now_ns: u64) -> RankSample {
-        let end = record.ended_ns.unwrap_or(now_ns).max(record.first_seen_ns);
         let t = &record.totals;
-        let mpi_ns = record.mpi_ns();
+        let runtime_ns = record.region_span(now_ns).map_or(0, |(start, end)| end - start);
+        let mpi_ns = record.region_mpi_ns(now_ns).min(runtime_ns);
         RankSample {
             rank: record.rank,
-            runtime_ns: (end - record.first_seen_ns).max(t.burst_ns + mpi_ns),
-            useful_ns: t.burst_ns,
+            runtime_ns,
+            useful_ns: runtime_ns - mpi_ns,
             useful_oncpu_ns: t.burst_oncpu_ns,
             filtered_ns: t.filtered_ns,
             mpi_ns,
@@ -96,8 +98,8 @@ impl RankSample {
 
     /// The rank inside `window`, from two snapshots of its record taken at the window's start
     /// (`None` when the rank appeared during the window) and at its end. The totals are the
-    /// differences; the run time is the overlap of the rank's life with the window. Fails when
-    /// the snapshots are not of the same process or a total went backwards.
+    /// differences; the run time is the overlap of the rank's region of interest with the
+    /// window. Fails when the snapshots are not of the same process or a total went backwards.
     pub fn window(
         before: Option<&RankRecord>,
         after: &RankRecord,
@@ -126,13 +128,14 @@ impl RankSample {
             .map(|r| RankSample::lifetime(r, window.start_ns))
             .unwrap_or(zero);
         let a = RankSample::lifetime(after, window.end_ns);
-        let useful_ns = sub("useful time", a.useful_ns, b.useful_ns)?;
-        let mpi_ns = sub("MPI time", a.mpi_ns, b.mpi_ns)?;
-        let alive = window.overlap_ns(after.first_seen_ns, after.ended_ns.unwrap_or(u64::MAX));
+        let runtime_ns = after.region_span(window.end_ns).map_or(0, |(start, end)| window.overlap_ns(start, end));
+        // An MPI call in progress at the first snapshot counts up to the window start there and
+        // in full once it completed, so the difference does not go backwards.
+        let mpi_ns = a.mpi_ns.saturating_sub(b.mpi_ns).min(runtime_ns);
         Ok(RankSample {
             rank,
-            runtime_ns: alive.max(useful_ns + mpi_ns),
-            useful_ns,
+            runtime_ns,
+            useful_ns: runtime_ns - mpi_ns,
             useful_oncpu_ns: sub("on-CPU time", a.useful_oncpu_ns, b.useful_oncpu_ns)?,
             filtered_ns: sub("filtered time", a.filtered_ns, b.filtered_ns)?,
             mpi_ns,
@@ -306,36 +309,58 @@ mod tests {
                 ..Default::default()
             },
             functions,
+            region: Default::default(),
         }
     }
 
-    #[test]
-    fn lifetime_runtime_is_first_seen_to_end_or_now() {
-        let r = RankSample::lifetime(&record(10 * S, None, 3 * S, 2 * S), 20 * S);
-        assert_eq!(
-            (r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls),
-            (10 * S, 3 * S, 2 * S, 10)
-        );
-        let ended = RankSample::lifetime(&record(10 * S, Some(15 * S), 3 * S, 2 * S), 20 * S);
-        assert_eq!(ended.runtime_ns, 5 * S);
-        // Seen late: never less than the time the kernel accounted.
-        let late = RankSample::lifetime(&record(10 * S, None, 3 * S, 2 * S), 14 * S);
-        assert_eq!(late.runtime_ns, 5 * S);
+    /// A rank that returned from MPI_Init at `init_return_ns`.
+    fn initialised(first_seen_ns: u64, init_return_ns: u64, ended_ns: Option<u64>, burst_ns: u64, mpi_ns: u64) -> RankRecord {
+        let mut r = record(first_seen_ns, ended_ns, burst_ns, mpi_ns);
+        r.functions.insert("MPI_Init".to_string(), CallStats { calls: 1, time_ns: S, bytes: 0, sized_calls: 0 });
+        r.region.init_return_ns = Some(init_return_ns);
+        r
     }
 
     #[test]
-    fn window_samples_are_differences() {
-        let before = record(5 * S, None, 3 * S, 2 * S);
-        let after = record(5 * S, None, 8 * S, 4 * S);
+    fn lifetime_is_the_region_of_interest() {
+        // From MPI_Init's return to now; MPI_Init's own time is not MPI time of the region.
+        let r = RankSample::lifetime(&initialised(10 * S, 12 * S, None, 3 * S, 2 * S), 20 * S);
+        assert_eq!((r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls), (8 * S, 6 * S, 2 * S, 11));
+        // To MPI_Finalize's entry.
+        let mut finalized = initialised(10 * S, 12 * S, Some(19 * S), 3 * S, 2 * S);
+        finalized.region.finalize_entry_ns = Some(18 * S);
+        finalized.functions.insert("MPI_Finalize".to_string(), CallStats { calls: 1, time_ns: S / 2, ..Default::default() });
+        let f = RankSample::lifetime(&finalized, 20 * S);
+        assert_eq!((f.runtime_ns, f.useful_ns, f.mpi_ns), (6 * S, 4 * S, 2 * S));
+        // Exited without MPI_Finalize: to its exit.
+        let exited = RankSample::lifetime(&initialised(10 * S, 12 * S, Some(15 * S), 3 * S, 2 * S), 20 * S);
+        assert_eq!((exited.runtime_ns, exited.useful_ns), (3 * S, S));
+        // A call in progress counts as MPI time up to now.
+        let mut waiting = initialised(10 * S, 12 * S, None, 3 * S, 2 * S);
+        waiting.region.open_calls_since_ns = vec![19 * S];
+        let w = RankSample::lifetime(&waiting, 20 * S);
+        assert_eq!((w.mpi_ns, w.useful_ns), (3 * S, 5 * S));
+        // Not returned from MPI_Init yet: no region.
+        let mut starting = record(10 * S, None, 0, 0);
+        starting.totals.bursts = 0;
+        starting.functions.clear();
+        starting.functions.insert("MPI_Init".to_string(), CallStats::default());
+        assert_eq!(RankSample::lifetime(&starting, 20 * S).runtime_ns, 0);
+        // Initialised before the daemon saw it: from then.
+        let late = RankSample::lifetime(&record(10 * S, None, 3 * S, 2 * S), 20 * S);
+        assert_eq!((late.runtime_ns, late.useful_ns), (10 * S, 8 * S));
+    }
+
+    #[test]
+    fn window_samples_are_differences_within_the_region() {
+        let before = initialised(5 * S, 6 * S, None, 3 * S, 2 * S);
+        let after = initialised(5 * S, 6 * S, None, 8 * S, 4 * S);
         let w = Span::new(10 * S, 20 * S);
         let r = RankSample::window(Some(&before), &after, w).unwrap();
-        assert_eq!(
-            (r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls),
-            (10 * S, 5 * S, 2 * S, 0)
-        );
-        // Appeared during the window.
-        let new = RankSample::window(None, &record(15 * S, None, S, S), w).unwrap();
-        assert_eq!((new.runtime_ns, new.useful_ns), (5 * S, S));
+        assert_eq!((r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls), (10 * S, 8 * S, 2 * S, 0));
+        // Appeared during the window: from its MPI_Init's return.
+        let new = RankSample::window(None, &initialised(15 * S, 16 * S, None, S, S), w).unwrap();
+        assert_eq!((new.runtime_ns, new.useful_ns), (4 * S, 3 * S));
         // A counter going backwards or another process is an error naming the rank.
         let err = RankSample::window(Some(&after), &before, w).unwrap_err();
         assert!(err.to_string().contains("rank 3"), "{err}");

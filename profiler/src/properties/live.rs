@@ -197,12 +197,14 @@ mod tests {
     use super::*;
     use crate::{
         model::JobId,
-        store::{CallStats, JobMeta, RankTotals},
+        store::{CallStats, JobMeta, RankTotals, RegionMarks},
     };
 
     const S: u64 = 1_000_000_000;
     const W: u64 = 30 * S;
 
+    /// Two ranks that returned from MPI_Init at 100 W and spent `mpi` in MPI since: their useful
+    /// time is the rest of their region of interest. `useful` is their burst time.
     fn job(useful: [u64; 2], mpi: [u64; 2]) -> Job {
         let mut job = Job::new(JobMeta {
             id: JobId("j".into()),
@@ -226,6 +228,7 @@ mod tests {
                     ended_ns: None,
                     totals: RankTotals { bursts: 1, burst_ns: useful[rank], burst_oncpu_ns: useful[rank], ..Default::default() },
                     functions,
+                    region: RegionMarks { init_return_ns: Some(100 * W), ..Default::default() },
                 },
             );
         }
@@ -248,17 +251,18 @@ mod tests {
         assert!(first.window.is_none());
         // Same window: still none.
         assert!(e.update(&job([2 * S, 2 * S], [0, 0]), Some(&usage(4, 10)), 1 << 30, None, start + 10 * S, &config).window.is_none());
-        // After the boundary: rank 1 worked 20 s and rank 0 2 s (plus 18 s in MPI) since the mark.
+        // After the boundary: rank 1 computed all of the 30 s since the mark, rank 0 3 s (27 s in
+        // MPI).
         let now = 101 * W + S;
-        let live = e.update(&job([3 * S, 21 * S], [18 * S, 0]), Some(&usage(42, 1010)), 1 << 30, None, now, &config);
+        let live = e.update(&job([4 * S, 31 * S], [27 * S, 0]), Some(&usage(42, 1010)), 1 << 30, None, now, &config);
         let w = live.window.expect("a complete window");
         assert_eq!((w.window, w.aligned_end_ns), (100, 101 * W));
         assert_eq!(w.properties.span, Span::new(start, now));
         let lb = w.properties.get("load_balance").unwrap().value().unwrap();
         assert!((lb - 0.55).abs() < 1e-12, "window LB {lb}");
-        // Over the life: (3 + 21) / 2 / 21.
+        // Over the life (regions of 31 s): (4 + 31) / 2 / 31.
         let life_lb = live.job.get("load_balance").unwrap().value().unwrap();
-        assert!((life_lb - 12.0 / 21.0).abs() < 1e-12, "lifetime LB {life_lb}");
+        assert!((life_lb - 35.0 / 62.0).abs() < 1e-12, "lifetime LB {life_lb}");
         // The window's I/O is the difference: 1000 bytes in 30 s.
         let bw = w.properties.get("io_write_bandwidth_low").or(w.properties.get("io_write_bandwidth_high")).unwrap();
         assert!((bw.value().unwrap() - 1000.0 / 30.0).abs() < 1e-9, "{bw:?}");
@@ -272,8 +276,13 @@ mod tests {
         let config = PropertyConfig::default();
         let mut e = LiveEvaluator::new(W, false);
         e.update(&job([10 * S, 10 * S], [0, 0]), None, 0, None, 100 * W + S, &config);
-        let mut restarted = job([S, 20 * S], [0, 0]);
-        restarted.ranks.get_mut(&0).unwrap().pid = 99;
+        // Rank 1 spent 20 s of the 30 s window in MPI; rank 0's new process returned from
+        // MPI_Init 1 s before the end of the window.
+        let mut restarted = job([S, 11 * S], [0, 20 * S]);
+        let new = restarted.ranks.get_mut(&0).unwrap();
+        new.pid = 99;
+        new.first_seen_ns = 101 * W;
+        new.region.init_return_ns = Some(101 * W);
         let live = e.update(&restarted, None, 0, None, 101 * W + S, &config);
         let w = live.window.unwrap();
         // Rank 0's new process did 1 s, rank 1 did 10 s in the window.

@@ -95,13 +95,13 @@ impl Aggregate {
 /// then `sum(sum) / sum(count)` for means, `max(max)` and `min(min)` across instances.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobAggregates {
-    /// Per-rank useful time (CPU bursts, wall clock).
+    /// Per-rank useful time (region of interest minus MPI time, see [`RankSample`]).
     pub useful_seconds: Aggregate,
     /// Per-rank on-CPU time inside bursts.
     pub useful_oncpu_seconds: Aggregate,
-    /// Per-rank time in MPI.
+    /// Per-rank time in MPI inside the region of interest.
     pub mpi_seconds: Aggregate,
-    /// Per-rank run time (see [`RankSample::runtime_ns`]).
+    /// Per-rank region of interest inside the span (see [`RankSample::runtime_ns`]).
     pub runtime_seconds: Aggregate,
     /// Per-rank compute rate: on-CPU seconds inside bursts per second of run time (ranks with
     /// run time only). Per node, `sum / count` is the node average whose max − min over nodes is
@@ -115,7 +115,10 @@ pub struct JobAggregates {
 }
 
 impl JobAggregates {
+    /// The aggregates of the ranks whose region of interest overlaps the span: a rank that had
+    /// not returned from MPI_Init, or had entered MPI_Finalize before the span, is left out.
     pub fn from_ranks(ranks: &[RankSample]) -> JobAggregates {
+        let ranks: Vec<&RankSample> = ranks.iter().filter(|r| r.runtime_ns > 0).collect();
         let secs = |ns: u64| ns as f64 / 1e9;
         let counters: Option<Vec<_>> = ranks.iter().map(|r| r.pmu).collect();
         let (instructions, cycles) = match counters {
@@ -130,12 +133,7 @@ impl JobAggregates {
             useful_oncpu_seconds: Aggregate::of(ranks.iter().map(|r| secs(r.useful_oncpu_ns))),
             mpi_seconds: Aggregate::of(ranks.iter().map(|r| secs(r.mpi_ns))),
             runtime_seconds: Aggregate::of(ranks.iter().map(|r| secs(r.runtime_ns))),
-            compute_rate: Aggregate::of(
-                ranks
-                    .iter()
-                    .filter(|r| r.runtime_ns > 0)
-                    .map(|r| r.useful_oncpu_ns as f64 / r.runtime_ns as f64),
-            ),
+            compute_rate: Aggregate::of(ranks.iter().map(|r| r.useful_oncpu_ns as f64 / r.runtime_ns as f64)),
             instructions,
             cycles,
             ranks_without_counters: ranks.iter().filter(|r| r.pmu.is_none()).count() as u64,

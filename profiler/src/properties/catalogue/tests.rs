@@ -53,6 +53,7 @@ fn rank_record(rank: u32, burst_ns: u64, mpi_ns: u64) -> RankRecord {
             ..Default::default()
         },
         functions,
+        region: Default::default(),
     }
 }
 
