@@ -75,16 +75,8 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
             oncpu_pct,
         );
     }
-    let lifecycle = |value: fn(&RankRecord) -> u64| Aggregate::of(job.ranks.values().map(|r| secs(value(r))));
-    let (init, finalize) = (lifecycle(RankRecord::init_ns), lifecycle(RankRecord::finalize_ns));
-    if init.max > 0.0 || finalize.max > 0.0 {
-        let _ = writeln!(
-            out,
-            "   startup: MPI_Init {:.3} s max, {:.3} s mean; shutdown: MPI_Finalize {:.3} s max (outside the region of interest the efficiencies use)",
-            init.max,
-            init.mean().unwrap_or(0.0),
-            finalize.max
-        );
+    if let Some(line) = lifecycle_line(job) {
+        let _ = writeln!(out, "   {line}");
     }
     let functions = job.functions();
     if !functions.is_empty() {
@@ -105,6 +97,28 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
         );
     }
     out
+}
+
+/// Start-up and shut-down of the ranks, which the efficiencies leave out: MPI_Init over the
+/// ranks whose return from it the daemon saw, MPI_Finalize over those that entered it.
+fn lifecycle_line(job: &Job) -> Option<String> {
+    let over = |seen: fn(&RankRecord) -> bool, value: fn(&RankRecord) -> u64| {
+        Aggregate::of(job.ranks.values().filter(|r| seen(r)).map(|r| secs(value(r))))
+    };
+    let init = over(|r| r.region.init_return_ns.is_some(), RankRecord::init_ns);
+    let finalize = over(|r| r.region.finalize_entry_ns.is_some(), RankRecord::finalize_ns);
+    let startup = match init.mean() {
+        Some(mean) => format!("startup: MPI_Init {:.3} s max, {mean:.3} s mean", init.max),
+        None if job.ranks.values().any(|r| r.region_span(u64::MAX).is_some()) => {
+            "startup: MPI_Init not seen (the daemon attached after it; regions start when it saw the ranks)".to_string()
+        }
+        None => return None,
+    };
+    let shutdown = match finalize.count {
+        0 => String::new(),
+        n => format!("; shutdown: MPI_Finalize {:.3} s max over {n} ranks", finalize.max),
+    };
+    Some(format!("{startup}{shutdown} (outside the region of interest the efficiencies use)"))
 }
 
 #[cfg(test)]
@@ -150,7 +164,7 @@ mod tests {
         let text = render(&job, 0, "no counters");
         assert!(text.contains("ended, 2.0 s"), "{text}");
         assert!(text.contains("25.0%"), "MPI share 0.5 s of the 2 s region: {text}");
-        assert!(text.contains("startup: MPI_Init 0.300 s max") && text.contains("MPI_Finalize 0.100 s max"), "{text}");
+        assert!(text.contains("startup: MPI_Init 0.300 s max") && text.contains("MPI_Finalize 0.100 s max over 1 ranks"), "{text}");
         assert!(text.contains("50.0%"), "on-CPU share: {text}");
         assert!(text.contains("MPI_Send") && text.contains("3.0 MiB"), "{text}");
     }
