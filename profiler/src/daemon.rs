@@ -9,6 +9,7 @@ use std::{
 };
 
 use profiler_common::{cookie, BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
+use tokio::signal::unix::SignalKind;
 
 use crate::{
     analysis::{
@@ -644,13 +645,18 @@ impl Daemon {
         eprintln!("mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs");
         let mut drain = tokio::time::interval(self.config.drain_interval());
         let mut stats = tokio::time::interval(self.config.stats_interval());
-        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|source| DaemonError::Capture(CaptureError::Io { what: "SIGTERM handler".into(), source }))?;
+        // Both streams exist for the whole loop: a signal that arrives while a drain or an update
+        // runs is kept for the next select (a stream made inside the loop would miss it).
+        let signal = |kind: SignalKind, name: &str| {
+            tokio::signal::unix::signal(kind)
+                .map_err(|source| DaemonError::Capture(CaptureError::Io { what: format!("{name} handler"), source }))
+        };
+        let (mut sigint, mut sigterm) = (signal(SignalKind::interrupt(), "SIGINT")?, signal(SignalKind::terminate(), "SIGTERM")?);
         loop {
             tokio::select! {
                 _ = drain.tick() => { self.drain()?; }
                 _ = stats.tick() => { self.update_totals(false)?; }
-                _ = tokio::signal::ctrl_c() => break,
+                _ = sigint.recv() => break,
                 _ = sigterm.recv() => break,
             }
         }
