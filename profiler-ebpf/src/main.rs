@@ -12,7 +12,7 @@ use aya_ebpf::{
         bpf_perf_event_read_value, bpf_probe_read_kernel, bpf_probe_read_user,
     },
     macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
-    maps::{HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
@@ -45,6 +45,13 @@ static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(6553
 /// names the task, which may run on another CPU than the one accounting it.
 #[map]
 static TASK_THREADS: LruHashMap<u64, TaskThread> = LruHashMap::with_max_entries(65536, 0);
+/// One bit per hash of the address of every task in TASK_THREADS (bits are never cleared): the
+/// scheduler's updates of other tasks, the vast majority, leave after one array read instead
+/// of a hash lookup.
+#[map]
+static TASK_FILTER: Array<u64> = Array::with_max_entries(TASK_FILTER_WORDS, 0);
+const TASK_FILTER_BITS: u32 = 16;
+const TASK_FILTER_WORDS: u32 = 1 << (TASK_FILTER_BITS - 6);
 #[map]
 static FUNC_STATS: HashMap<FuncKey, FuncStats> = HashMap::with_max_entries(65536, 0);
 #[map]
@@ -146,6 +153,12 @@ fn thread_now(st: &ThreadState, now: u64) -> (u64, [u64; NUM_COUNTERS]) {
 
 #[inline(always)]
 fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
+    // At every call, not only the first: the BPF target has no atomic OR, and another CPU
+    // setting a bit of the same word at the same moment may undo this one until the next call.
+    let (word, bit) = task_filter_slot(unsafe { bpf_get_current_task() });
+    if let Some(w) = TASK_FILTER.get_ptr_mut(word) {
+        unsafe { *w |= bit };
+    }
     if let Some(p) = THREADS.get_ptr_mut(tid) {
         return Some(unsafe { &mut *p });
     }
@@ -167,7 +180,16 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
     if TASK_THREADS.insert(&task, &TaskThread { tid, pid }, 0).is_err() {
         count_lost(lost::THREAD_STATES);
     }
+
     THREADS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
+}
+
+/// The word and bit of a task address in TASK_FILTER (Fibonacci hashing: task_struct addresses
+/// share their low bits).
+#[inline(always)]
+fn task_filter_slot(task: u64) -> (u32, u64) {
+    let h = task.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - TASK_FILTER_BITS);
+    ((h >> 6) as u32, 1 << (h & 63))
 }
 
 #[inline(always)]
@@ -412,12 +434,18 @@ pub fn floor_exit(_ctx: RetProbeContext) -> u32 {
 // whenever another BPF program or a BPF map system call is active on the CPU, which would lose
 // run time; a raw tracepoint's program is only skipped when it would re-enter itself.
 
-/// Every time the scheduler accounts run time to a task (at every tick, switch and wake-up
-/// that updates it, possibly from another CPU): add it to the thread's on-CPU time.
+/// Every time the scheduler accounts run time to a task (at every tick, switch, yield and
+/// wake-up that updates it, possibly from another CPU): add it to the thread's on-CPU time.
+/// It runs for every task on the node, hundreds of thousands of times a second beside processes
+/// that poll with sched_yield, hence the filter in front of the lookup.
 #[raw_tracepoint(tracepoint = "sched_stat_runtime")]
 pub fn sched_stat_runtime(ctx: RawTracePointContext) -> i32 {
     let task: u64 = ctx.arg(0);
     let runtime: u64 = ctx.arg(1);
+    let (word, bit) = task_filter_slot(task);
+    if TASK_FILTER.get(word).is_none_or(|w| w & bit == 0) {
+        return 0;
+    }
     let Some(thread) = (unsafe { TASK_THREADS.get(&task) }) else { return 0 };
     if let Some(p) = THREADS.get_ptr_mut(thread.tid) {
         let st = unsafe { &mut *p };
