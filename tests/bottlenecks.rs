@@ -3,34 +3,13 @@
 //! daemons with distinct node identities whose job-wide load balance Prometheus computes exactly.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::Stdio,
     thread,
     time::{Duration, Instant},
 };
 
 use mpiburst_tests::*;
-
-/// GET a JSON document from a daemon.
-fn get_json(addr: &str, path: &str) -> serde_json::Value {
-    serde_json::from_str(&http_get(addr, path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
-}
-
-/// The id of the one job on the daemon whose executable is `program`, other than `earlier`.
-fn job_id(addr: &str, program: &Path, earlier: &[String]) -> String {
-    let exe = program.canonicalize().unwrap().display().to_string();
-    let jobs = get_json(addr, "/api/jobs");
-    let ids: Vec<&str> = jobs
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|j| j["meta"]["executable"] == exe.as_str())
-        .map(|j| j["meta"]["id"].as_str().unwrap())
-        .filter(|id| !earlier.iter().any(|e| e == id))
-        .collect();
-    assert_eq!(ids.len(), 1, "jobs running {exe}: {jobs}");
-    ids[0].to_string()
-}
 
 /// The job's properties, once the daemon has evaluated them after the job ended (bounded wait).
 fn ended_job_properties(addr: &str, id: &str) -> serde_json::Value {
@@ -48,10 +27,8 @@ fn ended_job_properties(addr: &str, id: &str) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn io_request_sizes_and_the_small_request_recommendation() {
-    if !privileged("io_request_sizes") {
-        return;
-    }
     let daemon = Daemon::start(&[]);
     let program = program("io", Mpi::OpenMpi);
     let dir = tempfile::tempdir().unwrap();
@@ -104,6 +81,7 @@ struct Cgroup {
 
 impl Cgroup {
     fn new(name: &str) -> Cgroup {
+        require_root();
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
         let root = mounts
             .lines()
@@ -126,10 +104,8 @@ impl Drop for Cgroup {
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_job_over_two_nodes_has_an_exact_job_wide_load_balance() {
-    if !privileged("two_nodes") {
-        return;
-    }
     let (a, b) = (Cgroup::new("mpiburst-node-a"), Cgroup::new("mpiburst-node-b"));
     let node_a = Daemon::start(&["--node", "node-a", "--cgroup", &a.path]);
     let node_b = Daemon::start(&["--node", "node-b", "--cgroup", &b.path]);

@@ -15,15 +15,18 @@ use std::{
 
 use mpiburst::{export::recording::Recording, store::Job};
 
-/// True when the privileged tests can run. Without root they cannot load BPF programs; the
-/// test then says so and returns (CI runs as root, so nothing that can run here is skipped).
-pub fn privileged(test: &str) -> bool {
+/// Panics with what to do unless this process can load BPF programs (root). The tests that
+/// need it are `#[ignore]`d with that reason, and `cargo xtask test` runs them only as root; this
+/// check makes one run by hand without root (`--include-ignored`) fail instead of pass.
+pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    eprintln!("SKIP {test}: loading BPF programs needs root; run `sudo -E cargo xtask test`");
-    false
+    let euid = unsafe { libc::geteuid() };
+    assert!(euid == 0, "this test loads BPF programs and needs root, not uid {euid}: run `sudo -E cargo xtask test`");
+}
+
+/// The CPUs this process may run on: how many ranks a machine runs without oversubscription.
+pub fn online_cpus() -> u32 {
+    thread::available_parallelism().map_or(1, |n| n.get() as u32)
 }
 
 fn env_path(var: &str) -> PathBuf {
@@ -55,7 +58,7 @@ impl Mpi {
         }
     }
 
-    /// The launcher, set up for this 2-core machine (oversubscription allowed, and idle ranks
+    /// The launcher, set up for any number of cores (oversubscription allowed, and idle ranks
     /// yield instead of busy-polling).
     pub fn launcher(self, ranks: u32) -> Command {
         let mut cmd = match self {
@@ -110,6 +113,7 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(extra: &[&str]) -> Daemon {
+        require_root();
         let dir = tempfile::tempdir().unwrap();
         let recording = dir.path().join("recording.jsonl");
         let addr = free_loopback_addr();
@@ -230,6 +234,27 @@ pub fn http_get(addr: &str, path: &str) -> String {
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
     body.to_string()
+}
+
+/// GET a JSON document from a daemon.
+pub fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    serde_json::from_str(&http_get(addr, path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// The id of the one job on the daemon whose executable is `program`, other than `earlier`.
+pub fn job_id(addr: &str, program: &Path, earlier: &[String]) -> String {
+    let exe = program.canonicalize().unwrap().display().to_string();
+    let jobs = get_json(addr, "/api/jobs");
+    let ids: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["meta"]["executable"] == exe.as_str())
+        .map(|j| j["meta"]["id"].as_str().unwrap())
+        .filter(|id| !earlier.iter().any(|e| e == id))
+        .collect();
+    assert_eq!(ids.len(), 1, "jobs running {exe}: {jobs}");
+    ids[0].to_string()
 }
 
 /// A free loopback address (bind to port 0, note it, release it).
