@@ -154,13 +154,16 @@ impl Daemon {
         self.child.id()
     }
 
-    /// SIGINT, wait for the clean shutdown, and read the recording.
+    /// SIGTERM (how a service manager stops it), wait for the clean shutdown, and read the
+    /// recording. Not SIGINT: the daemon listens for SIGINT only while it waits, so one that
+    /// arrives while it drains on a busy machine is lost.
     pub fn stop(mut self) -> Recording {
         // Give the last totals read a chance to see the ranks gone (stats interval is 1 s).
         thread::sleep(Duration::from_millis(1200));
-        let st = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap();
+        let st = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         assert!(st.success());
-        let st = wait_with_timeout(&mut self.child, Duration::from_secs(60)).expect("daemon stops on SIGINT");
+        let st = wait_with_timeout(&mut self.child, Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("the daemon did not stop within 60 s of SIGTERM; its log:\n{}", self.log_text()));
         assert!(st.success(), "daemon exit {st}; log:\n{}", self.log_text());
         Recording::read(&self.recording).unwrap_or_else(|e| panic!("{e}; log:\n{}", self.log_text()))
     }
