@@ -218,7 +218,8 @@ fn flag_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
 
-/// A started daemon, stopped (SIGINT, then SIGKILL after a while) when dropped.
+/// A started daemon, stopped with SIGTERM (a SIGINT that arrives while the daemon drains is
+/// lost); killed if it is dropped running.
 struct Daemon {
     child: Child,
 }
@@ -251,7 +252,7 @@ impl Daemon {
     }
 
     fn stop(mut self) -> Result<()> {
-        self.interrupt();
+        self.terminate();
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Some(st) = self.child.try_wait()? {
@@ -262,11 +263,11 @@ impl Daemon {
             }
             thread::sleep(Duration::from_millis(100));
         }
-        bail!("the daemon did not stop within 20 s of SIGINT")
+        bail!("the daemon did not stop within 20 s of SIGTERM")
     }
 
-    fn interrupt(&self) {
-        let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+    fn terminate(&self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
     }
 }
 
