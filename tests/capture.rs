@@ -133,18 +133,28 @@ fn timed_bursts(mpi: Mpi, ranks: u32, extra: &[&str]) -> (Vec<(ProgramBurst, mpi
         let pid = out["pid"].as_u64().unwrap() as u32;
         let mut daemon_bursts: Vec<_> = job.bursts.iter().filter(|b| b.pid == pid).collect();
         daemon_bursts.sort_by_key(|b| b.start_ns);
+        let mut previous_match = None;
         for b in out["bursts"].as_array().unwrap() {
             let p = ProgramBurst {
                 start_ns: b[0].as_u64().unwrap() as i128 + offset,
                 duration_ns: b[1].as_u64().unwrap(),
                 cpu_ns: b[2].as_u64().unwrap(),
             };
-            // The daemon's burst starts at the probe, the program's a few hundred ns later.
-            let matched = daemon_bursts
-                .iter()
-                .min_by_key(|d| (d.start_ns as i128 - p.start_ns).abs())
-                .filter(|d| (d.start_ns as i128 - p.start_ns).abs() < 500_000)
-                .unwrap_or_else(|| panic!("no daemon burst of pid {pid} starts near {}", p.start_ns));
+            // The daemon's burst starts at the return probe, before the program's clock reading:
+            // a few hundred ns before, or as long as a busy machine kept the rank off the CPU
+            // in between. So it is the last daemon burst that starts before the program's (50 µs
+            // allow for the two conversions to Unix time); the next one starts only after the
+            // program's burst ended in MPI_Barrier, at least 1 ms later.
+            let next = daemon_bursts.partition_point(|d| d.start_ns as i128 <= p.start_ns + 50_000);
+            let matched = next
+                .checked_sub(1)
+                .map(|i| daemon_bursts[i])
+                .unwrap_or_else(|| panic!("no daemon burst of pid {pid} starts before {}", p.start_ns));
+            assert!(
+                previous_match.replace(matched.start_ns).is_none_or(|previous| previous < matched.start_ns),
+                "pid {pid}: two bursts of the program pair with the daemon's burst at {}: the daemon missed one",
+                matched.start_ns
+            );
             pairs.push((p, (*matched).clone()));
         }
     }
@@ -152,7 +162,7 @@ fn timed_bursts(mpi: Mpi, ranks: u32, extra: &[&str]) -> (Vec<(ProgramBurst, mpi
 }
 
 /// Each burst's `quantity`, as (program's own measurement, daemon's) from `values`, agrees
-/// within 5 % or 50 µs, for all but one burst in 50.
+/// within 5 % or 50 µs, for all but one burst in 20.
 fn assert_agree(
     pairs: &[(ProgramBurst, mpiburst::model::Burst)],
     what: &str,
@@ -164,9 +174,10 @@ fn assert_agree(
     let worst = values.iter().map(|(p, d)| (d - p).abs() / p.max(1.0)).fold(0.0, f64::max);
     eprintln!("{what}: {good}/{} bursts' {quantity} within 5 % or 50 µs; worst relative error {worst:.4}", pairs.len());
     assert!(pairs.len() >= 90, "{what}: only {} bursts paired", pairs.len());
-    // One burst in 50 may meet a hiccup of the VM (a host preemption between the probe and the
-    // program's own clock reading); more than that is an error of the measurement.
-    assert!(good as f64 >= 0.98 * pairs.len() as f64, "{what}: {good} of {} bursts' {quantity} agree", pairs.len());
+    // A burst may meet a hiccup of the VM between the probe and the program's own clock reading:
+    // the host preempts the virtual CPU, which the guest sees as on-CPU time of the rank (about
+    // one burst in 90 with every core busy). More than one in 20 is an error of the measurement.
+    assert!(good as f64 >= 0.95 * pairs.len() as f64, "{what}: {good} of {} bursts' {quantity} agree", pairs.len());
 }
 
 /// The daemon's wall duration of each burst agrees with the program's. The daemon's interval
