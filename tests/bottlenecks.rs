@@ -7,10 +7,8 @@ use std::{path::PathBuf, process::Stdio, time::Duration};
 use mpiburst_tests::*;
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn io_request_sizes_and_the_small_request_recommendation() {
-    if !privileged("io_request_sizes") {
-        return;
-    }
     let daemon = Daemon::start(&[]);
     let program = program("io", Mpi::OpenMpi);
     let dir = tempfile::tempdir().unwrap();
@@ -63,6 +61,7 @@ struct Cgroup {
 
 impl Cgroup {
     fn new(name: &str) -> Cgroup {
+        require_root();
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
         let root = mounts
             .lines()
@@ -85,10 +84,8 @@ impl Drop for Cgroup {
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_job_over_two_nodes_has_an_exact_job_wide_load_balance() {
-    if !privileged("two_nodes") {
-        return;
-    }
     let (a, b) = (Cgroup::new("mpiburst-node-a"), Cgroup::new("mpiburst-node-b"));
     let node_a = Daemon::start(&["--node", "node-a", "--cgroup", &a.path]);
     let node_b = Daemon::start(&["--node", "node-b", "--cgroup", &b.path]);

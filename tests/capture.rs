@@ -1,20 +1,39 @@
 //! Capture, end to end: real MPI programs (C and Fortran, Open MPI and MPICH) under the real
 //! daemon with its real BPF programs. Each program reports what it did; the daemon must agree.
 
-use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    process::Command,
+    time::Duration,
+};
 
-use mpiburst::{export::recording::Recording, store::Job};
+use mpiburst::{export::recording::Recording, model::CallSite, store::Job};
 use mpiburst_tests::*;
 
-/// No mpiburst BPF program stays loaded in the kernel. The kernel frees a program after an RCU
-/// grace period once its last link and fd are closed, so this allows a few seconds.
-fn assert_no_program_loaded(when: &str) {
-    let ours = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit", "sched_switch", "sched_stat_runt", "sched_process_e"];
+/// The ids of the BPF programs process `pid` holds (program and link fds both show `prog_id`).
+/// Other daemons may run on the same machine: a test checks only its own daemon's programs.
+fn bpf_program_ids(pid: u32) -> BTreeSet<u32> {
+    let fdinfo = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap_or_else(|e| panic!("fdinfo of {pid}: {e}"));
+    let ids: BTreeSet<u32> = fdinfo
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
+        .flat_map(|info| {
+            info.lines().filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok()).collect::<Vec<u32>>()
+        })
+        .collect();
+    assert!(!ids.is_empty(), "daemon {pid} holds no BPF program");
+    ids
+}
+
+/// None of the daemon's BPF programs (`ids`) stays loaded in the kernel. The kernel frees a
+/// program after an RCU grace period once its last link and fd are closed, so this allows a few
+/// seconds.
+fn assert_no_program_loaded(ids: &BTreeSet<u32>, when: &str) {
     let loaded = || -> Vec<String> {
         aya::programs::loaded_programs()
             .filter_map(Result::ok)
-            .filter_map(|p| p.name_as_str().map(str::to_string))
-            .filter(|n| ours.contains(&n.as_str()))
+            .filter(|p| ids.contains(&p.id()))
+            .map(|p| format!("{} {}", p.id(), p.name_as_str().unwrap_or("?")))
             .collect()
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -56,10 +75,8 @@ fn assert_counts_match(job: &Job, outputs: &[serde_json::Value], what: &str) {
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
-    if !privileged("exact_call_counts") {
-        return;
-    }
     // No duration filter: every burst is shipped, so any record per polling call would show.
     let daemon = Daemon::start(&["--min-burst-us", "0"]);
     let mut runs = Vec::new();
@@ -71,8 +88,9 @@ fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
             runs.push((mpi, name, program, rank_outputs(out.path(), "counts", 3)));
         }
     }
+    let programs = bpf_program_ids(daemon.pid());
     let recording = daemon.stop();
-    assert_no_program_loaded("after a clean shutdown");
+    assert_no_program_loaded(&programs, "after a clean shutdown");
     let polls: u64 = runs
         .iter()
         .flat_map(|(_, _, _, outputs)| outputs.iter())
@@ -95,30 +113,40 @@ fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
 
 struct ProgramBurst {
     duration_ns: u64,
+    /// The thread's own CPU time over the burst.
+    cpu_ns: u64,
 }
 
-/// Pairs each burst a program recorded (`[start_ns, value]` per burst in its output, start from
-/// CLOCK_MONOTONIC after the opening call returned) with the daemon's burst of the same process
-/// that opened last before it: the probe sees the return first, and the program reads its clock
-/// after (much later when it is descheduled in between). Returns (the program's value, daemon
-/// burst) pairs.
-fn pair_with_recorded(job: &Job, outputs: &[serde_json::Value]) -> Vec<(u64, mpiburst::model::Burst)> {
+/// Pairs each burst a program recorded (`[start_ns, values...]` per burst in its output, start
+/// from CLOCK_MONOTONIC after the opening call returned) with the daemon's burst of the same
+/// process that opened last before it: the probe sees the return first, and the program reads
+/// its clock after (as much later as a busy machine kept the rank off the CPU in between); the
+/// next burst opens only after the program's burst ended in an MPI call. Returns (the program's
+/// values after the start, daemon burst) pairs.
+fn pair_with_recorded(job: &Job, outputs: &[serde_json::Value]) -> Vec<(Vec<u64>, mpiburst::model::Burst)> {
     // The two sides convert CLOCK_MONOTONIC to Unix time at different moments: allow for that.
-    const CLOCK_SLACK_NS: i128 = 100_000;
+    const CLOCK_SLACK_NS: i128 = 50_000;
     let offset = unix_minus_monotonic_ns();
     let mut pairs = Vec::new();
     for out in outputs {
         let pid = out["pid"].as_u64().unwrap() as u32;
         let mut daemon_bursts: Vec<_> = job.bursts.iter().filter(|b| b.pid == pid).collect();
         daemon_bursts.sort_by_key(|b| b.start_ns);
+        let mut previous_match = None;
         for b in out["bursts"].as_array().unwrap() {
-            let start_ns = b[0].as_u64().unwrap() as i128 + offset;
+            let row: Vec<u64> = b.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            let start_ns = row[0] as i128 + offset;
             let opened = daemon_bursts.partition_point(|d| d.start_ns as i128 <= start_ns + CLOCK_SLACK_NS);
             let matched = opened
                 .checked_sub(1)
                 .map(|i| daemon_bursts[i])
                 .unwrap_or_else(|| panic!("no daemon burst of pid {pid} starts before {start_ns}"));
-            pairs.push((b[1].as_u64().unwrap(), matched.clone()));
+            assert!(
+                previous_match.replace(matched.start_ns).is_none_or(|previous| previous < matched.start_ns),
+                "pid {pid}: two bursts of the program pair with the daemon's burst at {}: the daemon missed one",
+                matched.start_ns
+            );
+            pairs.push((row[1..].to_vec(), matched.clone()));
         }
     }
     pairs
@@ -135,33 +163,46 @@ fn timed_bursts(mpi: Mpi, ranks: u32, extra: &[&str]) -> (Vec<(ProgramBurst, mpi
     let job = job_of(&recording, &program).clone();
     let pairs = pair_with_recorded(&job, &rank_outputs(out.path(), "timing", ranks))
         .into_iter()
-        .map(|(duration_ns, burst)| (ProgramBurst { duration_ns }, burst))
+        .map(|(values, burst)| (ProgramBurst { duration_ns: values[0], cpu_ns: values[1] }, burst))
         .collect();
     (pairs, recording)
 }
 
-fn assert_durations_agree(pairs: &[(ProgramBurst, mpiburst::model::Burst)], what: &str) {
-    let within = |p: &ProgramBurst, d: &mpiburst::model::Burst| {
-        let tolerance = (p.duration_ns as f64 * 0.05).max(50_000.0);
-        (d.duration_ns as f64 - p.duration_ns as f64).abs() <= tolerance
-    };
-    let good = pairs.iter().filter(|(p, d)| within(p, d)).count();
-    let worst = pairs
-        .iter()
-        .map(|(p, d)| (d.duration_ns as f64 - p.duration_ns as f64).abs() / p.duration_ns as f64)
-        .fold(0.0, f64::max);
-    eprintln!("{what}: {good}/{} bursts within 5 % or 50 µs; worst relative error {:.4}", pairs.len(), worst);
+/// Each burst's `quantity`, as (program's own measurement, daemon's) from `values`, agrees
+/// within 5 % or 50 µs, for all but one burst in 20.
+fn assert_agree(
+    pairs: &[(ProgramBurst, mpiburst::model::Burst)],
+    what: &str,
+    quantity: &str,
+    values: impl Fn(&ProgramBurst, &mpiburst::model::Burst) -> (u64, u64),
+) {
+    let values: Vec<(f64, f64)> = pairs.iter().map(|(p, d)| values(p, d)).map(|(p, d)| (p as f64, d as f64)).collect();
+    let good = values.iter().filter(|(p, d)| (d - p).abs() <= (p * 0.05).max(50_000.0)).count();
+    let worst = values.iter().map(|(p, d)| (d - p).abs() / p.max(1.0)).fold(0.0, f64::max);
+    eprintln!("{what}: {good}/{} bursts' {quantity} within 5 % or 50 µs; worst relative error {worst:.4}", pairs.len());
     assert!(pairs.len() >= 90, "{what}: only {} bursts paired", pairs.len());
-    // One burst in 90 may meet a hiccup of the VM (a host preemption between the probe and the
-    // program's own clock reading); more than that is an error of the measurement.
-    assert!(good as f64 >= 0.98 * pairs.len() as f64, "{what}: {good} of {} bursts agree", pairs.len());
+    // A burst may meet a hiccup of the VM between the probe and the program's own clock reading:
+    // the host preempts the virtual CPU, which the guest sees as on-CPU time of the rank (about
+    // one burst in 90 with every core busy). More than one in 20 is an error of the measurement.
+    assert!(good as f64 >= 0.95 * pairs.len() as f64, "{what}: {good} of {} bursts' {quantity} agree", pairs.len());
+}
+
+/// The daemon's wall duration of each burst agrees with the program's. The daemon's interval
+/// starts at the return probe and ends at the entry probe, a few instructions outside the
+/// program's clock readings; a busy machine may take the CPU from the rank just there, and that
+/// time is wall time of the burst the program cannot see. It is the daemon's off-CPU time beyond
+/// the program's own (its wall minus its thread CPU time), and does not count as an error.
+fn assert_durations_agree(pairs: &[(ProgramBurst, mpiburst::model::Burst)], what: &str) {
+    assert_agree(pairs, what, "wall duration", |p, d| {
+        let unseen_off_cpu =
+            d.duration_ns.saturating_sub(d.oncpu_ns).saturating_sub(p.duration_ns.saturating_sub(p.cpu_ns));
+        (p.duration_ns, d.duration_ns.saturating_sub(unseen_off_cpu))
+    });
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn burst_durations_match_the_programs_own_clock() {
-    if !privileged("burst_durations") {
-        return;
-    }
     for mpi in Mpi::ALL {
         let (pairs, _) = timed_bursts(mpi, 2, &[]);
         assert_durations_agree(&pairs, &format!("{mpi:?}, 2 ranks"));
@@ -169,34 +210,41 @@ fn burst_durations_match_the_programs_own_clock() {
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn oversubscribed_ranks_report_on_cpu_time_apart_from_wall_time() {
-    if !privileged("oversubscribed_on_cpu") {
-        return;
-    }
-    // Four ranks spinning on two cores: each burst lasts its wall time but runs about half of it.
-    let (pairs, _) = timed_bursts(Mpi::OpenMpi, 4, &[]);
-    assert_durations_agree(&pairs, "Open MPI, 4 ranks on 2 cores");
-    let wall: u64 = pairs.iter().map(|(_, d)| d.duration_ns).sum();
+    // Twice as many spinning ranks as CPUs: each burst lasts its wall time but runs only part of
+    // it. How much each runs is the scheduler's business; each rank's thread CPU clock says.
+    let ranks = 2 * online_cpus();
+    let what = format!("Open MPI, {ranks} ranks on {} CPUs", online_cpus());
+    let (pairs, _) = timed_bursts(Mpi::OpenMpi, ranks, &[]);
+    assert_durations_agree(&pairs, &what);
+    assert_agree(&pairs, &what, "on-CPU time", |p, d| (p.cpu_ns, d.oncpu_ns));
+    let wall: u64 = pairs.iter().map(|(p, _)| p.duration_ns).sum();
+    let cpu: u64 = pairs.iter().map(|(p, _)| p.cpu_ns).sum();
     let oncpu: u64 = pairs.iter().map(|(_, d)| d.oncpu_ns).sum();
-    eprintln!("on-CPU / wall over all bursts: {:.3}", oncpu as f64 / wall as f64);
-    // How much of the wall time the ranks ran depends on everything else on the machine; that
-    // it is exact is checked against the threads' own CPU clocks in
-    // on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock.
+    eprintln!(
+        "{what}: on-CPU / wall over all bursts {:.3} by the daemon, {:.3} by the ranks' own clocks",
+        oncpu as f64 / wall as f64,
+        cpu as f64 / wall as f64
+    );
     assert!(pairs.iter().all(|(_, d)| d.oncpu_ns <= d.duration_ns + 10_000), "on-CPU time above wall time");
+    // Without this, the test would not tell on-CPU time from wall time.
+    assert!(
+        (cpu as f64) < 0.85 * wall as f64,
+        "{what}: the ranks ran {cpu} of {wall} ns, so they were not oversubscribed"
+    );
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
-    if !privileged("on_cpu_time") {
-        return;
-    }
     // The daemon reads its maps ten times a second, so map system calls run beside the probes.
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(config.path(), "[capture]\nstats_interval_ms = 100\n").unwrap();
     let daemon = Daemon::start(&["--config", config.path().to_str().unwrap()]);
     let program = |mpi| program("oncpu", mpi);
-    // 4 ranks on 2 cores are descheduled mid-burst; every third burst also sleeps.
-    let runs = [(Mpi::OpenMpi, 4), (Mpi::Mpich, 2)];
+    // Two ranks per CPU are descheduled mid-burst; every third burst also sleeps.
+    let runs = [(Mpi::OpenMpi, 2 * online_cpus()), (Mpi::Mpich, 2)];
     let outputs: Vec<_> = runs
         .iter()
         .map(|&(mpi, ranks)| {
@@ -209,8 +257,8 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
     let mut errors = Vec::new();
     for (mpi, outputs) in &outputs {
         let job = job_of(&recording, &program(*mpi));
-        for (cpu_ns, burst) in pair_with_recorded(job, outputs) {
-            errors.push((burst.oncpu_ns as f64 - cpu_ns as f64).abs() / cpu_ns as f64);
+        for (values, burst) in pair_with_recorded(job, outputs) {
+            errors.push((burst.oncpu_ns as f64 - values[0] as f64).abs() / values[0] as f64);
         }
     }
     errors.sort_by(f64::total_cmp);
@@ -222,21 +270,20 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
         errors[errors.len() * 999 / 1000],
         errors[errors.len() - 1]
     );
-    assert!(errors.len() >= 1800, "only {} bursts paired", errors.len());
+    assert!(errors.len() >= 1000, "only {} bursts paired", errors.len());
     assert!(off <= errors.len() / 1000, "{off} of {} bursts are off by more than 3 %", errors.len());
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn software_counter_path_reads_per_thread_counts_in_bpf() {
-    if !privileged("software_counters") {
-        return;
-    }
-    // No PMU here: the software cpu-clock event in both slots exercises the same perf-event
-    // array, bpf_perf_event_read_value and sched_switch virtualisation the hardware path uses.
+    // With or without a PMU: the software cpu-clock event in both slots exercises the same
+    // perf-event array, bpf_perf_event_read_value and sched_switch virtualisation the hardware
+    // path uses.
     let (pairs, recording) = timed_bursts(Mpi::OpenMpi, 2, &["--counters", "software"]);
     assert_eq!(recording.header.counter_events, Some(["cpu-clock".to_string(), "cpu-clock".to_string()]));
     assert!(recording.header.counters_note.contains("software"), "{}", recording.header.counters_note);
-    let job = recording.jobs.values().next().unwrap();
+    let job = job_of(&recording, &program("burst_timing", Mpi::OpenMpi));
     let counts = &recording.event_counts[&job.meta.id];
     assert!(job.bursts.iter().all(|b| b.counters.is_none()), "software events must not pose as instructions/cycles");
     let mut agree = 0;
@@ -269,24 +316,38 @@ fn software_counter_path_reads_per_thread_counts_in_bpf() {
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn default_counters_state_plainly_what_is_measured() {
-    if !privileged("default_counters") {
-        return;
-    }
     let daemon = Daemon::start(&[]);
     let recording = daemon.stop();
-    let hardware = Command::new("perf")
-        .args(["stat", "-e", "instructions", "-x,", "true"])
-        .output()
-        .map(|o| !String::from_utf8_lossy(&o.stderr).contains("not supported"))
-        .unwrap_or(false);
+    let pmu = pmu_counts_instructions_and_cycles();
+    let note = &recording.header.counters_note;
+    eprintln!("PMU {}; the daemon says: {note}", if pmu { "present" } else { "absent" });
     match &recording.header.counter_events {
-        Some(events) => assert_eq!(events, &["instructions".to_string(), "cycles".to_string()]),
+        Some(events) => {
+            assert!(pmu, "the daemon claims hardware counters {events:?} that the kernel does not count here");
+            assert_eq!(events, &["instructions".to_string(), "cycles".to_string()]);
+            assert!(note.starts_with("hardware counters"), "{note}");
+        }
         None => {
-            assert!(!hardware, "perf sees a PMU but the daemon did not use it");
-            assert!(recording.header.counters_note.contains("no hardware PMU"), "{}", recording.header.counters_note);
+            assert!(!pmu, "the kernel counts instructions and cycles here but the daemon did not use them: {note}");
+            assert!(note.contains("no hardware PMU"), "{note}");
         }
     }
+}
+
+/// Whether the kernel counts hardware instructions and cycles (a PMU), as `perf stat` finds:
+/// asked apart from the daemon's code. perf prints a count, or `<not supported>` without a PMU.
+fn pmu_counts_instructions_and_cycles() -> bool {
+    let out = Command::new("perf")
+        .args(["stat", "-x,", "-e", "instructions,cycles", "true"])
+        .output()
+        .expect("perf (Debian package linux-perf; `cargo xtask test` installs it)");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "perf stat failed: {text}");
+    let counts: Vec<&str> = text.lines().filter(|l| l.contains(",instructions") || l.contains(",cycles")).collect();
+    assert_eq!(counts.len(), 2, "perf stat printed {text}");
+    counts.iter().all(|l| l.split(',').next().is_some_and(|count| count.parse::<u64>().is_ok()))
 }
 
 /// The source line of the marker comment in tests/mpi/callsites.c.
@@ -296,54 +357,64 @@ fn marker_line(marker: &str) -> u32 {
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn call_sites_identify_source_lines_across_ranks() {
-    if !privileged("call_sites") {
-        return;
-    }
+    const ITERATIONS: usize = 20;
     let daemon = Daemon::start(&[]);
     let program = program("callsites", Mpi::OpenMpi);
-    run_mpi(Mpi::OpenMpi, 2, &program, &["20"]);
+    run_mpi(Mpi::OpenMpi, 2, &program, &[&ITERATIONS.to_string()]);
     let recording = daemon.stop();
     let job = job_of(&recording, &program);
-    // Bursts before line A spin 2 ms, before line B 6 ms.
-    let mut sites: BTreeMap<&str, BTreeMap<u32, Vec<_>>> = BTreeMap::new();
+    // Each iteration ends one burst at line A and one at line B, both in MPI_Barrier: only the
+    // call site tells them apart. Per rank, the MPI_Barrier bursts come from two call sites, one
+    // burst per iteration each.
+    let mut durations: BTreeMap<u32, BTreeMap<&CallSite, Vec<u64>>> = BTreeMap::new();
     for b in job.bursts.iter().filter(|b| b.end_func.as_ref() == "MPI_Barrier") {
-        let kind = match b.duration_ns {
-            1_500_000..=4_000_000 => "A",
-            5_500_000..=12_000_000 => "B",
-            _ => continue,
-        };
-        sites.entry(kind).or_default().entry(b.rank).or_default().push(b.end_site.clone());
+        durations.entry(b.rank).or_default().entry(&b.end_site).or_default().push(b.duration_ns);
     }
-    let mut line_site = BTreeMap::new();
-    for (kind, ranks) in &sites {
-        assert_eq!(ranks.len(), 2, "line {kind}: bursts from both ranks");
-        let all: std::collections::BTreeSet<_> = ranks.values().flatten().collect();
-        assert_eq!(all.len(), 1, "line {kind}: one call site in every rank, got {all:?}");
-        assert!(ranks.values().all(|v| v.len() >= 15), "line {kind}: too few bursts");
-        line_site.insert(*kind, (*all.iter().next().unwrap()).clone());
+    assert_eq!(durations.keys().copied().collect::<Vec<_>>(), [0, 1], "ranks with MPI_Barrier bursts");
+    for (rank, sites) in &durations {
+        let counts: Vec<usize> = sites.values().map(Vec::len).collect();
+        assert_eq!(counts, [ITERATIONS, ITERATIONS], "rank {rank}: bursts per call site {:?}", sites.keys());
     }
-    assert_ne!(line_site["A"], line_site["B"], "two source lines, two call sites");
-    // The call site maps back to the marked source line: module offset → addr2line.
-    for (kind, marker) in [("A", "CALLSITE_A"), ("B", "CALLSITE_B")] {
-        let site = &line_site[kind];
-        let out = Command::new("addr2line")
-            .arg("-e")
-            .arg(&program)
-            .arg(format!("{:#x}", site.offset - 1))
-            .output()
-            .expect("addr2line (binutils)");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line: u32 = text.trim().rsplit(':').next().and_then(|l| l.split_whitespace().next()?.parse().ok()).unwrap_or(0);
-        assert_eq!(line, marker_line(marker), "call site {site} of line {kind} resolves to {text}");
-    }
+    let sites: Vec<&CallSite> = durations[&0].keys().copied().collect();
+    assert!(durations[&1].keys().eq(&sites), "the same two call sites in both ranks: {durations:?}");
+    // Each call site maps back to its marked source line: module offset → addr2line.
+    let site_of_line: BTreeMap<u32, &CallSite> =
+        sites.iter().map(|site| (source_line(&program, site), *site)).collect();
+    let (line_a, line_b) = (marker_line("CALLSITE_A"), marker_line("CALLSITE_B"));
+    assert_eq!(site_of_line.keys().copied().collect::<Vec<_>>(), [line_a, line_b], "source lines of {site_of_line:?}");
+    // Line A follows a 2 ms spin, line B a 6 ms one: the medians over both ranks keep that order
+    // however much a loaded machine stretches single bursts.
+    let median = |site: &CallSite| {
+        let mut all: Vec<u64> = durations.values().flat_map(|s| s[site].iter().copied()).collect();
+        all.sort_unstable();
+        all[all.len() / 2]
+    };
+    let (a, b) = (median(site_of_line[&line_a]), median(site_of_line[&line_b]));
+    eprintln!("median burst before line A {a} ns, before line B {b} ns");
+    assert!((2_000_000..b).contains(&a) && b >= 6_000_000, "median bursts: line A {a} ns, line B {b} ns");
+}
+
+/// The source line of a call site's return address in `program` (addr2line on the debug info).
+fn source_line(program: &Path, site: &CallSite) -> u32 {
+    let out = Command::new("addr2line")
+        .arg("-e")
+        .arg(program)
+        .arg(format!("{:#x}", site.offset - 1))
+        .output()
+        .expect("addr2line (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .rsplit(':')
+        .next()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("call site {site} resolves to {text:?}"))
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn killing_the_daemon_leaves_the_job_running_and_no_program_loaded() {
-    if !privileged("kill_9") {
-        return;
-    }
     let mut daemon = Daemon::start(&[]);
     let out = tempfile::tempdir().unwrap();
     let program = program("burst_timing", Mpi::OpenMpi);
@@ -352,12 +423,13 @@ fn killing_the_daemon_leaves_the_job_running_and_no_program_loaded() {
     let mut job = job.spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let pid = daemon.pid();
+    let programs = bpf_program_ids(pid);
     daemon.kill9();
     let st = wait_with_timeout(&mut job, Duration::from_secs(120)).expect("the job finishes");
     assert!(st.success(), "job exit status {st} after the daemon was killed");
     let outputs = rank_outputs(out.path(), "timing", 2);
     assert!(outputs.iter().all(|o| o["bursts"].as_array().unwrap().len() == 180), "every burst ran");
-    assert_no_program_loaded(&format!("after kill -9 of daemon {pid}"));
+    assert_no_program_loaded(&programs, &format!("after kill -9 of daemon {pid}"));
     // The recording up to the kill is still readable.
     let recording = Recording::read(&daemon.recording).expect("a cut-short recording reads");
     assert!(recording.end.is_none());

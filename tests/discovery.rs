@@ -6,10 +6,8 @@ use std::{collections::BTreeSet, os::unix::fs::symlink, time::Duration};
 use mpiburst_tests::*;
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn two_concurrent_jobs_are_two_jobs_with_their_ranks() {
-    if !privileged("concurrent_jobs") {
-        return;
-    }
     let daemon = Daemon::start(&[]);
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (pa, pb) = (program("burst_timing", Mpi::OpenMpi), program("burst_timing", Mpi::Mpich));
@@ -38,10 +36,8 @@ fn two_concurrent_jobs_are_two_jobs_with_their_ranks() {
 }
 
 #[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_job_on_a_library_unknown_at_start_up_is_seen() {
-    if !privileged("late_library") {
-        return;
-    }
     let daemon = Daemon::start(&[]);
     // A copy of MPICH's library is a new file (new inode) that no cache or process names: only
     // the exec tracepoint and the new process's maps lead the daemon to it.

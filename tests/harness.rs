@@ -15,15 +15,18 @@ use std::{
 
 use mpiburst::{export::recording::Recording, store::Job};
 
-/// True when the privileged tests can run. Without root they cannot load BPF programs; the
-/// test then says so and returns (CI runs as root, so nothing that can run here is skipped).
-pub fn privileged(test: &str) -> bool {
+/// Panics with what to do unless this process can load BPF programs (root). The tests that
+/// need it are `#[ignore]`d with that reason, and `cargo xtask test` runs them only as root; this
+/// check makes one run by hand without root (`--include-ignored`) fail instead of pass.
+pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    eprintln!("SKIP {test}: loading BPF programs needs root; run `sudo -E cargo xtask test`");
-    false
+    let euid = unsafe { libc::geteuid() };
+    assert!(euid == 0, "this test loads BPF programs and needs root, not uid {euid}: run `sudo -E cargo xtask test`");
+}
+
+/// The CPUs this process may run on: how many ranks a machine runs without oversubscription.
+pub fn online_cpus() -> u32 {
+    thread::available_parallelism().map_or(1, |n| n.get() as u32)
 }
 
 fn env_path(var: &str) -> PathBuf {
@@ -55,7 +58,7 @@ impl Mpi {
         }
     }
 
-    /// The launcher, set up for this 2-core machine (oversubscription allowed, and idle ranks
+    /// The launcher, set up for any number of cores (oversubscription allowed, and idle ranks
     /// yield instead of busy-polling).
     pub fn launcher(self, ranks: u32) -> Command {
         let mut cmd = match self {
@@ -110,6 +113,7 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(extra: &[&str]) -> Daemon {
+        require_root();
         let dir = tempfile::tempdir().unwrap();
         let recording = dir.path().join("recording.jsonl");
         let addr = free_loopback_addr();
@@ -150,13 +154,16 @@ impl Daemon {
         self.child.id()
     }
 
-    /// SIGINT, wait for the clean shutdown, and read the recording.
+    /// SIGTERM (how a service manager stops it), wait for the clean shutdown, and read the
+    /// recording. Not SIGINT: the daemon listens for SIGINT only while it waits, so one that
+    /// arrives while it drains on a busy machine is lost.
     pub fn stop(mut self) -> Recording {
         // Give the last totals read a chance to see the ranks gone (stats interval is 1 s).
         thread::sleep(Duration::from_millis(1200));
-        let st = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap();
+        let st = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         assert!(st.success());
-        let st = wait_with_timeout(&mut self.child, Duration::from_secs(60)).expect("daemon stops on SIGINT");
+        let st = wait_with_timeout(&mut self.child, Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("the daemon did not stop within 60 s of SIGTERM; its log:\n{}", self.log_text()));
         assert!(st.success(), "daemon exit {st}; log:\n{}", self.log_text());
         Recording::read(&self.recording).unwrap_or_else(|e| panic!("{e}; log:\n{}", self.log_text()))
     }
@@ -230,6 +237,27 @@ pub fn http_get(addr: &str, path: &str) -> String {
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
     assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
     body.to_string()
+}
+
+/// GET a JSON document from a daemon.
+pub fn get_json(addr: &str, path: &str) -> serde_json::Value {
+    serde_json::from_str(&http_get(addr, path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+/// The id of the one job on the daemon whose executable is `program`, other than `earlier`.
+pub fn job_id(addr: &str, program: &Path, earlier: &[String]) -> String {
+    let exe = program.canonicalize().unwrap().display().to_string();
+    let jobs = get_json(addr, "/api/jobs");
+    let ids: Vec<&str> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["meta"]["executable"] == exe.as_str())
+        .map(|j| j["meta"]["id"].as_str().unwrap())
+        .filter(|id| !earlier.iter().any(|e| e == id))
+        .collect();
+    assert_eq!(ids.len(), 1, "jobs running {exe}: {jobs}");
+    ids[0].to_string()
 }
 
 /// A free loopback address (bind to port 0, note it, release it).
@@ -367,27 +395,6 @@ pub fn property<'a>(span: &'a serde_json::Value, name: &str) -> &'a serde_json::
         .iter()
         .find(|p| p["name"] == name)
         .unwrap_or_else(|| panic!("no property {name} in {span}"))
-}
-
-/// GET a JSON document from a daemon.
-pub fn get_json(addr: &str, path: &str) -> serde_json::Value {
-    serde_json::from_str(&http_get(addr, path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
-}
-
-/// The id of the one job on the daemon whose executable is `program`, other than `earlier`.
-pub fn job_id(addr: &str, program: &Path, earlier: &[String]) -> String {
-    let exe = program.canonicalize().unwrap().display().to_string();
-    let jobs = get_json(addr, "/api/jobs");
-    let ids: Vec<&str> = jobs
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|j| j["meta"]["executable"] == exe.as_str())
-        .map(|j| j["meta"]["id"].as_str().unwrap())
-        .filter(|id| !earlier.iter().any(|e| e == id))
-        .collect();
-    assert_eq!(ids.len(), 1, "jobs running {exe}: {jobs}");
-    ids[0].to_string()
 }
 
 /// The job's properties, once the daemon has evaluated them after the job ended (bounded wait).

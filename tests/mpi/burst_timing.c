@@ -10,7 +10,9 @@
  * Usage: burst_timing OUTDIR [ITERATIONS=20] [DURATION_US...=1000 5000 20000]
  * Each iteration makes one burst per duration, each ended by MPI_Barrier.
  * Writes OUTDIR/timing.<rank>.json:
- *   {"rank":R,"pid":PID,"bursts":[[start_ns,duration_ns],...]}
+ *   {"rank":R,"pid":PID,"bursts":[[start_ns,duration_ns,cpu_ns],...]}
+ * cpu_ns is the thread's own CPU time over the same interval (CLOCK_THREAD_CPUTIME_ID): the
+ * ground truth for on-CPU time when ranks share cores.
  * The first burst starts when MPI_Init returns.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -24,6 +26,7 @@ int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
     long long t_start = now_ns(); /* the first burst begins as MPI_Init returns */
+    long long cpu_start = thread_cpu_ns();
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank); /* not probed: does not end the burst */
     if (argc < 2) {
@@ -41,7 +44,7 @@ int main(int argc, char **argv)
         for (int k = 0; k < ndur; k++)
             dur_us[k] = atol(argv[3 + k]);
     }
-    long long (*bursts)[2] = malloc((size_t)iters * ndur * sizeof *bursts);
+    long long (*bursts)[3] = malloc((size_t)iters * ndur * sizeof *bursts);
     int n = 0;
 
     for (int i = 0; i < iters; i++)
@@ -52,11 +55,13 @@ int main(int argc, char **argv)
             while (t_end - t_start < dur_us[k] * 1000LL);
             bursts[n][0] = t_start;
             bursts[n][1] = t_end - t_start;
+            bursts[n][2] = thread_cpu_ns() - cpu_start;
             n++;
             MPI_Barrier(MPI_COMM_WORLD);
             t_start = now_ns();
+            cpu_start = thread_cpu_ns();
         }
 
     MPI_Finalize();
-    return write_bursts(argv[1], "timing", rank, bursts, n);
+    return write_bursts(argv[1], "timing", rank, &bursts[0][0], n, 3);
 }

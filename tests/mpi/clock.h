@@ -12,6 +12,14 @@ static inline long long now_ns(void)
     return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* CPU time of the calling thread: what the thread actually ran, however loaded the machine. */
+static inline long long thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static inline double now_s(void)
 {
     return now_ns() * 1e-9;

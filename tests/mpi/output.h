@@ -5,9 +5,10 @@
 #include <stdio.h>
 #include <unistd.h>
 
-/* Writes DIR/PREFIX.RANK.json: {"rank":R,"pid":PID,"bursts":[[a,b],...]}; 0 on success. Call it
- * after MPI_Finalize, so its file I/O does not fall inside a recorded burst. */
-static inline int write_bursts(const char *dir, const char *prefix, int rank, long long (*bursts)[2], int n)
+/* Writes DIR/PREFIX.RANK.json: {"rank":R,"pid":PID,"bursts":[[v1,v2,...],...]} from N rows of
+ * COLUMNS values each; 0 on success. Call it after MPI_Finalize, so its file I/O does not fall
+ * inside a recorded burst. */
+static inline int write_bursts(const char *dir, const char *prefix, int rank, const long long *rows, int n, int columns)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.%d.json", dir, prefix, rank);
@@ -18,7 +19,8 @@ static inline int write_bursts(const char *dir, const char *prefix, int rank, lo
     }
     fprintf(f, "{\"rank\":%d,\"pid\":%ld,\"bursts\":[", rank, (long)getpid());
     for (int j = 0; j < n; j++)
-        fprintf(f, "%s[%lld,%lld]", j ? "," : "", bursts[j][0], bursts[j][1]);
+        for (int c = 0; c < columns; c++)
+            fprintf(f, "%s%lld%s", c ? "," : j ? ",[" : "[", rows[j * columns + c], c + 1 < columns ? "" : "]");
     fprintf(f, "]}\n");
     return fclose(f) == 0 ? 0 : 1;
 }

@@ -4,7 +4,6 @@
 
 use std::{
     env,
-    ffi::OsString,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
@@ -17,17 +16,30 @@ use anyhow::{bail, Context, Result};
 /// a newer LLVM than that toolchain has.
 const BPF_LINKER_VERSION: &str = "0.10.4";
 /// Debian packages: MPI implementations and compilers for the bundled MPI programs, the
-/// Prometheus server and promtool for the metric tests.
-const APT_PACKAGES: &[&str] =
-    &["openmpi-bin", "libopenmpi-dev", "mpich", "libmpich-dev", "gfortran", "gcc", "prometheus", "binutils", "curl"];
+/// Prometheus server and promtool for the metric tests, perf to tell whether there is a PMU.
+const APT_PACKAGES: &[&str] = &[
+    "openmpi-bin",
+    "libopenmpi-dev",
+    "mpich",
+    "libmpich-dev",
+    "gfortran",
+    "gcc",
+    "prometheus",
+    "binutils",
+    "curl",
+    "linux-perf",
+];
 
 const USAGE: &str = "usage: cargo xtask <command>
   build [--debug]         build the BPF object and the daemon (release by default)
   run [--debug] -- ARGS   build, then run `mpiburst ARGS` (as root)
   demo [--ranks N] [--seconds S]
                           run the bundled MPI demo under the daemon and print its reports
-  test [-- CARGO TEST ARGS]
-                          run every test: unit tests and the privileged BPF + MPI tests
+  test [--under-load] [-- CARGO TEST ARGS [-- TEST BINARY ARGS]]
+                          run every test binary (unit tests, static checks, and as root the
+                          BPF + MPI tests; without root those are reported skipped), each
+                          even when another fails; --under-load runs them while one busy
+                          loop per online CPU competes for every core
   bench overhead|cluster  measure probe cost per call and application slowdown, or clustering speed
   install-deps            only install the system packages and toolchain pieces";
 
@@ -42,7 +54,15 @@ fn main() -> Result<()> {
         "build" => build(profile(rest)).map(|_| ()),
         "run" => run(rest),
         "demo" => demo(rest),
-        "test" => test(rest),
+        "test" => match test(rest)? {
+            // The summary and cargo's result lines are already out; nothing may follow them.
+            Outcome::Passed => Ok(()),
+            Outcome::Failed => std::process::exit(1),
+        },
+        // Internal: one of the busy loops of `test --under-load`.
+        "busy-loop" => loop {
+            std::hint::spin_loop();
+        },
         "bench" => bench(rest),
         "install-deps" => install_deps(),
         "-h" | "--help" | "help" => {
@@ -198,7 +218,8 @@ fn flag_value(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
 
-/// A started daemon, stopped (SIGINT, then SIGKILL after a while) when dropped.
+/// A started daemon, stopped with SIGTERM (a SIGINT that arrives while the daemon drains is
+/// lost); killed if it is dropped running.
 struct Daemon {
     child: Child,
 }
@@ -231,7 +252,7 @@ impl Daemon {
     }
 
     fn stop(mut self) -> Result<()> {
-        self.interrupt();
+        self.terminate();
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Some(st) = self.child.try_wait()? {
@@ -242,11 +263,11 @@ impl Daemon {
             }
             thread::sleep(Duration::from_millis(100));
         }
-        bail!("the daemon did not stop within 20 s of SIGINT")
+        bail!("the daemon did not stop within 20 s of SIGTERM")
     }
 
-    fn interrupt(&self) {
-        let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+    fn terminate(&self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
     }
 }
 
@@ -293,23 +314,234 @@ fn demo(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn test(args: &[String]) -> Result<()> {
+/// The reason the privileged tests carry in their `#[ignore = ...]`.
+const NEEDS_ROOT: &str = "needs root to load BPF programs";
+
+enum Outcome {
+    Passed,
+    Failed,
+}
+
+fn test(args: &[String]) -> Result<Outcome> {
+    let (own, cargo_args, harness_args) = split_test_args(args);
+    let under_load = match own {
+        [] => false,
+        [flag] if flag == "--under-load" => true,
+        other => bail!("unknown test options {other:?}\n{USAGE}"),
+    };
     install_deps()?;
     let bin = build(Profile::Release)?;
     let programs = build_mpi_programs()?;
-    let extra: Vec<OsString> = match args.iter().position(|a| a == "--") {
-        Some(i) => args[i + 1..].iter().map(Into::into).collect(),
-        None => Vec::new(),
-    };
-    // One test thread: the privileged tests share the machine's probes and its two cores.
-    status(
-        cargo()
-            .args(["test", "--workspace", "--release"])
-            .args(&extra)
-            .args(["--", "--test-threads=1"])
-            .env("MPIBURST_BIN", &bin)
-            .env("MPIBURST_MPI_PROGRAMS", &programs),
-    )
+    let root = is_root();
+    // One test thread: the privileged tests share the machine's probes and cores.
+    let mut harness = vec!["--test-threads=1"];
+    if root {
+        harness.push("--include-ignored");
+    }
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--release", "--no-fail-fast"])
+        .args(cargo_args)
+        .arg("--")
+        .args(harness)
+        .args(harness_args)
+        .env("MPIBURST_BIN", &bin)
+        .env("MPIBURST_MPI_PROGRAMS", &programs);
+    let started = Instant::now();
+    let load = if under_load { Some(BusyLoops::start()?) } else { None };
+    let run = TestRun::run(cmd)?;
+    let busy_loops = load.map(|l| l.stop());
+    Ok(run.report(root, busy_loops, started.elapsed()))
+}
+
+/// Splits `[OWN...] [-- CARGO ARGS [-- HARNESS ARGS]]`.
+fn split_test_args(args: &[String]) -> (&[String], &[String], &[String]) {
+    let Some(first) = args.iter().position(|a| a == "--") else { return (args, &[], &[]) };
+    let (own, rest) = (&args[..first], &args[first + 1..]);
+    match rest.iter().position(|a| a == "--") {
+        Some(second) => (own, &rest[..second], &rest[second + 1..]),
+        None => (own, rest, &[]),
+    }
+}
+
+/// What `cargo test` printed: the per-binary result lines and the tests that failed or were
+/// skipped, each named `binary::test`.
+#[derive(Default)]
+struct TestRun {
+    results: Vec<String>,
+    binaries: Vec<String>,
+    passed: u64,
+    failed: Vec<String>,
+    skipped: Vec<(String, String)>,
+    /// The names under the last "failures:" line so far; libtest lists the failed tests of a
+    /// binary there, just before its result line.
+    failure_list: Option<Vec<String>>,
+    cargo_status: Option<std::process::ExitStatus>,
+}
+
+impl TestRun {
+    /// Runs `cmd`, echoing its standard output and error (merged, in order) while reading them.
+    fn run(mut cmd: Command) -> Result<TestRun> {
+        use std::io::BufRead;
+        let (reader, writer) = std::io::pipe()?;
+        cmd.stdout(writer.try_clone()?).stderr(writer);
+        let shown = format!("{cmd:?}");
+        let mut child = cmd.spawn().with_context(|| format!("cannot start {shown}"))?;
+        // The pipe's write ends now live only in the child: reading ends when it exits.
+        drop(cmd);
+        let mut run = TestRun::default();
+        let mut binary = String::from("?");
+        for line in std::io::BufReader::new(reader).lines() {
+            let line = line?;
+            println!("{line}");
+            run.read_line(&line, &mut binary);
+        }
+        run.cargo_status = Some(child.wait()?);
+        Ok(run)
+    }
+
+    fn read_line(&mut self, line: &str, binary: &mut String) {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix("Running ") {
+            // "Running tests/capture.rs (target/release/deps/capture-0123abcd)", or
+            // "Running unittests src/main.rs (target/release/deps/mpiburst-4567ef89)"
+            let (source, path) = rest.rsplit_once(" (").unwrap_or((rest, rest));
+            let file = path.trim_end_matches(')').rsplit('/').next().unwrap_or(path);
+            let name = file.rsplit_once('-').map_or(file, |(name, _hash)| name);
+            // A package's library and binary unit tests have the same name.
+            *binary = if source.ends_with("main.rs") { format!("{name} (bin)") } else { name.to_string() };
+        } else if let Some(krate) = trimmed.strip_prefix("Doc-tests ") {
+            *binary = format!("{krate} doc-tests");
+        } else if line.starts_with("test result: ") {
+            self.results.push(line.to_string());
+            self.binaries.push(binary.clone());
+            self.passed += count_before(line, " passed");
+            let failed = self.failure_list.take().unwrap_or_default();
+            self.failed.extend(failed.into_iter().map(|name| format!("{binary}::{name}")));
+        } else if line == "failures:" {
+            self.failure_list = Some(Vec::new());
+        } else if let (Some(list), Some(name)) = (&mut self.failure_list, line.strip_prefix("    ")) {
+            list.push(name.trim().to_string());
+        } else if !line.is_empty() {
+            self.failure_list = None;
+        }
+        // Skipped tests are not run, so nothing a test prints can come between name and verdict.
+        if let Some((name, verdict)) = line.strip_prefix("test ").and_then(|rest| rest.split_once(" ... ")) {
+            if let Some(reason) = verdict.strip_prefix("ignored") {
+                let reason = reason.trim_start_matches(", ").trim();
+                let reason = if reason.is_empty() { "no reason given" } else { reason };
+                self.skipped.push((format!("{binary}::{name}"), reason.to_string()));
+            }
+        }
+    }
+
+    /// Prints what was skipped and why, what failed, one summary line, and last cargo's result
+    /// line of every test binary again (CI reads the last lines).
+    fn report(self, root: bool, busy_loops: Option<usize>, took: Duration) -> Outcome {
+        let mut reasons: Vec<&str> = self.skipped.iter().map(|(_, r)| r.as_str()).collect();
+        reasons.sort_unstable();
+        reasons.dedup();
+        println!();
+        for reason in &reasons {
+            let tests: Vec<&str> = self.skipped.iter().filter(|(_, r)| r == reason).map(|(t, _)| t.as_str()).collect();
+            println!("xtask: SKIPPED {} tests ({reason}):", tests.len());
+            for t in tests {
+                println!("    {t}");
+            }
+        }
+        if !self.failed.is_empty() {
+            println!("xtask: FAILED {} tests:", self.failed.len());
+            for t in &self.failed {
+                println!("    {t}");
+            }
+        }
+        let cargo_ok = self.cargo_status.is_some_and(|s| s.success());
+        // cargo fails without a failed test when a binary does not build or crashes.
+        let broken = !cargo_ok && self.failed.is_empty();
+        let passed = cargo_ok && self.failed.is_empty();
+        let skipped_note = match (self.skipped.is_empty(), root) {
+            (true, _) => String::new(),
+            (false, false) if reasons.iter().all(|r| r.starts_with(NEEDS_ROOT)) => {
+                " (not root: run `sudo -E cargo xtask test` to run them)".into()
+            }
+            (false, _) => " (reasons above)".into(),
+        };
+        println!(
+            "xtask test: {}: {} passed, {} failed, {} skipped{skipped_note} in {} test binaries{}{}, {:.0} s",
+            if passed { "PASSED" } else { "FAILED" },
+            self.passed,
+            self.failed.len(),
+            self.skipped.len(),
+            self.results.len(),
+            busy_loops.map_or(String::new(), |n| format!(", under load ({n} busy loops)")),
+            if broken {
+                format!(
+                    "; cargo test exited with {} (see its errors above)",
+                    self.cargo_status.map_or("no status".into(), |s| s.to_string())
+                )
+            } else {
+                String::new()
+            },
+            took.as_secs_f64()
+        );
+        println!("xtask: cargo's result lines, in the order {}:", self.binaries.join(", "));
+        for line in &self.results {
+            println!("{line}");
+        }
+        if passed {
+            Outcome::Passed
+        } else {
+            Outcome::Failed
+        }
+    }
+}
+
+/// The number just before `word` in a result line ("5 passed; 0 failed; ..."), or 0.
+fn count_before(line: &str, word: &str) -> u64 {
+    line.split_once(word).and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
+}
+
+/// One busy-loop process per online CPU, at normal priority. Stopped by pid when dropped, and
+/// each dies with xtask (PR_SET_PDEATHSIG), so an interrupted run leaves none behind.
+struct BusyLoops {
+    children: Vec<Child>,
+}
+
+impl BusyLoops {
+    fn start() -> Result<BusyLoops> {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: sysconf has no preconditions.
+        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+        let exe = env::current_exe()?;
+        let mut loops = BusyLoops { children: Vec::with_capacity(cpus) };
+        for _ in 0..cpus {
+            let mut cmd = Command::new(&exe);
+            cmd.arg("busy-loop").stdin(Stdio::null());
+            // SAFETY: prctl is async-signal-safe, as code between fork and exec must be.
+            unsafe {
+                cmd.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                });
+            }
+            loops.children.push(cmd.spawn().context("start a busy loop")?);
+        }
+        eprintln!("xtask: {cpus} busy loops running (one per online CPU)");
+        Ok(loops)
+    }
+
+    /// Stops the loops; returns how many ran.
+    fn stop(self) -> usize {
+        self.children.len()
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn bench(args: &[String]) -> Result<()> {
@@ -359,4 +591,50 @@ fn bench_overhead() -> Result<()> {
     println!("demo (2 ranks, 10 s, 3 runs each, median): {b:.2} ms/step without the daemon, {p:.2} ms/step with it");
     println!("application slowdown: {:.2} %", 100.0 * (p - b) / b);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_test_run_reads_failed_and_skipped_tests_from_cargo_output() {
+        let output = "     Running unittests src/main.rs (target/release/deps/mpiburst-0123abcd)
+running 0 tests
+test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s
+     Running tests/capture.rs (target/release/deps/capture-4567ef89)
+running 3 tests
+test call_sites ... ignored, needs root to load BPF programs: run `sudo -E cargo xtask test`
+test counts ... program output on the test's line
+ok
+test kill_9 ... FAILED
+
+failures:
+
+---- kill_9 stdout ----
+thread 'kill_9' panicked at tests/capture.rs:1:1:
+    an indented line of a panic message
+
+failures:
+    kill_9
+
+test result: FAILED. 1 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.00s
+error: test failed, to rerun pass `-p mpiburst-tests --test capture`";
+        let mut run = TestRun::default();
+        let mut binary = String::new();
+        for line in output.lines() {
+            run.read_line(line, &mut binary);
+        }
+        assert_eq!(run.binaries, ["mpiburst (bin)", "capture"]);
+        assert_eq!(run.passed, 1);
+        assert_eq!(run.failed, ["capture::kill_9"]);
+        assert_eq!(
+            run.skipped,
+            [(
+                "capture::call_sites".to_string(),
+                "needs root to load BPF programs: run `sudo -E cargo xtask test`".to_string()
+            )]
+        );
+        assert_eq!(run.results.len(), 2);
+    }
 }
