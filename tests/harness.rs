@@ -368,3 +368,27 @@ pub fn property<'a>(span: &'a serde_json::Value, name: &str) -> &'a serde_json::
         .find(|p| p["name"] == name)
         .unwrap_or_else(|| panic!("no property {name} in {span}"))
 }
+
+/// Busy loops, one process per core, that compete with the ranks for the CPUs; killed (by pid)
+/// when dropped.
+pub struct CpuHogs(Vec<Child>);
+
+impl CpuHogs {
+    pub fn start() -> CpuHogs {
+        let cores = thread::available_parallelism().map_or(1, |n| n.get());
+        CpuHogs(
+            (0..cores)
+                .map(|_| Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("start a busy loop (sh)"))
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for hog in &mut self.0 {
+            let _ = hog.kill();
+            let _ = hog.wait();
+        }
+    }
+}

@@ -76,6 +76,83 @@ fn k_phases_give_k_perfectly_spmd_clusters_on_2_4_and_8_ranks() {
     }
 }
 
+/// A run of `sweep` on `ranks` ranks of Open MPI: the bursts the daemon recorded, the names of
+/// the program's computations and, per burst, the computation it ran by the program's own record
+/// (the work item whose middle lies in the burst), if any.
+struct Sweep {
+    bursts: Vec<Burst>,
+    computations: Vec<String>,
+    ran: Vec<Option<usize>>,
+}
+
+fn record_sweep(ranks: u32, iterations: u32) -> Sweep {
+    let daemon = Daemon::start(&[]);
+    let program = program("sweep", Mpi::OpenMpi);
+    let out = tempfile::tempdir().unwrap();
+    run_mpi(Mpi::OpenMpi, ranks, &program, &[out.path().to_str().unwrap(), &format!("iters={iterations}")]);
+    let offset = unix_minus_monotonic_ns();
+    let recording = daemon.stop();
+    let bursts: Vec<Burst> = job_of(&recording, &program).bursts.iter().cloned().collect();
+    let outputs = rank_outputs(out.path(), "sweep", ranks);
+    let computations: Vec<String> =
+        outputs[0]["computations"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
+    // (rank, middle of the work item in Unix ns, computation)
+    let items: Vec<(u32, i128, usize)> = outputs
+        .iter()
+        .flat_map(|o| {
+            let rank = o["rank"].as_u64().unwrap() as u32;
+            o["items"].as_array().unwrap().iter().map(move |item| {
+                let (start, end) = (item[1].as_i64().unwrap() as i128, item[2].as_i64().unwrap() as i128);
+                (rank, (start + end) / 2 + offset, item[0].as_u64().unwrap() as usize)
+            })
+        })
+        .collect();
+    let ran: Vec<Option<usize>> = bursts
+        .iter()
+        .map(|b| {
+            let (start, end) = (b.start_ns as i128, (b.start_ns + b.duration_ns) as i128);
+            items.iter().find(|&&(rank, middle, _)| rank == b.rank && (start..=end).contains(&middle)).map(|item| item.2)
+        })
+        .collect();
+    // Every work item lies in exactly one burst: the daemon saw every computation.
+    for (c, name) in computations.iter().enumerate() {
+        let found = ran.iter().filter(|&&r| r == Some(c)).count() as u32;
+        assert_eq!(found, ranks * iterations, "bursts holding a {name} work item");
+    }
+    Sweep { bursts, computations, ran }
+}
+
+#[test]
+fn a_wavefront_sweep_gives_one_phase_per_computation_on_4_and_8_ranks() {
+    if !privileged("sweep") {
+        return;
+    }
+    for ranks in [4u32, 8] {
+        let sweep = record_sweep(ranks, 30);
+        let analysis = analyse(&sweep.bursts, ranks, &AnalysisParams::default()).unwrap();
+        // Per cluster, how many of its bursts ran each computation.
+        let mut ran_by_cluster: BTreeMap<ClusterId, Vec<u64>> = BTreeMap::new();
+        for (label, ran) in analysis.labels.iter().zip(&sweep.ran) {
+            if let (Some(id), Some(c)) = (label.filter(|&id| id != 0), ran) {
+                ran_by_cluster.entry(id).or_insert_with(|| vec![0; sweep.computations.len()])[*c] += 1;
+            }
+        }
+        let what = format!("{ranks} ranks: clusters × {:?} {ran_by_cluster:?}", sweep.computations);
+        eprintln!("{what}; SPMD score {:.3}", analysis.global_score);
+        assert_eq!(analysis.clusters.len(), sweep.computations.len(), "{what}: one phase per computation");
+        let mut phase_of = BTreeSet::new();
+        for (id, ran) in &ran_by_cluster {
+            let (computation, &most) = ran.iter().enumerate().max_by_key(|&(_, n)| *n).unwrap();
+            let all: u64 = ran.iter().sum();
+            assert!(most as f64 >= 0.95 * all as f64, "{what}: cluster {id} mixes computations");
+            assert!(most >= 28 * ranks as u64, "{what}: cluster {id} holds too few of its computation's bursts");
+            phase_of.insert(computation);
+        }
+        assert_eq!(phase_of.len(), sweep.computations.len(), "{what}: every computation is a phase");
+        assert!(analysis.global_score >= 0.9, "{what}: SPMD score {}", analysis.global_score);
+    }
+}
+
 #[test]
 fn one_slow_rank_lowers_the_duration_balance_of_its_phase() {
     if !privileged("imbalanced_phase") {
