@@ -44,21 +44,40 @@ pub enum FeatureSelection {
     Fixed(FeatureSet),
 }
 
-/// Which bursts are analysed, by duration (wall-clock `duration_ns`).
+/// Which bursts are analysed, by on-CPU duration ([`filtered_duration_ns`]).
+///
+/// On-CPU rather than wall-clock time: on a busy or oversubscribed node a burst's wall time is
+/// its on-CPU time plus whole scheduler time slices, so the wall times of one phase spread over
+/// several factors of 2 (with gaps between them) and the tiny bursts between back-to-back MPI
+/// calls, preempted now and then, fill the gap below the phases. A threshold on wall time then
+/// cuts through the shortest phase on some ranks only. On-CPU time is what the work costs, and
+/// the tiny bursts keep tiny on-CPU times however often they are preempted.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DurationFilter {
-    /// Keep at least this share of the total burst time: start from the largest threshold whose
-    /// bursts at or above it hold that share (the thesis's criterion), then lower it to the top
-    /// of the first gap below, see [`duration_filter`].
+    /// Keep at least this share of the total on-CPU time of the bursts: start from the largest
+    /// threshold whose bursts at or above it hold that share (the thesis's criterion, on wall
+    /// time there), then lower it to the top of the first gap below, see [`duration_filter`].
     KeepTimeShare(f64),
-    /// Keep bursts of at least this many nanoseconds (the thesis's manual `duration_filter`).
+    /// Keep bursts of at least this many nanoseconds on a CPU (the thesis's manual
+    /// `duration_filter`).
     MinDurationNs(u64),
 }
 
 impl Default for DurationFilter {
     fn default() -> Self {
         DurationFilter::KeepTimeShare(0.99)
+    }
+}
+
+/// The duration the filter compares: on-CPU time, or the wall time of a burst with no on-CPU
+/// time at all (the kernel skipped the scheduler hook that runs its on-CPU clock, so the time is
+/// unknown rather than zero).
+pub fn filtered_duration_ns(burst: &Burst) -> u64 {
+    if burst.oncpu_ns > 0 {
+        burst.oncpu_ns
+    } else {
+        burst.duration_ns
     }
 }
 
@@ -71,23 +90,25 @@ pub const DURATION_GAP_RATIO: u64 = 2;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FilterReport {
     pub filter: DurationFilter,
-    /// The threshold the criterion alone gives (for `KeepTimeShare`, the largest one keeping the
-    /// share; for `MinDurationNs`, the value itself).
+    /// The on-CPU threshold the criterion alone gives (for `KeepTimeShare`, the largest one
+    /// keeping the share; for `MinDurationNs`, the value itself).
     pub criterion_threshold_ns: u64,
-    /// The threshold applied: bursts with `duration_ns >= threshold_ns` are analysed.
+    /// The threshold applied: bursts whose [`filtered_duration_ns`] is at least this are analysed.
     pub threshold_ns: u64,
     pub bursts_in: u64,
     pub bursts_kept: u64,
+    /// Wall-clock time of all bursts and of the kept ones, the unit of every time share.
     pub time_in_ns: u64,
     pub time_kept_ns: u64,
-    /// Share of the total burst time in filtered bursts (0 when there is no time at all).
+    /// Share of the total (wall-clock) burst time in filtered bursts (0 when there is no time at
+    /// all).
     pub time_filtered_share: f64,
 }
 
 /// Indices of the bursts that pass the filter (ascending), and what the filter did.
 ///
-/// `KeepTimeShare(p)`: with durations sorted in decreasing order, the criterion threshold is the
-/// first duration at which the running sum reaches p of the total. Used as is, it cuts through
+/// `KeepTimeShare(p)`: with on-CPU durations sorted in decreasing order, the criterion threshold
+/// is the first duration at which the running sum reaches p of the total. Used as is, it cuts through
 /// whatever behaviour holds that duration, typically the shortest real phase when the tiny bursts
 /// hold less than 1 − p of the time, and drops part of that phase's bursts on some ranks only,
 /// which breaks its sequences. So the threshold is lowered further, to the smallest duration of
@@ -100,6 +121,7 @@ pub fn duration_filter(
     filter: DurationFilter,
 ) -> Result<(Vec<usize>, FilterReport), AnalysisError> {
     let time_in_ns: u64 = bursts.iter().map(|b| b.duration_ns).sum();
+    let oncpu_ns: u64 = bursts.iter().map(filtered_duration_ns).sum();
     let (criterion_threshold_ns, threshold_ns) = match filter {
         DurationFilter::KeepTimeShare(share) => {
             if !(share > 0.0 && share <= 1.0) {
@@ -109,9 +131,9 @@ pub fn duration_filter(
                     expected: "a share in (0, 1]",
                 });
             }
-            let mut sorted: Vec<u64> = bursts.iter().map(|b| b.duration_ns).collect();
+            let mut sorted: Vec<u64> = bursts.iter().map(filtered_duration_ns).collect();
             sorted.sort_unstable_by(|a, b| b.cmp(a));
-            let target = share * time_in_ns as f64;
+            let target = share * oncpu_ns as f64;
             let mut running = 0u64;
             let cut = sorted
                 .iter()
@@ -134,7 +156,7 @@ pub fn duration_filter(
         DurationFilter::MinDurationNs(ns) => (ns, ns),
     };
     let kept: Vec<usize> = (0..bursts.len())
-        .filter(|&i| bursts[i].duration_ns >= threshold_ns)
+        .filter(|&i| filtered_duration_ns(&bursts[i]) >= threshold_ns)
         .collect();
     let time_kept_ns: u64 = kept.iter().map(|&i| bursts[i].duration_ns).sum();
     let report = FilterReport {
