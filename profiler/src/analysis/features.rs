@@ -93,10 +93,15 @@ pub struct FilterReport {
     /// The on-CPU threshold the criterion alone gives (for `KeepTimeShare`, the largest one
     /// keeping the share; for `MinDurationNs`, the value itself).
     pub criterion_threshold_ns: u64,
-    /// The threshold applied: bursts whose [`filtered_duration_ns`] is at least this are analysed.
+    /// The threshold applied: bursts whose [`filtered_duration_ns`] is at least this are analysed,
+    /// and those that [`duration_filter`] keeps for their code region.
     pub threshold_ns: u64,
     pub bursts_in: u64,
     pub bursts_kept: u64,
+    /// Kept bursts whose on-CPU time is below the threshold but whose wall time is not, in a code
+    /// region where most bursts pass: phase bursts whose on-CPU clock stopped.
+    #[serde(default)]
+    pub kept_for_region: u64,
     /// Wall-clock time of all bursts and of the kept ones, the unit of every time share.
     pub time_in_ns: u64,
     pub time_kept_ns: u64,
@@ -116,6 +121,13 @@ pub struct FilterReport {
 /// [`DURATION_GAP_RATIO`] or more apart. More than p of the time is then kept; when no such gap
 /// exists down to the shortest burst, everything is kept (the kernel's own filter bounds the
 /// volume of short bursts).
+///
+/// A burst below the threshold is still kept when its wall time is not and most bursts of its
+/// code region pass: the kernel skips the scheduler hook that runs a thread's on-CPU clock at
+/// some switches (when another tracing program runs on that CPU), so a preempted phase burst can
+/// show a fraction of its on-CPU time. A preempted tiny burst has a long wall time too, but sits
+/// in a region of tiny bursts. Dropping the phase burst would leave a hole in its rank's
+/// sequence; kept, its outlying feature makes it noise or it joins its phase by column majority.
 pub fn duration_filter(
     bursts: &[Burst],
     filter: DurationFilter,
@@ -155,9 +167,22 @@ pub fn duration_filter(
         }
         DurationFilter::MinDurationNs(ns) => (ns, ns),
     };
+    let passes = |b: &Burst| filtered_duration_ns(b) >= threshold_ns;
+    // (passing, all) bursts per code region.
+    let mut regions: BTreeMap<(&CallSite, &CallSite), (u64, u64)> = BTreeMap::new();
+    for b in bursts {
+        let counts = regions.entry(b.region()).or_default();
+        counts.0 += u64::from(passes(b));
+        counts.1 += 1;
+    }
+    let for_region = |b: &Burst| {
+        let (passing, all) = regions[&b.region()];
+        !passes(b) && b.duration_ns >= threshold_ns && 2 * passing > all
+    };
     let kept: Vec<usize> = (0..bursts.len())
-        .filter(|&i| filtered_duration_ns(&bursts[i]) >= threshold_ns)
+        .filter(|&i| passes(&bursts[i]) || for_region(&bursts[i]))
         .collect();
+    let kept_for_region = kept.iter().filter(|&&i| for_region(&bursts[i])).count() as u64;
     let time_kept_ns: u64 = kept.iter().map(|&i| bursts[i].duration_ns).sum();
     let report = FilterReport {
         filter,
@@ -165,6 +190,7 @@ pub fn duration_filter(
         threshold_ns,
         bursts_in: bursts.len() as u64,
         bursts_kept: kept.len() as u64,
+        kept_for_region,
         time_in_ns,
         time_kept_ns,
         time_filtered_share: if time_in_ns == 0 {

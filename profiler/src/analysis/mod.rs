@@ -15,7 +15,9 @@
 //! * **Duration filter**: the thesis's 99 % criterion, then lowered to the next empty factor-2 gap
 //!   in the sorted durations so that it never cuts through a phase ([`features::duration_filter`]).
 //!   On on-CPU time, not wall time: on a busy node preemption spreads one phase's wall times over
-//!   several factors of 2 and fills the gap below it with preempted tiny bursts.
+//!   several factors of 2 and fills the gap below it with preempted tiny bursts. A burst whose
+//!   on-CPU clock the kernel stopped is kept when its wall time passes and most of its code
+//!   region passes.
 //! * **DBSCAN** ([`dbscan`]): grid index (near-linear even for dense phases); the neighbourhood
 //!   includes the point; border points join the cluster of their nearest core point.
 //! * **MinPoints** ([`acr::default_min_points`]): ranks/4, at least 2 (ClusteringSuite's

@@ -437,9 +437,16 @@ fn duration_filter_ignores_preemption() {
             b.duration_ns += 8_000_000;
         }
     }
+    // One preempted burst of phase 0 (0.2 ms) whose on-CPU clock stopped after 0.05 ms.
+    let stopped = bursts
+        .iter()
+        .position(|b| b.start_site.offset == 0 && b.duration_ns > 8_000_000)
+        .unwrap();
+    bursts[stopped].oncpu_ns = 50_000;
     let (kept, report) = features::duration_filter(&bursts, DurationFilter::default()).unwrap();
     assert_eq!(kept.len(), 300, "{report:?}");
-    assert!(kept.iter().all(|&i| bursts[i].oncpu_ns > 100_000));
+    assert_eq!(report.kept_for_region, 1, "{report:?}");
+    assert!(kept.iter().all(|&i| bursts[i].oncpu_ns >= 50_000));
     // The time shares stay in wall time, like the clusters' shares.
     let wall = |i: &usize| bursts[*i].duration_ns;
     assert_eq!(
