@@ -429,3 +429,27 @@ pub fn region_useful_seconds(rank: &serde_json::Value) -> f64 {
         .sum();
     (end - start - mpi) as f64 / 1e9
 }
+
+/// Busy loops, one process per core, that compete with the ranks for the CPUs; killed (by pid)
+/// when dropped.
+pub struct CpuHogs(Vec<Child>);
+
+impl CpuHogs {
+    pub fn start() -> CpuHogs {
+        let cores = thread::available_parallelism().map_or(1, |n| n.get());
+        CpuHogs(
+            (0..cores)
+                .map(|_| Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("start a busy loop (sh)"))
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for hog in &mut self.0 {
+            let _ = hog.kill();
+            let _ = hog.wait();
+        }
+    }
+}

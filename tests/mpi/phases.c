@@ -20,20 +20,9 @@
 #include <time.h>
 
 #include "clock.h"
+#include "work.h"
 
 #define MAX_PHASES 8
-
-/* volatile keeps the compiler from folding computations away. */
-static volatile double sink;
-
-
-static void work(long units)
-{
-    double x = 1.0;
-    for (long i = 0; i < units; i++)
-        x = x * 1.0000001 + 1e-9;
-    sink = x;
-}
 
 /* Ends phase p in its own MPI call, on its own source line, so each phase is its own code region
  * (pair of call sites). Phase 2's broadcast also carries the calibration, so the loop's first
@@ -53,23 +42,13 @@ __attribute__((noinline)) static void end_phase(int p, double *value)
     }
     /* Work after the call keeps the compiler from turning it into a tail call, whose return
      * address would be the caller's. */
-    sink = *value;
+    work_sink = *value;
 }
 
-/* Loop iterations per millisecond of one core, measured on rank 0 (thread CPU time, so a busy
- * machine does not inflate it) and shared, so all ranks do identical work. */
+/* Work units per millisecond of one core, measured on rank 0 and shared. */
 static double calibrate(int rank)
 {
-    double per_ms = 0;
-    if (rank == 0) {
-        struct timespec a, b;
-        long units = 2000000;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-        work(units);
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-        double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
-        per_ms = units / ms;
-    }
+    double per_ms = rank == 0 ? work_units_per_ms() : 0;
     end_phase(2, &per_ms);
     return per_ms;
 }

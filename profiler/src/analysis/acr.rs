@@ -1,9 +1,11 @@
 //! Aggregative Cluster Refinement (thesis ch. 6, Algorithm 1) and the single-Eps alternative.
 //!
-//! ACR runs DBSCAN with increasing Eps. After each run the Cluster Sequence Score of the whole
-//! partition is computed, bursts are absorbed by column majorities (below), and clusters that score exactly 1 are
-//! frozen; only the bursts of the others, plus all noise, take part in the next run. After the
-//! last Eps (or when nothing is left to refine) two post-processes run on the last alignment:
+//! ACR runs DBSCAN with increasing Eps. After each run the region variants of one computation
+//! are merged ([`super::roles::merge_region_variants`], which also aligns and scores the
+//! partition), bursts are absorbed by column majorities (below), and clusters that score exactly
+//! 1 are frozen; only the bursts of the others, plus all noise, take part in the next run. After
+//! the last Eps (or when nothing is left to refine) three post-processes run on the last
+//! alignment:
 //!
 //! 1. Sequence-based merge (`ProcessLastPartition`). The thesis merges imperfect clusters that
 //!    always appear together, i.e. in exactly the same aligned columns (ClusteringSuite finds
@@ -15,7 +17,9 @@
 //!    the thesis's rule leaves as three clusters. Two different phases never qualify, because
 //!    each has columns without the other. It runs unconditionally; perfect clusters never share
 //!    a column with another cluster, so it only ever touches imperfect ones.
-//! 2. Column-majority absorption, again after the merge.
+//! 2. Rare clusters join the frequent cluster whose place they take in the sequences
+//!    ([`super::roles::join_rare_variants`]).
+//! 3. Column-majority absorption, again after the merges.
 //!
 //! Column-majority absorption (our addition, along the fix the thesis proposes in §10.5.2 for
 //! residual noise and over-aggregation: classify bursts on each iteration): in an aligned column
@@ -39,6 +43,7 @@ use serde::{Deserialize, Serialize};
 use super::css::{sequence_score, RankSequences, SequenceScore};
 use super::dbscan::{dbscan, k_distances};
 use super::points::{cluster_count, PointSet};
+use super::roles::{join_rare_variants, merge_region_variants};
 use super::{ClusterId, NOISE};
 
 /// The top of the k-dist curve that the knee line and the largest Eps skip, as a share of the
@@ -73,6 +78,14 @@ pub struct ClusteringReport {
     pub sequence_merges: Vec<SequenceMerge>,
     /// Bursts whose final cluster comes from column-majority absorption rather than DBSCAN.
     pub absorbed_by_column: usize,
+    /// Clusters that joined another one as a variant of its computation in another code region
+    /// ([`super::roles::merge_region_variants`]), over all steps.
+    #[serde(default)]
+    pub region_variants_merged: usize,
+    /// Rare clusters that joined the phase whose place they take
+    /// ([`super::roles::join_rare_variants`]).
+    #[serde(default)]
+    pub rare_clusters_joined: usize,
 }
 
 /// A final labelling (1 = most time, [`NOISE`] = 0), its score and how it was reached.
@@ -173,6 +186,7 @@ pub fn acr(
     let mut reports = Vec::new();
     let mut absorbed = vec![false; n];
     let mut score = sequence_score(&labels, sequences);
+    let mut region_variants_merged = 0;
     for &eps in &eps_list {
         let subset: Vec<usize> = (0..n).filter(|&i| !frozen.contains(&labels[i])).collect();
         if subset.is_empty() {
@@ -189,7 +203,16 @@ pub fn acr(
             absorbed[i] = false;
         }
         next_id += fresh;
-        score = sequence_score(&labels, sequences);
+        let merged = merge_region_variants(
+            points,
+            &labels,
+            sequences,
+            eps,
+            |id| frozen.contains(&id),
+            |labels| sequence_score(labels, sequences),
+        );
+        region_variants_merged += cluster_count(&labels) - cluster_count(&merged.0);
+        (labels, score) = merged;
         if absorb_into_column_majority(&mut labels, &mut absorbed, sequences, &score) > 0 {
             score = score.relabelled(&labels, sequences);
         }
@@ -211,6 +234,17 @@ pub fn acr(
             *label = target;
         }
     }
+    let hosts = join_rare_variants(
+        points,
+        &labels,
+        sequences,
+        &score.relabelled(&labels, sequences),
+    );
+    for label in &mut labels {
+        if let Some(&host) = hosts.get(label) {
+            *label = host;
+        }
+    }
     absorb_into_column_majority(&mut labels, &mut absorbed, sequences, &score);
     let absorbed_by_column = absorbed.iter().filter(|&&a| a).count();
     let (labels, final_id) = number_by_time(&labels, sequences.durations());
@@ -230,6 +264,8 @@ pub fn acr(
             steps: reports,
             sequence_merges,
             absorbed_by_column,
+            region_variants_merged,
+            rare_clusters_joined: hosts.len(),
         },
     }
 }
@@ -252,6 +288,8 @@ pub fn single_dbscan(
             steps,
             sequence_merges: Vec::new(),
             absorbed_by_column: 0,
+            region_variants_merged: 0,
+            rare_clusters_joined: 0,
         },
     }
 }

@@ -44,21 +44,40 @@ pub enum FeatureSelection {
     Fixed(FeatureSet),
 }
 
-/// Which bursts are analysed, by duration (wall-clock `duration_ns`).
+/// Which bursts are analysed, by on-CPU duration ([`filtered_duration_ns`]).
+///
+/// On-CPU rather than wall-clock time: on a busy or oversubscribed node a burst's wall time is
+/// its on-CPU time plus whole scheduler time slices, so the wall times of one phase spread over
+/// several factors of 2 (with gaps between them) and the tiny bursts between back-to-back MPI
+/// calls, preempted now and then, fill the gap below the phases. A threshold on wall time then
+/// cuts through the shortest phase on some ranks only. On-CPU time is what the work costs, and
+/// the tiny bursts keep tiny on-CPU times however often they are preempted.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DurationFilter {
-    /// Keep at least this share of the total burst time: start from the largest threshold whose
-    /// bursts at or above it hold that share (the thesis's criterion), then lower it to the top
-    /// of the first gap below, see [`duration_filter`].
+    /// Keep at least this share of the total on-CPU time of the bursts: start from the largest
+    /// threshold whose bursts at or above it hold that share (the thesis's criterion, on wall
+    /// time there), then lower it to the top of the first gap below, see [`duration_filter`].
     KeepTimeShare(f64),
-    /// Keep bursts of at least this many nanoseconds (the thesis's manual `duration_filter`).
+    /// Keep bursts of at least this many nanoseconds on a CPU (the thesis's manual
+    /// `duration_filter`).
     MinDurationNs(u64),
 }
 
 impl Default for DurationFilter {
     fn default() -> Self {
         DurationFilter::KeepTimeShare(0.99)
+    }
+}
+
+/// The duration the filter compares: on-CPU time, or the wall time of a burst with no on-CPU
+/// time at all (the kernel skipped the scheduler hook that runs its on-CPU clock, so the time is
+/// unknown rather than zero).
+pub fn filtered_duration_ns(burst: &Burst) -> u64 {
+    if burst.oncpu_ns > 0 {
+        burst.oncpu_ns
+    } else {
+        burst.duration_ns
     }
 }
 
@@ -71,23 +90,30 @@ pub const DURATION_GAP_RATIO: u64 = 2;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FilterReport {
     pub filter: DurationFilter,
-    /// The threshold the criterion alone gives (for `KeepTimeShare`, the largest one keeping the
-    /// share; for `MinDurationNs`, the value itself).
+    /// The on-CPU threshold the criterion alone gives (for `KeepTimeShare`, the largest one
+    /// keeping the share; for `MinDurationNs`, the value itself).
     pub criterion_threshold_ns: u64,
-    /// The threshold applied: bursts with `duration_ns >= threshold_ns` are analysed.
+    /// The threshold applied: bursts whose [`filtered_duration_ns`] is at least this are analysed,
+    /// and those that [`duration_filter`] keeps for their code region.
     pub threshold_ns: u64,
     pub bursts_in: u64,
     pub bursts_kept: u64,
+    /// Kept bursts whose on-CPU time is below the threshold but whose wall time is not, in a code
+    /// region where most bursts pass: phase bursts whose on-CPU clock stopped.
+    #[serde(default)]
+    pub kept_for_region: u64,
+    /// Wall-clock time of all bursts and of the kept ones, the unit of every time share.
     pub time_in_ns: u64,
     pub time_kept_ns: u64,
-    /// Share of the total burst time in filtered bursts (0 when there is no time at all).
+    /// Share of the total (wall-clock) burst time in filtered bursts (0 when there is no time at
+    /// all).
     pub time_filtered_share: f64,
 }
 
 /// Indices of the bursts that pass the filter (ascending), and what the filter did.
 ///
-/// `KeepTimeShare(p)`: with durations sorted in decreasing order, the criterion threshold is the
-/// first duration at which the running sum reaches p of the total. Used as is, it cuts through
+/// `KeepTimeShare(p)`: with on-CPU durations sorted in decreasing order, the criterion threshold
+/// is the first duration at which the running sum reaches p of the total. Used as is, it cuts through
 /// whatever behaviour holds that duration, typically the shortest real phase when the tiny bursts
 /// hold less than 1 − p of the time, and drops part of that phase's bursts on some ranks only,
 /// which breaks its sequences. So the threshold is lowered further, to the smallest duration of
@@ -95,11 +121,19 @@ pub struct FilterReport {
 /// [`DURATION_GAP_RATIO`] or more apart. More than p of the time is then kept; when no such gap
 /// exists down to the shortest burst, everything is kept (the kernel's own filter bounds the
 /// volume of short bursts).
+///
+/// A burst below the threshold is still kept when its wall time is not and most bursts of its
+/// code region pass: the kernel skips the scheduler hook that runs a thread's on-CPU clock at
+/// some switches (when another tracing program runs on that CPU), so a preempted phase burst can
+/// show a fraction of its on-CPU time. A preempted tiny burst has a long wall time too, but sits
+/// in a region of tiny bursts. Dropping the phase burst would leave a hole in its rank's
+/// sequence; kept, its outlying feature makes it noise or it joins its phase by column majority.
 pub fn duration_filter(
     bursts: &[Burst],
     filter: DurationFilter,
 ) -> Result<(Vec<usize>, FilterReport), AnalysisError> {
     let time_in_ns: u64 = bursts.iter().map(|b| b.duration_ns).sum();
+    let oncpu_ns: u64 = bursts.iter().map(filtered_duration_ns).sum();
     let (criterion_threshold_ns, threshold_ns) = match filter {
         DurationFilter::KeepTimeShare(share) => {
             if !(share > 0.0 && share <= 1.0) {
@@ -109,9 +143,9 @@ pub fn duration_filter(
                     expected: "a share in (0, 1]",
                 });
             }
-            let mut sorted: Vec<u64> = bursts.iter().map(|b| b.duration_ns).collect();
+            let mut sorted: Vec<u64> = bursts.iter().map(filtered_duration_ns).collect();
             sorted.sort_unstable_by(|a, b| b.cmp(a));
-            let target = share * time_in_ns as f64;
+            let target = share * oncpu_ns as f64;
             let mut running = 0u64;
             let cut = sorted
                 .iter()
@@ -133,9 +167,22 @@ pub fn duration_filter(
         }
         DurationFilter::MinDurationNs(ns) => (ns, ns),
     };
+    let passes = |b: &Burst| filtered_duration_ns(b) >= threshold_ns;
+    // (passing, all) bursts per code region.
+    let mut regions: BTreeMap<(&CallSite, &CallSite), (u64, u64)> = BTreeMap::new();
+    for b in bursts {
+        let counts = regions.entry(b.region()).or_default();
+        counts.0 += u64::from(passes(b));
+        counts.1 += 1;
+    }
+    let for_region = |b: &Burst| {
+        let (passing, all) = regions[&b.region()];
+        !passes(b) && b.duration_ns >= threshold_ns && 2 * passing > all
+    };
     let kept: Vec<usize> = (0..bursts.len())
-        .filter(|&i| bursts[i].duration_ns >= threshold_ns)
+        .filter(|&i| passes(&bursts[i]) || for_region(&bursts[i]))
         .collect();
+    let kept_for_region = kept.iter().filter(|&&i| for_region(&bursts[i])).count() as u64;
     let time_kept_ns: u64 = kept.iter().map(|&i| bursts[i].duration_ns).sum();
     let report = FilterReport {
         filter,
@@ -143,6 +190,7 @@ pub fn duration_filter(
         threshold_ns,
         bursts_in: bursts.len() as u64,
         bursts_kept: kept.len() as u64,
+        kept_for_region,
         time_in_ns,
         time_kept_ns,
         time_filtered_share: if time_in_ns == 0 {

@@ -10,9 +10,14 @@
 //!   else ln(on-CPU time) clustered separately within each code region; the result names the set
 //!   used and the normalisation ranges. Min–max normalisation over the analysed bursts, Euclidean
 //!   distance. The duration-only fallback normalises over all regions together, so Eps means the
-//!   same in every region.
+//!   same in every region. The region partition is not final: clusters of different regions that
+//!   are variants of one computation (pipeline and wavefront codes) become one phase ([`roles`]).
 //! * **Duration filter**: the thesis's 99 % criterion, then lowered to the next empty factor-2 gap
 //!   in the sorted durations so that it never cuts through a phase ([`features::duration_filter`]).
+//!   On on-CPU time, not wall time: on a busy node preemption spreads one phase's wall times over
+//!   several factors of 2 and fills the gap below it with preempted tiny bursts. A burst whose
+//!   on-CPU clock the kernel stopped is kept when its wall time passes and most of its code
+//!   region passes.
 //! * **DBSCAN** ([`dbscan`]): grid index (near-linear even for dense phases); the neighbourhood
 //!   includes the point; border points join the cluster of their nearest core point.
 //! * **MinPoints** ([`acr::default_min_points`]): ranks/4, at least 2 (ClusteringSuite's
@@ -24,12 +29,18 @@
 //!   the curve, both included. The curve uses k = max(MinPoints, ⌈ln n⌉) rather than MinPoints:
 //!   with many iterations per window and MinPoints 2, the nearest-neighbour distances never reach
 //!   the radius at which a jittered phase is connected (the thesis clustered 1–2 iterations).
-//! * **ACR** ([`acr`]): after each step, bursts in a full aligned column dominated by one cluster
+//! * **ACR** ([`acr`]): after each step, clusters of different code regions that lie within Eps
+//!   of each other, share no rank and share their aligned columns join (region variants of one
+//!   computation, [`roles::merge_region_variants`]; they are aligned as one symbol so that the
+//!   aligner can line them up at all); bursts in a full aligned column dominated by one cluster
 //!   join it (column-majority absorption, our addition against residual noise and
 //!   over-aggregation); then clusters scoring exactly 1 are frozen; the rest and all noise are
 //!   refined with the next Eps. At the end the sequence-based merge (a cluster appearing only in
 //!   another one's columns joins it, which contains the thesis's "always together") runs
-//!   unconditionally, then the absorption once more.
+//!   unconditionally; then rare clusters (at most 1/8 of the columns of the most frequent one)
+//!   that take a frequent cluster's place in the sequences join it, because a phase recurs and
+//!   such a cluster is that phase in a perturbed iteration ([`roles::join_rare_variants`]); then
+//!   the absorption once more.
 //! * **CSS** ([`css`], [`msa`]): one sequence per rank (all its threads' bursts by start time);
 //!   Eq. 5.2 divided by the number of ranks m, which counts ranks without bursts; noise is a symbol
 //!   in the sequences but has no weight in the global score, which is weighted by time over all
@@ -53,6 +64,7 @@ mod kdtree;
 pub mod msa;
 pub mod online;
 pub mod points;
+pub mod roles;
 pub mod stats;
 pub mod synthetic;
 pub mod tracking;

@@ -84,7 +84,7 @@ use super::tracking::{
     TrackingParams,
 };
 use super::{
-    analyse, k_distances, prepare, Analysis, AnalysisParams, ClusterId, ClusterStats,
+    analyse, features, k_distances, prepare, Analysis, AnalysisParams, ClusterId, ClusterStats,
     ClusteringReport, FeatureReport, FeatureSet, FilterReport, Prepared, NOISE,
 };
 use crate::model::{Burst, CallSite};
@@ -402,7 +402,7 @@ impl Model {
     }
 
     fn classify(&self, burst: &Burst) -> Provisional {
-        if burst.duration_ns < self.threshold_ns {
+        if features::filtered_duration_ns(burst) < self.threshold_ns {
             return Provisional::Filtered;
         }
         let mut raw = [0.0; MAX_DIMS];

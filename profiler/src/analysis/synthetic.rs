@@ -1,7 +1,8 @@
 //! Deterministic synthetic burst streams of an SPMD loop, for tests, the clustering benchmark and
 //! demos without MPI: every rank runs the same phases in every iteration, with jitter, optional
-//! imbalance, parity-dependent work and outliers, separated by collective calls, plus the tiny
-//! bursts that back-to-back MPI calls produce.
+//! imbalance, parity-dependent work, outliers, iterations slowed on every rank, pipeline stages
+//! and rare phases, separated by collective calls, plus the tiny bursts that back-to-back MPI
+//! calls produce.
 
 use std::sync::Arc;
 
@@ -27,6 +28,17 @@ pub struct Phase {
     pub odd_iteration_factor: f64,
     /// Only ranks below this run the phase (for example I/O aggregators); `None` for all ranks.
     pub run_by: Option<u32>,
+    /// The phase runs only in iterations divisible by this (1: every iteration), such as a
+    /// checkpoint.
+    pub every: u32,
+    /// (iteration, factor): in that iteration every rank takes FACTOR times longer for the phase
+    /// (the same instructions at a lower IPC), as when the hypervisor preempts all of them at
+    /// once, or in a slow first iteration.
+    pub slowed: Vec<(u32, f64)>,
+    /// Each rank opens the phase at a call site of its own, as a pipeline stage does: in a
+    /// wavefront the first rank receives nothing and the last sends nothing, so the same
+    /// computation sits between different MPI calls on different ranks.
+    pub per_rank_sites: bool,
 }
 
 impl Phase {
@@ -38,6 +50,9 @@ impl Phase {
             imbalance: None,
             odd_iteration_factor: 1.0,
             run_by: None,
+            every: 1,
+            slowed: Vec::new(),
+            per_rank_sites: false,
         }
     }
 }
@@ -87,18 +102,34 @@ impl SyntheticJob {
         let isend: Arc<str> = Arc::from("MPI_Isend");
         let mut bursts = Vec::new();
         let mut now: u64 = 1_700_000_000_000_000_000;
+        // Phase k opens at the collective at site 0x1000·k, or at 0x1000·k + 0x100·(rank + 1) for
+        // per-rank sites, and runs to the next running phase's one; its tiny bursts sit between
+        // point-to-point calls at the sites in between.
+        let opening_site = |k: usize, rank: u32| {
+            0x1000 * k as u64
+                + if self.phases[k].per_rank_sites {
+                    0x100 * u64::from(rank + 1)
+                } else {
+                    0
+                }
+        };
         for iteration in 0..self.iterations {
-            for (k, phase) in self.phases.iter().enumerate() {
-                // Phase k runs from the collective at site 0x1000·k to the next phase's one; its
-                // tiny bursts sit between point-to-point calls at the sites in between.
-                let opening = 0x1000 * k as u64;
-                let collective = (
-                    &allreduce,
-                    site(0x1000 * ((k + 1) % self.phases.len()) as u64),
-                );
+            let running: Vec<usize> = (0..self.phases.len())
+                .filter(|&k| iteration % self.phases[k].every.max(1) == 0)
+                .collect();
+            for (i, &k) in running.iter().enumerate() {
+                let phase = &self.phases[k];
+                let next = running[(i + 1) % running.len()];
+                let slowed = phase
+                    .slowed
+                    .iter()
+                    .find(|&&(it, _)| it == iteration)
+                    .map_or(1.0, |&(_, factor)| factor);
                 let tiny_sites = u64::from(self.tiny_bursts_per_phase);
                 let mut phase_end = now;
                 for rank in 0..phase.run_by.map_or(self.ranks, |r| r.min(self.ranks)) {
+                    let opening = opening_site(k, rank);
+                    let collective = (&allreduce, site(opening_site(next, rank)));
                     let mut instructions =
                         phase.instructions * random.uniform(1.0 - phase.jitter, 1.0 + phase.jitter);
                     let mut ipc =
@@ -113,7 +144,7 @@ impl SyntheticJob {
                         instructions *= random.uniform(0.2f64.ln(), 5f64.ln()).exp();
                         ipc *= random.uniform(0.5, 1.5);
                     }
-                    let cycles = instructions / ipc;
+                    let cycles = instructions / ipc * slowed;
                     let duration_ns = (cycles / CLOCK_GHZ) as u64;
                     let start_ns = now + u64::from(rank) * 100;
                     let counters = self.counters.then_some(HwCounters {

@@ -283,6 +283,102 @@ fn a_phase_of_a_rank_subgroup_scores_its_share_of_ranks() {
 }
 
 #[test]
+fn pipeline_stages_give_one_phase_per_computation() {
+    // Every rank opens every phase at a call site of its own (a wavefront without a collective in
+    // the loop): without counters each phase falls into one cluster per rank at first, which the
+    // region-variant merge joins.
+    for counters in [false, true] {
+        for ranks in [2u32, 4, 8] {
+            let mut job = e1_job(ranks, counters);
+            for phase in &mut job.phases {
+                phase.per_rank_sites = true;
+            }
+            let (_, analysis) = analyse_job(&job);
+            let context = format!("{ranks} ranks, counters {counters}");
+            assert_perfect_phases(&analysis, &[2, 1, 0], &context);
+            let merged = analysis.clustering.region_variants_merged;
+            // With counters DBSCAN sees all regions at once: nothing to merge.
+            assert_eq!(merged > 0, !counters, "{context}: {merged} variants merged");
+        }
+    }
+}
+
+#[test]
+fn equal_work_at_different_places_in_the_iteration_stays_two_phases() {
+    // Phases 0 and 2 do the same work in different code, on pipeline sites: they are candidates
+    // for the region-variant merge (close features, and the rank-0 variant of one shares no rank
+    // with the rank-1 variant of the other), but they never share an aligned column.
+    for ranks in [4u32, 8] {
+        let mut job = e1_job(ranks, false);
+        job.phases.insert(2, Phase::new(1e6, 2.0, 0.03));
+        for phase in &mut job.phases {
+            phase.per_rank_sites = true;
+        }
+        let (_, analysis) = analyse_job(&job);
+        let context = format!("{ranks} ranks");
+        // Time: phase 3 (2·10⁷), phase 1 (5·10⁶), then phases 0 and 2 (10⁶ each, either order).
+        let phases: Vec<Vec<u64>> = analysis.clusters.iter().map(phases_of).collect();
+        assert_eq!(phases.len(), 4, "{context}: {phases:?}");
+        assert_eq!(&phases[..2], &[vec![3], vec![1]], "{context}");
+        let mut small: Vec<Vec<u64>> = phases[2..].to_vec();
+        small.sort();
+        assert_eq!(small, vec![vec![0], vec![2]], "{context}");
+        for cluster in &analysis.clusters {
+            assert_eq!(cluster.spmd_score, 1.0, "{context}: cluster {}", cluster.id);
+        }
+    }
+}
+
+#[test]
+fn iterations_slowed_on_every_rank_join_their_phases() {
+    // A slow first iteration (3×), and two iterations in which the hypervisor slowed every rank:
+    // each gives a perfectly SPMD one-column cluster at a small Eps, frozen before it could join
+    // its phase; as a rare cluster in its phase's place in the sequences it joins it.
+    for counters in [false, true] {
+        for ranks in [2u32, 4, 8] {
+            let mut job = e1_job(ranks, counters);
+            for phase in &mut job.phases {
+                phase.slowed = vec![(0, 3.0), (17, 1.15)];
+            }
+            job.phases[2].slowed.push((31, 1.3));
+            let (_, analysis) = analyse_job(&job);
+            let context = format!("{ranks} ranks, counters {counters}");
+            assert_perfect_phases(&analysis, &[2, 1, 0], &context);
+            assert!(
+                analysis.clustering.rare_clusters_joined > 0,
+                "{context}: {:?}",
+                analysis.clustering
+            );
+        }
+    }
+}
+
+#[test]
+fn a_rare_phase_in_a_place_of_its_own_stays_a_phase() {
+    // A checkpoint every 10th iteration between phases 2 and 0: rare, but no frequent cluster
+    // sits between those two, so it takes no one's place.
+    for counters in [false, true] {
+        let mut job = e1_job(4, counters);
+        job.phases.push(Phase {
+            every: 10,
+            ..Phase::new(5e7, 1.0, 0.03)
+        });
+        let (_, analysis) = analyse_job(&job);
+        let context = format!("counters {counters}");
+        let checkpoint: Vec<&ClusterStats> = analysis
+            .clusters
+            .iter()
+            .filter(|c| phases_of(c) == [3])
+            .collect();
+        assert_eq!(analysis.clusters.len(), 4, "{context}");
+        assert_eq!(checkpoint.len(), 1, "{context}");
+        assert_eq!(checkpoint[0].bursts, 5 * 4, "{context}");
+        assert_eq!(checkpoint[0].spmd_score, 1.0, "{context}");
+        assert_eq!(analysis.clustering.rare_clusters_joined, 0, "{context}");
+    }
+}
+
+#[test]
 fn results_are_deterministic_and_independent_of_input_order() {
     let mut job = e1_job(4, true);
     job.outlier_share = 0.02;
@@ -326,6 +422,38 @@ fn duration_filter_keeps_the_share_and_stops_at_a_gap() {
         features::duration_filter(&bursts, DurationFilter::MinDurationNs(1_000_000)).unwrap();
     assert_eq!((kept.len(), report.threshold_ns), (200, 1_000_000));
     assert!(features::duration_filter(&bursts, DurationFilter::KeepTimeShare(1.5)).is_err());
+}
+
+#[test]
+fn duration_filter_ignores_preemption() {
+    // On a busy node a burst's wall time is its on-CPU time plus whole time slices: every other
+    // burst of the shortest phase waits 8 ms, and every third tiny burst 3 ms. On wall time the
+    // tiny bursts would fill the gap below the phases and the threshold would cut phase 0.
+    let mut bursts = e1_job(2, false).bursts();
+    for (k, b) in bursts.iter_mut().enumerate() {
+        if b.oncpu_ns < 100_000 && k % 3 == 0 {
+            b.duration_ns += 3_000_000;
+        } else if b.start_site.offset == 0 && k % 2 == 0 {
+            b.duration_ns += 8_000_000;
+        }
+    }
+    // One preempted burst of phase 0 (0.2 ms) whose on-CPU clock stopped after 0.05 ms.
+    let stopped = bursts
+        .iter()
+        .position(|b| b.start_site.offset == 0 && b.duration_ns > 8_000_000)
+        .unwrap();
+    bursts[stopped].oncpu_ns = 50_000;
+    let (kept, report) = features::duration_filter(&bursts, DurationFilter::default()).unwrap();
+    assert_eq!(kept.len(), 300, "{report:?}");
+    assert_eq!(report.kept_for_region, 1, "{report:?}");
+    assert!(kept.iter().all(|&i| bursts[i].oncpu_ns >= 50_000));
+    // The time shares stay in wall time, like the clusters' shares.
+    let wall = |i: &usize| bursts[*i].duration_ns;
+    assert_eq!(
+        report.time_in_ns,
+        (0..bursts.len()).map(|i| wall(&i)).sum::<u64>()
+    );
+    assert_eq!(report.time_kept_ns, kept.iter().map(wall).sum::<u64>());
 }
 
 #[test]

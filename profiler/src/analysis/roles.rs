@@ -1,0 +1,326 @@
+//! Clusters that play the same role in the ranks' sequences: what makes one phase out of the
+//! parts that the code regions or a perturbed iteration split off. Both run inside ACR
+//! ([`super::acr`]).
+//!
+//! **Region variants** ([`merge_region_variants`], after every DBSCAN step). Without a PMU each
+//! code region (start call site, end call site) is clustered on its own, because the region
+//! stands in for the instruction count. In a pipeline or wavefront code the same computation
+//! sits between different MPI calls depending on the rank's position (the first rank of a sweep
+//! receives nothing, the last sends nothing, edge ranks have fewer neighbours), so each
+//! computation falls apart into rank-exclusive clusters that never score above their share of
+//! ranks. Two clusters of different regions are *variants* of one computation when
+//!
+//! 1. their feature boxes lie within the step's Eps of each other (DBSCAN would have joined
+//!    them without the region partition) and no rank runs both (within one rank, different
+//!    regions are different code), and
+//! 2. the alignment puts them in the same columns: at least half of the columns of the rarer one
+//!    also hold the other. To let the aligner find that, the candidates of step 1 are aligned as
+//!    one symbol; its mismatches score 0 and could not tell which rank-exclusive cluster of one
+//!    rank goes with which of another.
+//!
+//! Variants of one computation become one cluster. Step 2 is what keeps apart clusters that
+//! merely have similar durations, such as two phases of the same length in different code, run
+//! at different places in the iteration. With counters (one group) nothing changes: DBSCAN
+//! already sees every region at once.
+//!
+//! **Rare variants** ([`join_rare_variants`], once, at the end). A phase recurs. A cluster that
+//! occurs in at most 1/[`RARE_FACTOR`] of the columns of the most frequent cluster, and whose
+//! bursts sit where another, frequent cluster usually sits (the same predecessor and successor
+//! in the rank sequences), is that cluster in a perturbed iteration: all ranks preempted or
+//! slowed by the hypervisor at once, or the slow first iteration. Such a cluster is perfectly
+//! SPMD (every rank has it in its one column), so ACR freezes it at a small Eps and never
+//! re-clusters it with its phase; it joins that phase here. A neighbour that is itself rare (or
+//! the start or end of the sequence) matches any context, so a whole slowed iteration joins
+//! burst by burst; at least one neighbour must match for real. A rare computation that does
+//! not take another's place, such as a checkpoint every 20 iterations between two phases, has a
+//! context no frequent cluster has and stays a phase of its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::css::{RankSequences, SequenceScore};
+use super::points::{Coords, PointSet, MAX_DIMS};
+use super::{ClusterId, NOISE};
+
+/// A cluster is rare when it occurs in at most 1/RARE_FACTOR of the columns of the most frequent
+/// cluster. A bi-modal phase alternating with the iteration parity (1:1), or one that takes a
+/// different path every fourth iteration, stays two clusters; a hiccup in a handful of
+/// iterations out of dozens does not.
+pub const RARE_FACTOR: u64 = 8;
+
+/// Per-cluster facts for the merges.
+struct Summary {
+    group: u32,
+    lo: Coords,
+    hi: Coords,
+    sum: Coords,
+    points: usize,
+    ranks: Vec<bool>,
+}
+
+fn summaries(
+    points: &PointSet,
+    labels: &[ClusterId],
+    sequences: &RankSequences,
+) -> BTreeMap<ClusterId, Summary> {
+    let mut out: BTreeMap<ClusterId, Summary> = BTreeMap::new();
+    for (p, (&label, c)) in labels.iter().zip(points.coords()).enumerate() {
+        if label == NOISE {
+            continue;
+        }
+        let s = out.entry(label).or_insert_with(|| Summary {
+            group: points.groups()[p],
+            lo: *c,
+            hi: *c,
+            sum: [0.0; MAX_DIMS],
+            points: 0,
+            ranks: vec![false; sequences.ranks()],
+        });
+        for (d, &x) in c.iter().enumerate() {
+            s.lo[d] = s.lo[d].min(x);
+            s.hi[d] = s.hi[d].max(x);
+            s.sum[d] += x;
+        }
+        s.points += 1;
+        s.ranks[sequences.rank_of(p) as usize] = true;
+    }
+    out
+}
+
+/// Squared distance between two axis-aligned boxes (0 when they overlap).
+fn box_gap2(a: &Summary, b: &Summary) -> f64 {
+    (0..MAX_DIMS)
+        .map(|d| (a.lo[d] - b.hi[d]).max(b.lo[d] - a.hi[d]).max(0.0).powi(2))
+        .sum()
+}
+
+/// Union–find over cluster ids whose roots are the smallest id of each set.
+struct Sets(BTreeMap<ClusterId, ClusterId>);
+
+impl Sets {
+    fn root(&self, mut id: ClusterId) -> ClusterId {
+        while let Some(&parent) = self.0.get(&id).filter(|&&p| p != id) {
+            id = parent;
+        }
+        id
+    }
+
+    fn union(&mut self, a: ClusterId, b: ClusterId) {
+        let (ra, rb) = (self.root(a), self.root(b));
+        let (low, high) = (ra.min(rb), ra.max(rb));
+        if low != high {
+            self.0.insert(high, low);
+        }
+    }
+
+    /// Every id that is not its own root, mapped to its root.
+    fn mapping(&self) -> BTreeMap<ClusterId, ClusterId> {
+        self.0
+            .keys()
+            .map(|&id| (id, self.root(id)))
+            .filter(|(id, root)| id != root)
+            .collect()
+    }
+}
+
+fn relabel(labels: &[ClusterId], map: &BTreeMap<ClusterId, ClusterId>) -> Vec<ClusterId> {
+    labels
+        .iter()
+        .map(|l| map.get(l).copied().unwrap_or(*l))
+        .collect()
+}
+
+/// The aligned column of every point.
+fn columns_of_points(sequences: &RankSequences, score: &SequenceScore) -> Vec<u32> {
+    let mut column = vec![0; sequences.points()];
+    for rank in 0..sequences.ranks() {
+        for (&p, &j) in sequences
+            .sequence(rank)
+            .iter()
+            .zip(score.alignment().positions(rank))
+        {
+            column[p] = j;
+        }
+    }
+    column
+}
+
+/// Merges the region variants of one computation among the clusters not in `frozen` (see the
+/// module documentation). Returns the new labels and their score; `align` aligns and scores a
+/// labelling (ACR's one alignment per step happens here, on the candidates' joint symbols).
+pub fn merge_region_variants(
+    points: &PointSet,
+    labels: &[ClusterId],
+    sequences: &RankSequences,
+    eps: f64,
+    frozen: impl Fn(ClusterId) -> bool,
+    align: impl Fn(&[ClusterId]) -> SequenceScore,
+) -> (Vec<ClusterId>, SequenceScore) {
+    let clusters = summaries(points, labels, sequences);
+    let open: Vec<(&ClusterId, &Summary)> =
+        clusters.iter().filter(|(&id, _)| !frozen(id)).collect();
+    let mut candidates = Sets(BTreeMap::new());
+    for (i, &(&a, sa)) in open.iter().enumerate() {
+        for &(&b, sb) in &open[i + 1..] {
+            let disjoint = sa.ranks.iter().zip(&sb.ranks).all(|(&x, &y)| !(x && y));
+            if sa.group != sb.group && disjoint && box_gap2(sa, sb) <= eps * eps {
+                candidates.union(a, b);
+            }
+        }
+    }
+    let joint = candidates.mapping();
+    if joint.is_empty() {
+        return (labels.to_vec(), align(labels));
+    }
+    let score = align(&relabel(labels, &joint));
+
+    // Columns of each candidate, sorted and deduplicated.
+    let column = columns_of_points(sequences, &score);
+    let candidate: BTreeSet<ClusterId> = joint.iter().flat_map(|(&a, &b)| [a, b]).collect();
+    let mut columns: BTreeMap<ClusterId, Vec<u32>> = BTreeMap::new();
+    for (p, &label) in labels.iter().enumerate() {
+        if candidate.contains(&label) {
+            columns.entry(label).or_default().push(column[p]);
+        }
+    }
+    for c in columns.values_mut() {
+        c.sort_unstable();
+        c.dedup();
+    }
+    let mut variants = Sets(BTreeMap::new());
+    let members: Vec<(&ClusterId, &Vec<u32>)> = columns.iter().collect();
+    for (i, &(&a, ca)) in members.iter().enumerate() {
+        for &(&b, cb) in &members[i + 1..] {
+            if candidates.root(a) == candidates.root(b)
+                && 2 * shared(ca, cb) >= ca.len().min(cb.len())
+            {
+                variants.union(a, b);
+            }
+        }
+    }
+    let merged = relabel(labels, &variants.mapping());
+    let score = score.relabelled(&merged, sequences);
+    (merged, score)
+}
+
+/// Elements two sorted lists share.
+fn shared(a: &[u32], b: &[u32]) -> usize {
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                n += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Joins rare clusters into the frequent cluster whose place they take (see the module
+/// documentation). `score` is the alignment of `labels`. Returns each joined cluster's host.
+pub fn join_rare_variants(
+    points: &PointSet,
+    labels: &[ClusterId],
+    sequences: &RankSequences,
+    score: &SequenceScore,
+) -> BTreeMap<ClusterId, ClusterId> {
+    let columns: BTreeMap<ClusterId, u64> = score
+        .symbols()
+        .filter(|&id| id != NOISE)
+        .filter_map(|id| Some((id, score.tally(id)?.columns)))
+        .collect();
+    let most = columns.values().copied().max().unwrap_or(0);
+    let rare = |id: ClusterId| columns.get(&id).is_some_and(|&c| c * RARE_FACTOR <= most);
+    if !columns.keys().any(|&id| rare(id)) {
+        return BTreeMap::new();
+    }
+    let clusters = summaries(points, labels, sequences);
+    let centroid = |id: ClusterId| {
+        let s = &clusters[&id];
+        s.sum.map(|x| x / s.points as f64)
+    };
+    let mut labels = labels.to_vec();
+    let mut hosts: BTreeMap<ClusterId, ClusterId> = BTreeMap::new();
+    loop {
+        let contexts = contexts(&labels, sequences);
+        let usual: BTreeMap<ClusterId, Context> = contexts
+            .iter()
+            .filter(|(&id, _)| !rare(id))
+            .map(|(&id, seen)| (id, most_common(seen)))
+            .collect();
+        let mut joined = None;
+        for (&guest, seen) in contexts.iter().filter(|(&id, _)| rare(id)) {
+            let (before, after) = most_common(seen);
+            // A neighbour matches when it is the host's usual one, or unknown: rare (it may be
+            // the perturbed occurrence of the host's neighbour) or the end of the sequence.
+            let side = |mine: Option<ClusterId>, theirs: Option<ClusterId>| match mine {
+                Some(id) if !rare(id) => (mine == theirs).then_some(1),
+                _ => Some(0),
+            };
+            let host = usual
+                .iter()
+                .filter_map(|(&host, &(host_before, host_after))| {
+                    let real = side(before, host_before)? + side(after, host_after)?;
+                    (real > 0).then(|| {
+                        let (a, b) = (centroid(guest), centroid(host));
+                        let d2: f64 = (0..MAX_DIMS).map(|d| (a[d] - b[d]).powi(2)).sum();
+                        (std::cmp::Reverse(real), d2, host)
+                    })
+                })
+                .min_by(|x, y| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1)).then(x.2.cmp(&y.2)));
+            if let Some((_, _, host)) = host {
+                joined = Some((guest, host));
+                break;
+            }
+        }
+        let Some((guest, host)) = joined else { break };
+        // Hosts are frequent, so never guests: the map needs no chains.
+        for label in &mut labels {
+            if *label == guest {
+                *label = host;
+            }
+        }
+        hosts.insert(guest, host);
+    }
+    hosts
+}
+
+/// The clustered bursts before and after a burst in its rank's sequence (noise skipped; `None`
+/// at either end).
+type Context = (Option<ClusterId>, Option<ClusterId>);
+
+/// Every context each cluster was seen in, with counts.
+fn contexts(
+    labels: &[ClusterId],
+    sequences: &RankSequences,
+) -> BTreeMap<ClusterId, BTreeMap<Context, u64>> {
+    let mut out: BTreeMap<ClusterId, BTreeMap<Context, u64>> = BTreeMap::new();
+    for rank in 0..sequences.ranks() {
+        let clustered: Vec<ClusterId> = sequences
+            .sequence(rank)
+            .iter()
+            .map(|&p| labels[p])
+            .filter(|&l| l != NOISE)
+            .collect();
+        for (k, &id) in clustered.iter().enumerate() {
+            let before = k.checked_sub(1).map(|k| clustered[k]);
+            let after = clustered.get(k + 1).copied();
+            *out.entry(id)
+                .or_default()
+                .entry((before, after))
+                .or_default() += 1;
+        }
+    }
+    out
+}
+
+/// The most frequent context, ties to the smallest.
+fn most_common(seen: &BTreeMap<Context, u64>) -> Context {
+    seen.iter()
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+        .map(|(&context, _)| context)
+        .expect("a cluster has at least one burst")
+}
