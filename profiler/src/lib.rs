@@ -1,5 +1,5 @@
 //! mpiburst: an always-on, eBPF-based profiler for MPI jobs. One module per stage, see
-//! DESIGN.md: capture → discovery → analysis → export.
+//! docs/architecture.md: capture → discovery → store → analysis → properties → export.
 
 pub mod model;
 pub mod analysis;

@@ -1,5 +1,5 @@
 //! Prometheus text exposition of the per-job totals and of the daemon's own health. Names follow
-//! DESIGN.md §6: prefix `mpiburst_`, base units, `_total` on counters; labels are bounded (job,
+//! docs/metrics.md: prefix `mpiburst_`, base units, `_total` on counters; labels are bounded (job,
 //! node, function, program); no per-rank label. The job label is `mpi_job`: Prometheus gives every
 //! scraped series its own `job` label (the scrape job), and a target's `job` would be renamed.
 

@@ -12,7 +12,7 @@ use crate::analysis::{online::WindowView, Analysis, ClusterStats};
 use crate::store::{Job, JobMeta, RankRecord};
 
 /// Hardware counter totals of one rank over a span, counted inside its CPU bursts (useful
-/// computation; DESIGN.md §2). Present only where a PMU delivered them. The optional events are
+/// computation, see docs/architecture.md). Present only where a PMU delivered them. The optional events are
 /// `None` where the PMU (or the perf generic event) does not have them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PmuCounters {

@@ -21,13 +21,15 @@
 //! # Definitions
 //!
 //! Per rank i over a span (the job's life up to now, or one window aligned to Unix time, see
-//! [`window`]), from the store's exact kernel totals:
-//! * U_i, useful time: wall time of all its CPU bursts, whatever their duration;
-//! * M_i: time inside outermost MPI calls;
-//! * R_i, run time: its wall time from when the daemon first saw it (or the span start) to its
-//!   end (or now / the span end), but at least U_i + M_i (the daemon sees a rank up to one drain
-//!   interval after the kernel started counting it, and a burst counts in the span in which it
-//!   ends).
+//! [`window`]), from the store's exact kernel totals, over the rank's region of interest as the
+//! POP methodology and DLB/TALP define it (from the return of MPI_Init to the entry of
+//! MPI_Finalize; see [`RankSample`] and docs/metrics.md):
+//! * R_i, run time: the part of the region inside the span;
+//! * M_i: time inside outermost MPI calls in the region, every probed call but MPI_Init,
+//!   MPI_Init_thread and MPI_Finalize, calls in progress included;
+//! * U_i, useful time: R_i − M_i.
+//!
+//! Ranks whose region does not overlap the span (not yet returned from MPI_Init) are left out.
 //!
 //! POP efficiencies ([`pop`]), over the m ranks: LB = (Σ U_i / m) / max U_i,
 //! CommE = max U_i / max R_i, PE = LB × CommE. With a PMU also IPC = Σ instructions ÷ Σ cycles
