@@ -11,13 +11,23 @@ fn main() {
     for path in ["src", "Cargo.toml", "Cargo.lock", "rust-toolchain.toml"] {
         println!("cargo:rerun-if-changed={}", ebpf_dir.join(path).display());
     }
-    println!("cargo:rerun-if-changed={}", manifest.join("../profiler-common/src").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        manifest.join("../profiler-common/src").display()
+    );
 
     // `cargo` here is the rustup proxy, which reads profiler-ebpf/rust-toolchain.toml. Variables
     // the outer build sets for its own toolchain must not leak into the nested one.
     let mut cmd = Command::new("cargo");
     cmd.current_dir(&ebpf_dir)
-        .args(["build", "--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
         .arg("--target-dir")
         .arg(&target_dir);
     for var in [

@@ -20,8 +20,16 @@ fn io_request_sizes_and_the_small_request_recommendation() {
     // At least 100 requests per job: fewer are too few for the request size to be judged.
     for (size, count, ms) in [(8u64 << 20, 50, 20), (64u64 << 10, 200, 10)] {
         let mut cmd = Mpi::OpenMpi.launcher(2);
-        cmd.arg(&program).args([format!("size={size}"), format!("count={count}"), format!("ms={ms}"), dir_arg.clone()]);
-        let out = cmd.stderr(Stdio::inherit()).output().expect("run the io program");
+        cmd.arg(&program).args([
+            format!("size={size}"),
+            format!("count={count}"),
+            format!("ms={ms}"),
+            dir_arg.clone(),
+        ]);
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run the io program");
         assert!(out.status.success(), "io program failed");
         let printed = String::from_utf8_lossy(&out.stdout).to_string();
         // Short writes are completed by the program and count as more requests: its own count
@@ -37,18 +45,31 @@ fn io_request_sizes_and_the_small_request_recommendation() {
         let io = &live["usage"]["io"];
         let measured = io["write_bytes"].as_f64().unwrap() / io["write_calls"].as_f64().unwrap();
         eprintln!("{size}-byte requests: mean write request {measured:.1} B (expected {expected:.1}), io {io}");
-        assert!((measured / expected - 1.0).abs() < 0.001, "mean request {measured} vs {expected}");
+        assert!(
+            (measured / expected - 1.0).abs() < 0.001,
+            "mean request {measured} vs {expected}"
+        );
         let request_size = property(&live["job"], "io_write_request_size");
-        assert!((request_size["outcome"]["value"].as_f64().unwrap() / expected - 1.0).abs() < 0.001, "{request_size}");
+        assert!(
+            (request_size["outcome"]["value"].as_f64().unwrap() / expected - 1.0).abs() < 0.001,
+            "{request_size}"
+        );
         let consolidate = live["job_recommendations"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|r| r["property"] == "io_write_request_size" && r["text"].as_str().unwrap().starts_with("Consolidate I/O"));
+            .any(|r| {
+                r["property"] == "io_write_request_size"
+                    && r["text"].as_str().unwrap().starts_with("Consolidate I/O")
+            });
         fired.push(consolidate);
         runs.push(id);
     }
-    assert_eq!(fired, [false, true], "the small-request recommendation fires for 64 KiB requests only");
+    assert_eq!(
+        fired,
+        [false, true],
+        "the small-request recommendation fires for 64 KiB requests only"
+    );
     daemon.stop();
 }
 
@@ -86,7 +107,10 @@ impl Drop for Cgroup {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_job_over_two_nodes_has_an_exact_job_wide_load_balance() {
-    let (a, b) = (Cgroup::new("mpiburst-node-a"), Cgroup::new("mpiburst-node-b"));
+    let (a, b) = (
+        Cgroup::new("mpiburst-node-a"),
+        Cgroup::new("mpiburst-node-b"),
+    );
     let node_a = Daemon::start(&["--node", "node-a", "--cgroup", &a.path]);
     let node_b = Daemon::start(&["--node", "node-b", "--cgroup", &b.path]);
     let prometheus = Prometheus::start(&[&node_a.addr, &node_b.addr]);
@@ -114,14 +138,27 @@ fn a_job_over_two_nodes_has_an_exact_job_wide_load_balance() {
         ended_job_properties(&daemon.addr, &id);
         let detail = get_json(&daemon.addr, &format!("/api/jobs/{}", encode(&id)));
         assert_eq!(detail["meta"]["node"], node);
-        let seen: Vec<u64> = detail["ranks"].as_array().unwrap().iter().map(|r| r["rank"].as_u64().unwrap()).collect();
+        let seen: Vec<u64> = detail["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["rank"].as_u64().unwrap())
+            .collect();
         assert_eq!(seen, ranks, "ranks seen by {node}");
-        useful.extend(detail["ranks"].as_array().unwrap().iter().map(region_useful_seconds));
+        useful.extend(
+            detail["ranks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(region_useful_seconds),
+        );
     }
     let direct = assert_rules_load_balance(&prometheus, &id, &useful);
     // Rank 1 does 10× the others' work: (1 + 3 × 0.1) / 4 = 0.325, with scheduling noise.
     assert!((0.25..0.45).contains(&direct), "load balance {direct}");
-    let nodes = prometheus.value(&format!("count(count by (node) (mpiburst_job_local_ranks{{mpi_job=\"{id}\"}}))"));
+    let nodes = prometheus.value(&format!(
+        "count(count by (node) (mpiburst_job_local_ranks{{mpi_job=\"{id}\"}}))"
+    ));
     assert_eq!(nodes, 2.0);
     drop(prometheus);
     node_a.stop();

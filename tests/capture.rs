@@ -14,11 +14,14 @@ use mpiburst_tests::*;
 /// The ids of the BPF programs process `pid` holds (program and link fds both show `prog_id`).
 /// Other daemons may run on the same machine: a test checks only its own daemon's programs.
 fn bpf_program_ids(pid: u32) -> BTreeSet<u32> {
-    let fdinfo = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap_or_else(|e| panic!("fdinfo of {pid}: {e}"));
+    let fdinfo = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap_or_else(|e| panic!("fdinfo of {pid}: {e}"));
     let ids: BTreeSet<u32> = fdinfo
         .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
         .flat_map(|info| {
-            info.lines().filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok()).collect::<Vec<u32>>()
+            info.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
+                .collect::<Vec<u32>>()
         })
         .collect();
     assert!(!ids.is_empty(), "daemon {pid} holds no BPF program");
@@ -41,7 +44,10 @@ fn assert_no_program_loaded(ids: &BTreeSet<u32>, when: &str) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let left = loaded();
-    assert!(left.is_empty(), "BPF programs still loaded 10 s {when}: {left:?}");
+    assert!(
+        left.is_empty(),
+        "BPF programs still loaded 10 s {when}: {left:?}"
+    );
 }
 
 /// Compares each rank's own call and byte counts with the daemon's, exactly.
@@ -49,26 +55,70 @@ fn assert_counts_match(job: &Job, outputs: &[serde_json::Value], what: &str) {
     assert_eq!(job.ranks.len(), outputs.len(), "{what}: ranks seen");
     for out in outputs {
         let rank = out["rank"].as_u64().unwrap() as u32;
-        let record = job.ranks.get(&rank).unwrap_or_else(|| panic!("{what}: rank {rank} missing"));
-        assert_eq!(record.pid as u64, out["pid"].as_u64().unwrap(), "{what}: pid of rank {rank}");
-        let expected: BTreeMap<String, u64> =
-            out["calls"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect();
-        let seen: BTreeMap<String, u64> = record.functions.iter().map(|(k, v)| (k.clone(), v.calls)).collect();
+        let record = job
+            .ranks
+            .get(&rank)
+            .unwrap_or_else(|| panic!("{what}: rank {rank} missing"));
+        assert_eq!(
+            record.pid as u64,
+            out["pid"].as_u64().unwrap(),
+            "{what}: pid of rank {rank}"
+        );
+        let expected: BTreeMap<String, u64> = out["calls"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+            .collect();
+        let seen: BTreeMap<String, u64> = record
+            .functions
+            .iter()
+            .map(|(k, v)| (k.clone(), v.calls))
+            .collect();
         assert_eq!(seen, expected, "{what}: calls per function of rank {rank}");
-        assert!(expected.len() >= 8, "{what}: the program must use at least 8 functions");
+        assert!(
+            expected.len() >= 8,
+            "{what}: the program must use at least 8 functions"
+        );
         // Every non-polling call closes one burst and opens the next (MPI_Init opens the first,
         // the burst after MPI_Finalize never closes); polling calls (MPI_Test*, MPI_Iprobe) neither
         // end a burst nor ship a record, however often they are called.
-        let polling = ["MPI_Test", "MPI_Testall", "MPI_Testany", "MPI_Testsome", "MPI_Iprobe", "MPI_Improbe"];
-        let non_polling: u64 = expected.iter().filter(|(f, _)| !polling.contains(&f.as_str())).map(|(_, c)| c).sum();
-        assert_eq!(record.totals.bursts, non_polling - 1, "{what}: bursts of rank {rank}");
+        let polling = [
+            "MPI_Test",
+            "MPI_Testall",
+            "MPI_Testany",
+            "MPI_Testsome",
+            "MPI_Iprobe",
+            "MPI_Improbe",
+        ];
+        let non_polling: u64 = expected
+            .iter()
+            .filter(|(f, _)| !polling.contains(&f.as_str()))
+            .map(|(_, c)| c)
+            .sum();
+        assert_eq!(
+            record.totals.bursts,
+            non_polling - 1,
+            "{what}: bursts of rank {rank}"
+        );
         let shipped = job.bursts.iter().filter(|b| b.rank == rank).count() as u64;
-        assert_eq!(shipped + record.totals.filtered_bursts, record.totals.bursts, "{what}: rank {rank} bursts lost");
+        assert_eq!(
+            shipped + record.totals.filtered_bursts,
+            record.totals.bursts,
+            "{what}: rank {rank} bursts lost"
+        );
         for (function, bytes) in out["bytes"].as_object().unwrap() {
             let stats = &record.functions[function];
             if stats.sized_calls > 0 {
-                assert_eq!(stats.sized_calls, stats.calls, "{what}: rank {rank} {function}: every call sized");
-                assert_eq!(stats.bytes, bytes.as_u64().unwrap(), "{what}: bytes of rank {rank} {function}");
+                assert_eq!(
+                    stats.sized_calls, stats.calls,
+                    "{what}: rank {rank} {function}: every call sized"
+                );
+                assert_eq!(
+                    stats.bytes,
+                    bytes.as_u64().unwrap(),
+                    "{what}: bytes of rank {rank} {function}"
+                );
             }
         }
     }
@@ -94,7 +144,10 @@ fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
     let polls: u64 = runs
         .iter()
         .flat_map(|(_, _, _, outputs)| outputs.iter())
-        .map(|o| o["calls"]["MPI_Test"].as_u64().unwrap_or(0) + o["calls"]["MPI_Iprobe"].as_u64().unwrap_or(0))
+        .map(|o| {
+            o["calls"]["MPI_Test"].as_u64().unwrap_or(0)
+                + o["calls"]["MPI_Iprobe"].as_u64().unwrap_or(0)
+        })
         .sum();
     assert!(polls > 0, "the programs made no polling calls to check");
     for (mpi, name, program, outputs) in &runs {
@@ -105,7 +158,12 @@ fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
         assert_counts_match(job, outputs, &what);
         // C programs pass predefined datatypes straight to C calls: their bytes are all known.
         if *name == "counts" {
-            let sized: u64 = job.ranks.values().flat_map(|r| r.functions.values()).map(|f| f.sized_calls).sum();
+            let sized: u64 = job
+                .ranks
+                .values()
+                .flat_map(|r| r.functions.values())
+                .map(|f| f.sized_calls)
+                .sum();
             assert!(sized > 0, "{what}: byte accounting worked for no call");
         }
     }
@@ -123,7 +181,10 @@ struct ProgramBurst {
 /// its clock after (as much later as a busy machine kept the rank off the CPU in between); the
 /// next burst opens only after the program's burst ended in an MPI call. Returns (the program's
 /// values after the start, daemon burst) pairs.
-fn pair_with_recorded(job: &Job, outputs: &[serde_json::Value]) -> Vec<(Vec<u64>, mpiburst::model::Burst)> {
+fn pair_with_recorded(
+    job: &Job,
+    outputs: &[serde_json::Value],
+) -> Vec<(Vec<u64>, mpiburst::model::Burst)> {
     // The two sides convert CLOCK_MONOTONIC to Unix time at different moments: allow for that.
     const CLOCK_SLACK_NS: i128 = 50_000;
     let offset = unix_minus_monotonic_ns();
@@ -134,9 +195,15 @@ fn pair_with_recorded(job: &Job, outputs: &[serde_json::Value]) -> Vec<(Vec<u64>
         daemon_bursts.sort_by_key(|b| b.start_ns);
         let mut previous_match = None;
         for b in out["bursts"].as_array().unwrap() {
-            let row: Vec<u64> = b.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            let row: Vec<u64> = b
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
             let start_ns = row[0] as i128 + offset;
-            let opened = daemon_bursts.partition_point(|d| d.start_ns as i128 <= start_ns + CLOCK_SLACK_NS);
+            let opened =
+                daemon_bursts.partition_point(|d| d.start_ns as i128 <= start_ns + CLOCK_SLACK_NS);
             let matched = opened
                 .checked_sub(1)
                 .map(|i| daemon_bursts[i])
@@ -154,16 +221,33 @@ fn pair_with_recorded(job: &Job, outputs: &[serde_json::Value]) -> Vec<(Vec<u64>
 
 /// Runs burst_timing and pairs each burst the program measured with the daemon's burst that
 /// starts at the same time; returns (program, daemon) pairs and the job.
-fn timed_bursts(mpi: Mpi, ranks: u32, extra: &[&str]) -> (Vec<(ProgramBurst, mpiburst::model::Burst)>, Recording) {
+fn timed_bursts(
+    mpi: Mpi,
+    ranks: u32,
+    extra: &[&str],
+) -> (Vec<(ProgramBurst, mpiburst::model::Burst)>, Recording) {
     let daemon = Daemon::start(extra);
     let out = tempfile::tempdir().unwrap();
     let program = program("burst_timing", mpi);
-    run_mpi(mpi, ranks, &program, &[out.path().to_str().unwrap(), "15", "1000", "5000", "20000"]);
+    run_mpi(
+        mpi,
+        ranks,
+        &program,
+        &[out.path().to_str().unwrap(), "15", "1000", "5000", "20000"],
+    );
     let recording = daemon.stop();
     let job = job_of(&recording, &program).clone();
     let pairs = pair_with_recorded(&job, &rank_outputs(out.path(), "timing", ranks))
         .into_iter()
-        .map(|(values, burst)| (ProgramBurst { duration_ns: values[0], cpu_ns: values[1] }, burst))
+        .map(|(values, burst)| {
+            (
+                ProgramBurst {
+                    duration_ns: values[0],
+                    cpu_ns: values[1],
+                },
+                burst,
+            )
+        })
         .collect();
     (pairs, recording)
 }
@@ -176,15 +260,36 @@ fn assert_agree(
     quantity: &str,
     values: impl Fn(&ProgramBurst, &mpiburst::model::Burst) -> (u64, u64),
 ) {
-    let values: Vec<(f64, f64)> = pairs.iter().map(|(p, d)| values(p, d)).map(|(p, d)| (p as f64, d as f64)).collect();
-    let good = values.iter().filter(|(p, d)| (d - p).abs() <= (p * 0.05).max(50_000.0)).count();
-    let worst = values.iter().map(|(p, d)| (d - p).abs() / p.max(1.0)).fold(0.0, f64::max);
-    eprintln!("{what}: {good}/{} bursts' {quantity} within 5 % or 50 µs; worst relative error {worst:.4}", pairs.len());
-    assert!(pairs.len() >= 90, "{what}: only {} bursts paired", pairs.len());
+    let values: Vec<(f64, f64)> = pairs
+        .iter()
+        .map(|(p, d)| values(p, d))
+        .map(|(p, d)| (p as f64, d as f64))
+        .collect();
+    let good = values
+        .iter()
+        .filter(|(p, d)| (d - p).abs() <= (p * 0.05).max(50_000.0))
+        .count();
+    let worst = values
+        .iter()
+        .map(|(p, d)| (d - p).abs() / p.max(1.0))
+        .fold(0.0, f64::max);
+    eprintln!(
+        "{what}: {good}/{} bursts' {quantity} within 5 % or 50 µs; worst relative error {worst:.4}",
+        pairs.len()
+    );
+    assert!(
+        pairs.len() >= 90,
+        "{what}: only {} bursts paired",
+        pairs.len()
+    );
     // A burst may meet a hiccup of the VM between the probe and the program's own clock reading:
     // the host preempts the virtual CPU, which the guest sees as on-CPU time of the rank (about
     // one burst in 90 with every core busy). More than one in 20 is an error of the measurement.
-    assert!(good as f64 >= 0.95 * pairs.len() as f64, "{what}: {good} of {} bursts' {quantity} agree", pairs.len());
+    assert!(
+        good as f64 >= 0.95 * pairs.len() as f64,
+        "{what}: {good} of {} bursts' {quantity} agree",
+        pairs.len()
+    );
 }
 
 /// The daemon's wall duration of each burst agrees with the program's. The daemon's interval
@@ -194,8 +299,10 @@ fn assert_agree(
 /// the program's own (its wall minus its thread CPU time), and does not count as an error.
 fn assert_durations_agree(pairs: &[(ProgramBurst, mpiburst::model::Burst)], what: &str) {
     assert_agree(pairs, what, "wall duration", |p, d| {
-        let unseen_off_cpu =
-            d.duration_ns.saturating_sub(d.oncpu_ns).saturating_sub(p.duration_ns.saturating_sub(p.cpu_ns));
+        let unseen_off_cpu = d
+            .duration_ns
+            .saturating_sub(d.oncpu_ns)
+            .saturating_sub(p.duration_ns.saturating_sub(p.cpu_ns));
         (p.duration_ns, d.duration_ns.saturating_sub(unseen_off_cpu))
     });
 }
@@ -227,7 +334,12 @@ fn oversubscribed_ranks_report_on_cpu_time_apart_from_wall_time() {
         oncpu as f64 / wall as f64,
         cpu as f64 / wall as f64
     );
-    assert!(pairs.iter().all(|(_, d)| d.oncpu_ns <= d.duration_ns + 10_000), "on-CPU time above wall time");
+    assert!(
+        pairs
+            .iter()
+            .all(|(_, d)| d.oncpu_ns <= d.duration_ns + 10_000),
+        "on-CPU time above wall time"
+    );
     // Without this, the test would not tell on-CPU time from wall time.
     assert!(
         (cpu as f64) < 0.85 * wall as f64,
@@ -249,7 +361,12 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
         .iter()
         .map(|&(mpi, ranks)| {
             let out = tempfile::tempdir().unwrap();
-            run_mpi(mpi, ranks, &program(mpi), &[out.path().to_str().unwrap(), "300"]);
+            run_mpi(
+                mpi,
+                ranks,
+                &program(mpi),
+                &[out.path().to_str().unwrap(), "300"],
+            );
             (mpi, rank_outputs(out.path(), "oncpu", ranks))
         })
         .collect();
@@ -271,7 +388,11 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
         errors[errors.len() - 1]
     );
     assert!(errors.len() >= 1000, "only {} bursts paired", errors.len());
-    assert!(off <= errors.len() / 1000, "{off} of {} bursts are off by more than 3 %", errors.len());
+    assert!(
+        off <= errors.len() / 1000,
+        "{off} of {} bursts are off by more than 3 %",
+        errors.len()
+    );
 }
 
 #[test]
@@ -281,35 +402,66 @@ fn software_counter_path_reads_per_thread_counts_in_bpf() {
     // perf-event array, bpf_perf_event_read_value and sched_switch virtualisation the hardware
     // path uses.
     let (pairs, recording) = timed_bursts(Mpi::OpenMpi, 2, &["--counters", "software"]);
-    assert_eq!(recording.header.counter_events, Some(["cpu-clock".to_string(), "cpu-clock".to_string()]));
-    assert!(recording.header.counters_note.contains("software"), "{}", recording.header.counters_note);
+    assert_eq!(
+        recording.header.counter_events,
+        Some(["cpu-clock".to_string(), "cpu-clock".to_string()])
+    );
+    assert!(
+        recording.header.counters_note.contains("software"),
+        "{}",
+        recording.header.counters_note
+    );
     let job = job_of(&recording, &program("burst_timing", Mpi::OpenMpi));
     let counts = &recording.event_counts[&job.meta.id];
-    assert!(job.bursts.iter().all(|b| b.counters.is_none()), "software events must not pose as instructions/cycles");
+    assert!(
+        job.bursts.iter().all(|b| b.counters.is_none()),
+        "software events must not pose as instructions/cycles"
+    );
     let mut agree = 0;
     for (burst, count) in job.bursts.iter().zip(counts) {
         let [a, b] = count.expect("every burst carries counter values");
         let tolerance = (burst.oncpu_ns as f64 * 0.05).max(50_000.0);
-        if (a as f64 - burst.oncpu_ns as f64).abs() <= tolerance && (b as f64 - burst.oncpu_ns as f64).abs() <= tolerance {
+        if (a as f64 - burst.oncpu_ns as f64).abs() <= tolerance
+            && (b as f64 - burst.oncpu_ns as f64).abs() <= tolerance
+        {
             agree += 1;
         }
     }
-    eprintln!("{agree}/{} bursts: cpu-clock counter delta equals on-CPU time within 5 %", job.bursts.len());
+    eprintln!(
+        "{agree}/{} bursts: cpu-clock counter delta equals on-CPU time within 5 %",
+        job.bursts.len()
+    );
     assert!(agree as f64 >= 0.95 * job.bursts.len() as f64);
     // The kernel also sums both slots over every burst of each rank, shipped or below the filter
     // (the per-rank instructions and cycles of the properties, with a PMU): the shipped bursts'
     // counts plus at most the filtered bursts' wall time.
     for record in job.ranks.values() {
-        let sums = record.totals.counter_sums.expect("counter sums while counters are on");
-        for slot in 0..2 {
-            let shipped: u64 =
-                job.bursts.iter().zip(counts).filter(|(b, _)| b.pid == record.pid).map(|(_, c)| c.unwrap()[slot]).sum();
+        let sums = record
+            .totals
+            .counter_sums
+            .expect("counter sums while counters are on");
+        for (slot, &sum) in sums.iter().enumerate() {
+            let shipped: u64 = job
+                .bursts
+                .iter()
+                .zip(counts)
+                .filter(|(b, _)| b.pid == record.pid)
+                .map(|(_, c)| c.unwrap()[slot])
+                .sum();
             eprintln!(
                 "rank {} slot {slot}: kernel sum {} ns, shipped bursts {shipped} ns, filtered wall {} ns",
-                record.rank, sums[slot], record.totals.filtered_ns
+                record.rank, sum, record.totals.filtered_ns
             );
-            assert!(sums[slot] >= shipped, "rank {}: kernel sum below the shipped bursts", record.rank);
-            assert!(sums[slot] - shipped <= record.totals.filtered_ns + shipped / 100, "rank {}", record.rank);
+            assert!(
+                sum >= shipped,
+                "rank {}: kernel sum below the shipped bursts",
+                record.rank
+            );
+            assert!(
+                sum - shipped <= record.totals.filtered_ns + shipped / 100,
+                "rank {}",
+                record.rank
+            );
         }
     }
     assert!(pairs.len() >= 90);
@@ -322,7 +474,10 @@ fn default_counters_state_plainly_what_is_measured() {
     let recording = daemon.stop();
     let pmu = pmu_counts_instructions_and_cycles();
     let note = &recording.header.counters_note;
-    eprintln!("PMU {}; the daemon says: {note}", if pmu { "present" } else { "absent" });
+    eprintln!(
+        "PMU {}; the daemon says: {note}",
+        if pmu { "present" } else { "absent" }
+    );
     match &recording.header.counter_events {
         Some(events) => {
             assert!(pmu, "the daemon claims hardware counters {events:?} that the kernel does not count here");
@@ -345,15 +500,27 @@ fn pmu_counts_instructions_and_cycles() -> bool {
         .expect("perf (Debian package linux-perf; `cargo xtask test` installs it)");
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "perf stat failed: {text}");
-    let counts: Vec<&str> = text.lines().filter(|l| l.contains(",instructions") || l.contains(",cycles")).collect();
+    let counts: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(",instructions") || l.contains(",cycles"))
+        .collect();
     assert_eq!(counts.len(), 2, "perf stat printed {text}");
-    counts.iter().all(|l| l.split(',').next().is_some_and(|count| count.parse::<u64>().is_ok()))
+    counts.iter().all(|l| {
+        l.split(',')
+            .next()
+            .is_some_and(|count| count.parse::<u64>().is_ok())
+    })
 }
 
 /// The source line of the marker comment in tests/mpi/callsites.c.
 fn marker_line(marker: &str) -> u32 {
-    let src = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("mpi/callsites.c")).unwrap();
-    src.lines().position(|l| l.contains(marker)).map(|i| i as u32 + 1).expect("marker present")
+    let src =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("mpi/callsites.c"))
+            .unwrap();
+    src.lines()
+        .position(|l| l.contains(marker))
+        .map(|i| i as u32 + 1)
+        .expect("marker present")
 }
 
 #[test]
@@ -369,31 +536,64 @@ fn call_sites_identify_source_lines_across_ranks() {
     // call site tells them apart. Per rank, the MPI_Barrier bursts come from two call sites, one
     // burst per iteration each.
     let mut durations: BTreeMap<u32, BTreeMap<&CallSite, Vec<u64>>> = BTreeMap::new();
-    for b in job.bursts.iter().filter(|b| b.end_func.as_ref() == "MPI_Barrier") {
-        durations.entry(b.rank).or_default().entry(&b.end_site).or_default().push(b.duration_ns);
+    for b in job
+        .bursts
+        .iter()
+        .filter(|b| b.end_func.as_ref() == "MPI_Barrier")
+    {
+        durations
+            .entry(b.rank)
+            .or_default()
+            .entry(&b.end_site)
+            .or_default()
+            .push(b.duration_ns);
     }
-    assert_eq!(durations.keys().copied().collect::<Vec<_>>(), [0, 1], "ranks with MPI_Barrier bursts");
+    assert_eq!(
+        durations.keys().copied().collect::<Vec<_>>(),
+        [0, 1],
+        "ranks with MPI_Barrier bursts"
+    );
     for (rank, sites) in &durations {
         let counts: Vec<usize> = sites.values().map(Vec::len).collect();
-        assert_eq!(counts, [ITERATIONS, ITERATIONS], "rank {rank}: bursts per call site {:?}", sites.keys());
+        assert_eq!(
+            counts,
+            [ITERATIONS, ITERATIONS],
+            "rank {rank}: bursts per call site {:?}",
+            sites.keys()
+        );
     }
     let sites: Vec<&CallSite> = durations[&0].keys().copied().collect();
-    assert!(durations[&1].keys().eq(&sites), "the same two call sites in both ranks: {durations:?}");
+    assert!(
+        durations[&1].keys().eq(&sites),
+        "the same two call sites in both ranks: {durations:?}"
+    );
     // Each call site maps back to its marked source line: module offset → addr2line.
-    let site_of_line: BTreeMap<u32, &CallSite> =
-        sites.iter().map(|site| (source_line(&program, site), *site)).collect();
+    let site_of_line: BTreeMap<u32, &CallSite> = sites
+        .iter()
+        .map(|site| (source_line(&program, site), *site))
+        .collect();
     let (line_a, line_b) = (marker_line("CALLSITE_A"), marker_line("CALLSITE_B"));
-    assert_eq!(site_of_line.keys().copied().collect::<Vec<_>>(), [line_a, line_b], "source lines of {site_of_line:?}");
+    assert_eq!(
+        site_of_line.keys().copied().collect::<Vec<_>>(),
+        [line_a, line_b],
+        "source lines of {site_of_line:?}"
+    );
     // Line A follows a 2 ms spin, line B a 6 ms one: the medians over both ranks keep that order
     // however much a loaded machine stretches single bursts.
     let median = |site: &CallSite| {
-        let mut all: Vec<u64> = durations.values().flat_map(|s| s[site].iter().copied()).collect();
+        let mut all: Vec<u64> = durations
+            .values()
+            .flat_map(|s| s[site].iter().copied())
+            .collect();
         all.sort_unstable();
         all[all.len() / 2]
     };
     let (a, b) = (median(site_of_line[&line_a]), median(site_of_line[&line_b]));
     eprintln!("median burst before line A {a} ns, before line B {b} ns");
-    assert!((2_000_000..b).contains(&a) && b >= 6_000_000, "median bursts: line A {a} ns, line B {b} ns");
+    assert!(
+        (2_000_000..b).contains(&a) && b >= 6_000_000,
+        "median bursts: line A {a} ns, line B {b} ns"
+    );
 }
 
 /// The source line of a call site's return address in `program` (addr2line on the debug info).
@@ -419,16 +619,25 @@ fn killing_the_daemon_leaves_the_job_running_and_no_program_loaded() {
     let out = tempfile::tempdir().unwrap();
     let program = program("burst_timing", Mpi::OpenMpi);
     let mut job = Mpi::OpenMpi.launcher(2);
-    job.arg(&program).args([out.path().to_str().unwrap(), "60", "1000", "5000", "20000"]);
+    job.arg(&program)
+        .args([out.path().to_str().unwrap(), "60", "1000", "5000", "20000"]);
     let mut job = job.spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let pid = daemon.pid();
     let programs = bpf_program_ids(pid);
     daemon.kill9();
     let st = wait_with_timeout(&mut job, Duration::from_secs(120)).expect("the job finishes");
-    assert!(st.success(), "job exit status {st} after the daemon was killed");
+    assert!(
+        st.success(),
+        "job exit status {st} after the daemon was killed"
+    );
     let outputs = rank_outputs(out.path(), "timing", 2);
-    assert!(outputs.iter().all(|o| o["bursts"].as_array().unwrap().len() == 180), "every burst ran");
+    assert!(
+        outputs
+            .iter()
+            .all(|o| o["bursts"].as_array().unwrap().len() == 180),
+        "every burst ran"
+    );
     assert_no_program_loaded(&programs, &format!("after kill -9 of daemon {pid}"));
     // The recording up to the kill is still readable.
     let recording = Recording::read(&daemon.recording).expect("a cut-short recording reads");

@@ -33,14 +33,42 @@ fn datasource_ref() -> Value {
 
 /// Grafana's global variables that may appear in queries.
 const BUILTINS: &[&str] = &[
-    "__dashboard", "__from", "__to", "__interval", "__interval_ms", "__name", "__org", "__user", "__range",
-    "__range_s", "__range_ms", "__rate_interval", "__rate_interval_ms", "timeFilter", "__timeFilter",
+    "__dashboard",
+    "__from",
+    "__to",
+    "__interval",
+    "__interval_ms",
+    "__name",
+    "__org",
+    "__user",
+    "__range",
+    "__range_s",
+    "__range_ms",
+    "__rate_interval",
+    "__rate_interval_ms",
+    "timeFilter",
+    "__timeFilter",
 ];
 
 /// Core Grafana panel types (a typo or a plugin panel would show as an error in Grafana).
 const PANEL_TYPES: &[&str] = &[
-    "row", "timeseries", "stat", "gauge", "bargauge", "table", "xychart", "text", "barchart", "piechart",
-    "heatmap", "histogram", "state-timeline", "status-history", "logs", "nodeGraph", "trend",
+    "row",
+    "timeseries",
+    "stat",
+    "gauge",
+    "bargauge",
+    "table",
+    "xychart",
+    "text",
+    "barchart",
+    "piechart",
+    "heatmap",
+    "histogram",
+    "state-timeline",
+    "status-history",
+    "logs",
+    "nodeGraph",
+    "trend",
 ];
 
 /// Panel types whose values need a unit.
@@ -70,13 +98,21 @@ fn dashboards() -> Vec<Dashboard> {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
-    assert!(files.len() >= 3, "expected the three dashboards in {}", dir.display());
+    assert!(
+        files.len() >= 3,
+        "expected the three dashboards in {}",
+        dir.display()
+    );
     files
         .into_iter()
         .map(|p| {
             let text = std::fs::read_to_string(&p).unwrap();
-            let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not valid JSON: {e}", p.display()));
-            Dashboard { file: p.file_name().unwrap().to_string_lossy().into_owned(), json }
+            let json = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{} is not valid JSON: {e}", p.display()));
+            Dashboard {
+                file: p.file_name().unwrap().to_string_lossy().into_owned(),
+                json,
+            }
         })
         .collect()
 }
@@ -104,7 +140,10 @@ fn variables(d: &Dashboard) -> BTreeMap<String, &Value> {
 }
 
 fn variable_query(v: &Value) -> &str {
-    v["query"]["query"].as_str().or(v["query"].as_str()).unwrap_or_default()
+    v["query"]["query"]
+        .as_str()
+        .or(v["query"].as_str())
+        .unwrap_or_default()
 }
 
 /// A variable that can take several values, so its queries must match it with a regex.
@@ -122,10 +161,19 @@ fn panel_queries(d: &Dashboard) -> Vec<Query> {
     panels(d)
         .into_iter()
         .flat_map(|p| {
-            p["targets"].as_array().into_iter().flatten().map(move |t| Query {
-                origin: format!("{}: panel {:?} target {}", d.file, p["title"].as_str().unwrap_or("?"), t["refId"]),
-                expr: t["expr"].as_str().unwrap_or_default().to_string(),
-            })
+            p["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(move |t| Query {
+                    origin: format!(
+                        "{}: panel {:?} target {}",
+                        d.file,
+                        p["title"].as_str().unwrap_or("?"),
+                        t["refId"]
+                    ),
+                    expr: t["expr"].as_str().unwrap_or_default().to_string(),
+                })
         })
         .collect()
 }
@@ -173,12 +221,17 @@ fn same_thresholds(thresholds: &Value, steps: &[(f64, &str)]) -> bool {
 
 /// Every thresholds object of a panel: its defaults and its overrides.
 fn panel_thresholds(p: &Value) -> Vec<&Value> {
-    let overrides = p["fieldConfig"]["overrides"].as_array().into_iter().flatten();
+    let overrides = p["fieldConfig"]["overrides"]
+        .as_array()
+        .into_iter()
+        .flatten();
     let from_overrides = overrides
         .flat_map(|o| o["properties"].as_array().into_iter().flatten())
         .filter(|prop| prop["id"] == "thresholds")
         .map(|prop| &prop["value"]);
-    std::iter::once(&p["fieldConfig"]["defaults"]["thresholds"]).chain(from_overrides).collect()
+    std::iter::once(&p["fieldConfig"]["defaults"]["thresholds"])
+        .chain(from_overrides)
+        .collect()
 }
 
 fn overlaps(a: &Value, b: &Value) -> bool {
@@ -200,7 +253,7 @@ fn dashboard_problems(d: &Dashboard) -> Vec<String> {
     }
     let vars = variables(d);
     let ds = vars.get("datasource");
-    if ds.map_or(true, |v| v["type"] != "datasource" || v["query"] != "prometheus") {
+    if ds.is_none_or(|v| v["type"] != "datasource" || v["query"] != "prometheus") {
         problem("needs a variable `datasource` of type datasource with query prometheus".into());
     }
     for name in ["mpi_job", "node"] {
@@ -213,11 +266,16 @@ fn dashboard_problems(d: &Dashboard) -> Vec<String> {
             continue;
         }
         if v["datasource"] != datasource_ref() {
-            problem(format!("variable {name}: datasource must be {}", datasource_ref()));
+            problem(format!(
+                "variable {name}: datasource must be {}",
+                datasource_ref()
+            ));
         }
         let q = variable_query(v);
         if !(q.starts_with("label_values(") && q.ends_with(')') && q.contains(',')) {
-            problem(format!("variable {name}: expected label_values(selector, label), found {q:?}"));
+            problem(format!(
+                "variable {name}: expected label_values(selector, label), found {q:?}"
+            ));
         }
         if v["includeAll"] == true && v["allValue"] != ".+" {
             problem(format!("variable {name}: \"All\" must be the regex .+ (allValue), not a list of every value"));
@@ -239,16 +297,25 @@ fn dashboard_problems(d: &Dashboard) -> Vec<String> {
             problem(format!("{at}: unknown panel type {kind:?}"));
         }
         let g = &p["gridPos"];
-        if g["x"].as_i64().unwrap_or(-1) < 0 || g["x"].as_i64().unwrap_or(0) + g["w"].as_i64().unwrap_or(99) > 24 {
+        if g["x"].as_i64().unwrap_or(-1) < 0
+            || g["x"].as_i64().unwrap_or(0) + g["w"].as_i64().unwrap_or(99) > 24
+        {
             problem(format!("{at}: gridPos {g} leaves the 24 columns"));
         }
         if kind == "row" {
             continue;
         }
         if title.is_empty() || p["description"].as_str().unwrap_or_default().is_empty() {
-            problem(format!("{at}: needs a title and a description saying what it shows and what to do"));
+            problem(format!(
+                "{at}: needs a title and a description saying what it shows and what to do"
+            ));
         }
-        if UNIT_PANELS.contains(&kind) && p["fieldConfig"]["defaults"]["unit"].as_str().unwrap_or_default().is_empty() {
+        if UNIT_PANELS.contains(&kind)
+            && p["fieldConfig"]["defaults"]["unit"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty()
+        {
             problem(format!("{at}: no unit"));
         }
         let targets = p["targets"].as_array().cloned().unwrap_or_default();
@@ -258,7 +325,11 @@ fn dashboard_problems(d: &Dashboard) -> Vec<String> {
         let mut refs = BTreeSet::new();
         for t in &targets {
             if t["datasource"] != datasource_ref() {
-                problem(format!("{at} target {}: datasource must be {}", t["refId"], datasource_ref()));
+                problem(format!(
+                    "{at} target {}: datasource must be {}",
+                    t["refId"],
+                    datasource_ref()
+                ));
             }
             if !refs.insert(t["refId"].to_string()) {
                 problem(format!("{at}: refId {} used twice", t["refId"]));
@@ -269,9 +340,13 @@ fn dashboard_problems(d: &Dashboard) -> Vec<String> {
         }
         let exprs: Vec<&str> = targets.iter().filter_map(|t| t["expr"].as_str()).collect();
         if exprs.iter().any(|e| e.contains("_severity"))
-            && !panel_thresholds(p).iter().any(|t| same_thresholds(t, &[(0.2, "orange"), (0.5, "red")]))
+            && !panel_thresholds(p)
+                .iter()
+                .any(|t| same_thresholds(t, &[(0.2, "orange"), (0.5, "red")]))
         {
-            problem(format!("{at}: shows severities, so needs thresholds orange at 0.2 and red at 0.5"));
+            problem(format!(
+                "{at}: shows severities, so needs thresholds orange at 0.2 and red at 0.5"
+            ));
         }
         if kind == "xychart" {
             // The plotted fields are named by the panel's organize transformation.
@@ -279,13 +354,21 @@ fn dashboard_problems(d: &Dashboard) -> Vec<String> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .flat_map(|t| t["options"]["renameByName"].as_object().into_iter().flatten())
+                .flat_map(|t| {
+                    t["options"]["renameByName"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                })
                 .filter_map(|(_, to)| to.as_str())
                 .collect();
             for s in p["options"]["series"].as_array().into_iter().flatten() {
                 for axis in ["x", "y"] {
                     if !renamed.contains(s[axis].as_str().unwrap_or_default()) {
-                        problem(format!("{at}: series {axis} {} is no field the transformations produce", s[axis]));
+                        problem(format!(
+                            "{at}: series {axis} {} is no field the transformations produce",
+                            s[axis]
+                        ));
                     }
                 }
             }
@@ -301,18 +384,49 @@ fn dashboard_problems(d: &Dashboard) -> Vec<String> {
     }
 
     // Variable references: defined or built in; multi-valued ones only inside regex matchers.
-    let mut texts: Vec<(String, String)> = panel_queries(d).into_iter().map(|q| (q.origin, q.expr)).collect();
-    texts.extend(vars.iter().map(|(n, v)| (format!("{}: variable {n}", d.file), variable_query(v).to_string())));
+    let mut texts: Vec<(String, String)> = panel_queries(d)
+        .into_iter()
+        .map(|q| (q.origin, q.expr))
+        .collect();
+    texts.extend(vars.iter().map(|(n, v)| {
+        (
+            format!("{}: variable {n}", d.file),
+            variable_query(v).to_string(),
+        )
+    }));
     let decorations = all.iter().map(|p| {
-        let text = format!("{} {}", p["title"].as_str().unwrap_or_default(), p["repeat"].as_str().map(|r| format!("${r}")).unwrap_or_default());
-        (format!("{}: panel {} title/repeat", d.file, p["title"]), text)
+        let text = format!(
+            "{} {}",
+            p["title"].as_str().unwrap_or_default(),
+            p["repeat"]
+                .as_str()
+                .map(|r| format!("${r}"))
+                .unwrap_or_default()
+        );
+        (
+            format!("{}: panel {} title/repeat", d.file, p["title"]),
+            text,
+        )
     });
-    for (is_query, (origin, text)) in texts.iter().map(|t| (true, t.clone())).chain(decorations.map(|t| (false, t))) {
+    for (is_query, (origin, text)) in texts
+        .iter()
+        .map(|t| (true, t.clone()))
+        .chain(decorations.map(|t| (false, t)))
+    {
         for (range, name) in var_refs(&text) {
             match vars.get(&name) {
-                None if !BUILTINS.contains(&name.as_str()) => problems.push(format!("{origin}: undefined variable ${name}")),
-                Some(v) if is_query && multi_valued(v) && !(text[..range.start].ends_with("=~\"") || text[..range.start].ends_with("!~\"")) => {
-                    problems.push(format!("{origin}: ${name} takes several values: match it with =~ or !~"))
+                None if !BUILTINS.contains(&name.as_str()) => {
+                    problems.push(format!("{origin}: undefined variable ${name}"))
+                }
+                Some(v)
+                    if is_query
+                        && multi_valued(v)
+                        && !(text[..range.start].ends_with("=~\"")
+                            || text[..range.start].ends_with("!~\"")) =>
+                {
+                    problems.push(format!(
+                        "{origin}: ${name} takes several values: match it with =~ or !~"
+                    ))
                 }
                 _ => {}
             }
@@ -328,20 +442,28 @@ fn dashboards_are_consistent_grafana_json() {
     let mut uids = BTreeSet::new();
     for d in &all {
         if !uids.insert(d.json["uid"].to_string()) {
-            problems.push(format!("{}: uid {} used by another dashboard", d.file, d.json["uid"]));
+            problems.push(format!(
+                "{}: uid {} used by another dashboard",
+                d.file, d.json["uid"]
+            ));
         }
     }
     let queries: usize = all.iter().map(|d| panel_queries(d).len()).sum();
     eprintln!("{} dashboards, {queries} panel queries", all.len());
-    assert!(problems.is_empty(), "dashboard problems:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "dashboard problems:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
 fn variable_references_are_found_in_every_form() {
-    let refs: Vec<String> = var_refs(r#"rate(x{a=~"$mpi_job",b=~"${node:regex}"}[$__rate_interval]) [[old]] 5$ "a$""#)
-        .into_iter()
-        .map(|(_, n)| n)
-        .collect();
+    let refs: Vec<String> =
+        var_refs(r#"rate(x{a=~"$mpi_job",b=~"${node:regex}"}[$__rate_interval]) [[old]] 5$ "a$""#)
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
     assert_eq!(refs, ["mpi_job", "node", "__rate_interval", "old"]);
 }
 
@@ -361,8 +483,14 @@ fn every_rule_file_passes_promtool_checks_and_unit_tests() {
     // test file must never be named like one, and every YAML file must be one of the two kinds.
     let yaml = rule_files(".yml");
     let (rules, tests) = (rule_files(".rules.yml"), rule_files(".test.yml"));
-    let stray: Vec<_> = yaml.iter().filter(|f| !rules.contains(f) && !tests.contains(f)).collect();
-    assert!(stray.is_empty(), "{stray:?} in dashboards/rules: name rule files *.rules.yml and their tests *.test.yml");
+    let stray: Vec<_> = yaml
+        .iter()
+        .filter(|f| !rules.contains(f) && !tests.contains(f))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "{stray:?} in dashboards/rules: name rule files *.rules.yml and their tests *.test.yml"
+    );
     for f in &rules {
         promtool(&["check", "rules", f], None);
     }
@@ -370,10 +498,17 @@ fn every_rule_file_passes_promtool_checks_and_unit_tests() {
     for f in &tests {
         promtool(&["test", "rules", f], None);
         let text = std::fs::read_to_string(rules_dir().join(f)).unwrap();
-        tested.extend(rules.iter().filter(|r| text.lines().any(|l| l.trim() == format!("- {r}"))));
+        tested.extend(
+            rules
+                .iter()
+                .filter(|r| text.lines().any(|l| l.trim() == format!("- {r}"))),
+        );
     }
     let untested: Vec<_> = rules.iter().filter(|r| !tested.contains(r)).collect();
-    assert!(untested.is_empty(), "rule files without unit tests (rule_files of a *.test.yml): {untested:?}");
+    assert!(
+        untested.is_empty(),
+        "rule files without unit tests (rule_files of a *.test.yml): {untested:?}"
+    );
 }
 
 /// Flattens the block YAML of the provisioning files (mappings, lists of mappings, scalars,
@@ -398,7 +533,13 @@ fn flatten_yaml(text: &str) -> Result<BTreeMap<String, String>, String> {
         while open.last().unwrap().0 >= indent {
             open.pop();
         }
-        let join = |parent: &str, key: &str| if parent.is_empty() { key.to_string() } else { format!("{parent}.{key}") };
+        let join = |parent: &str, key: &str| {
+            if parent.is_empty() {
+                key.to_string()
+            } else {
+                format!("{parent}.{key}")
+            }
+        };
         if let Some(item) = rest.strip_prefix("- ") {
             let list = open.last().unwrap().1.clone();
             let index = items.entry(list.clone()).or_default();
@@ -416,7 +557,10 @@ fn flatten_yaml(text: &str) -> Result<BTreeMap<String, String>, String> {
         if value.is_empty() {
             open.push((indent, path));
         } else if value.starts_with(['{', '[', '|', '>']) {
-            return Err(format!("line {}: flow collections and block scalars are not expected here", n + 1));
+            return Err(format!(
+                "line {}: flow collections and block scalars are not expected here",
+                n + 1
+            ));
         } else {
             out.insert(path, value.to_string());
         }
@@ -432,33 +576,62 @@ fn provisioning_files_have_the_keys_grafana_reads() {
         flatten_yaml(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
     };
     let ds = read("datasources/mpiburst.yml");
-    let expect = |map: &BTreeMap<String, String>, key: &str, ok: &dyn Fn(&str) -> bool, what: &str| {
-        let v = map.get(key).map(String::as_str).unwrap_or_default();
-        assert!(ok(v), "provisioning: {key} = {v:?}, expected {what}; parsed {map:?}");
-    };
+    let expect =
+        |map: &BTreeMap<String, String>, key: &str, ok: &dyn Fn(&str) -> bool, what: &str| {
+            let v = map.get(key).map(String::as_str).unwrap_or_default();
+            assert!(
+                ok(v),
+                "provisioning: {key} = {v:?}, expected {what}; parsed {map:?}"
+            );
+        };
     expect(&ds, "apiVersion", &|v| v == "1", "1");
     // The dashboards' datasource variable lists data sources of this type.
-    expect(&ds, "datasources.0.type", &|v| v == "prometheus", "prometheus");
+    expect(
+        &ds,
+        "datasources.0.type",
+        &|v| v == "prometheus",
+        "prometheus",
+    );
     expect(&ds, "datasources.0.name", &|v| !v.is_empty(), "a name");
     expect(&ds, "datasources.0.access", &|v| v == "proxy", "proxy");
-    expect(&ds, "datasources.0.url", &|v| v.starts_with("http://") || v.starts_with("https://"), "a URL");
-    expect(&ds, "datasources.0.jsonData.timeInterval", &|v| v.ends_with('s'), "the scrape interval");
+    expect(
+        &ds,
+        "datasources.0.url",
+        &|v| v.starts_with("http://") || v.starts_with("https://"),
+        "a URL",
+    );
+    expect(
+        &ds,
+        "datasources.0.jsonData.timeInterval",
+        &|v| v.ends_with('s'),
+        "the scrape interval",
+    );
     let dash = read("dashboards/mpiburst.yml");
     expect(&dash, "apiVersion", &|v| v == "1", "1");
     expect(&dash, "providers.0.name", &|v| !v.is_empty(), "a name");
     expect(&dash, "providers.0.type", &|v| v == "file", "file");
-    expect(&dash, "providers.0.options.path", &|v| v.starts_with('/'), "an absolute directory");
+    expect(
+        &dash,
+        "providers.0.options.path",
+        &|v| v.starts_with('/'),
+        "an absolute directory",
+    );
 }
 
 #[test]
 fn the_yaml_flattener_reads_lists_of_mappings() {
-    let text = "# c\napiVersion: 1\nitems:\n  - name: a # c\n    opts:\n      path: /x\n  - name: 'b'\n";
+    let text =
+        "# c\napiVersion: 1\nitems:\n  - name: a # c\n    opts:\n      path: /x\n  - name: 'b'\n";
     let flat = flatten_yaml(text).unwrap();
-    let expected: BTreeMap<String, String> =
-        [("apiVersion", "1"), ("items.0.name", "a"), ("items.0.opts.path", "/x"), ("items.1.name", "b")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+    let expected: BTreeMap<String, String> = [
+        ("apiVersion", "1"),
+        ("items.0.name", "a"),
+        ("items.0.opts.path", "/x"),
+        ("items.1.name", "b"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
     assert_eq!(flat, expected);
     assert!(flatten_yaml("a: [1, 2]\n").is_err());
 }
@@ -469,11 +642,40 @@ fn selectors(expr: &str) -> Vec<String> {
     // Words that are not metric names: operators, modifiers and aggregations (functions are
     // recognised by the parenthesis after them).
     const KEYWORDS: &[&str] = &[
-        "and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right",
-        "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
-        "quantile", "inf", "nan",
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+        "inf",
+        "nan",
     ];
-    const LABEL_LISTS: &[&str] = &["by", "without", "on", "ignoring", "group_left", "group_right"];
+    const LABEL_LISTS: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
     let c: Vec<char> = expr.chars().collect();
     let skip_to = |mut i: usize, close: char| {
         let mut quote = None;
@@ -539,7 +741,15 @@ fn selectors(expr: &str) -> Vec<String> {
 fn selectors_of_an_alert_expression_are_its_metric_selectors() {
     let expr = r#"max by (mpi_job, phase) (sev{span="window", x="a}b"} and on (mpi_job) (firing == 1)) >= 0.5
         and on (mpi_job) (max by (mpi_job) (rate(running[5m] offset 1m)) == 1) unless {__name__="x"} > bool 1e3"#;
-    assert_eq!(selectors(expr), [r#"sev{span="window", x="a}b"}"#, "firing", "running", r#"{__name__="x"}"#]);
+    assert_eq!(
+        selectors(expr),
+        [
+            r#"sev{span="window", x="a}b"}"#,
+            "firing",
+            "running",
+            r#"{__name__="x"}"#
+        ]
+    );
 }
 
 /// Grafana's variables replaced as it would for "All" and a 1 s scrape interval.
@@ -566,15 +776,25 @@ fn substitute(text: &str, vars: &BTreeMap<String, &Value>) -> String {
 
 /// `label_values(selector, label)` as an instant query with the same answer.
 fn label_values_query(q: &str) -> String {
-    let args = q.trim().trim_start_matches("label_values(").trim_end_matches(')');
-    let (selector, label) = args.rsplit_once(',').expect("label_values(selector, label)");
+    let args = q
+        .trim()
+        .trim_start_matches("label_values(")
+        .trim_end_matches(')');
+    let (selector, label) = args
+        .rsplit_once(',')
+        .expect("label_values(selector, label)");
     format!("count by ({}) ({selector})", label.trim())
 }
 
 /// The result of an instant query through promtool: Ok(has data) or Err(the query error).
 fn has_data(prometheus: &Prometheus, expr: &str) -> Result<bool, String> {
     let out = Command::new("promtool")
-        .args(["query", "instant", &format!("http://{}", prometheus.addr), expr])
+        .args([
+            "query",
+            "instant",
+            &format!("http://{}", prometheus.addr),
+            expr,
+        ])
         .output()
         .expect("promtool (Debian package prometheus)");
     if !out.status.success() {
@@ -628,11 +848,19 @@ fn live_queries(prometheus: &Prometheus) -> Vec<LiveQuery> {
         let vars = variables(&d);
         for q in panel_queries(&d) {
             let expr = substitute(&q.expr, &vars);
-            out.push(LiveQuery { origin: q.origin, needs: needs(&expr), expr });
+            out.push(LiveQuery {
+                origin: q.origin,
+                needs: needs(&expr),
+                expr,
+            });
         }
         for (name, v) in vars.iter().filter(|(_, v)| v["type"] == "query") {
             let expr = label_values_query(&substitute(variable_query(v), &vars));
-            out.push(LiveQuery { origin: format!("{}: variable {name}", d.file), needs: Needs::Anything, expr });
+            out.push(LiveQuery {
+                origin: format!("{}: variable {name}", d.file),
+                needs: Needs::Anything,
+                expr,
+            });
         }
     }
     for rule in loaded_rules(prometheus) {
@@ -640,10 +868,18 @@ fn live_queries(prometheus: &Prometheus) -> Vec<LiveQuery> {
         let origin = format!("{}: {} {}", rule["file"], rule["type"], rule["name"]);
         if rule["type"] == "alerting" {
             for s in selectors(&query) {
-                out.push(LiveQuery { origin: format!("{origin}, selector"), needs: needs(&s), expr: s });
+                out.push(LiveQuery {
+                    origin: format!("{origin}, selector"),
+                    needs: needs(&s),
+                    expr: s,
+                });
             }
         } else {
-            out.push(LiveQuery { origin, needs: needs(&query), expr: query });
+            out.push(LiveQuery {
+                origin,
+                needs: needs(&query),
+                expr: query,
+            });
         }
     }
     out
@@ -655,7 +891,11 @@ fn loaded_rules(prometheus: &Prometheus) -> Vec<Value> {
     let mut files = BTreeSet::new();
     let mut out = Vec::new();
     for g in body["data"]["groups"].as_array().into_iter().flatten() {
-        let file = Path::new(g["file"].as_str().unwrap()).file_name().unwrap().to_string_lossy().into_owned();
+        let file = Path::new(g["file"].as_str().unwrap())
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
         files.insert(file.clone());
         for r in g["rules"].as_array().into_iter().flatten() {
             let mut r = r.clone();
@@ -663,13 +903,23 @@ fn loaded_rules(prometheus: &Prometheus) -> Vec<Value> {
             out.push(r);
         }
     }
-    let missing: Vec<_> = rule_files(".rules.yml").into_iter().filter(|f| !files.contains(f)).collect();
-    assert!(missing.is_empty(), "Prometheus did not load {missing:?}: {body}");
+    let missing: Vec<_> = rule_files(".rules.yml")
+        .into_iter()
+        .filter(|f| !files.contains(f))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "Prometheus did not load {missing:?}: {body}"
+    );
     out
 }
 
 /// The failures among `queries`: (origin, expression, why).
-fn failing(prometheus: &Prometheus, queries: &[LiveQuery], pmu: bool) -> Vec<(String, String, String)> {
+fn failing(
+    prometheus: &Prometheus,
+    queries: &[LiveQuery],
+    pmu: bool,
+) -> Vec<(String, String, String)> {
     queries
         .iter()
         .filter(|q| q.applies(pmu))
@@ -692,8 +942,13 @@ impl BackgroundJob {
     fn start(seconds: u32) -> BackgroundJob {
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = Mpi::OpenMpi.launcher(2);
-        cmd.arg(program("imbalance_io", Mpi::OpenMpi)).arg(dir.path()).arg(seconds.to_string());
-        let child = cmd.stdout(Stdio::null()).spawn().expect("start mpirun.openmpi");
+        cmd.arg(program("imbalance_io", Mpi::OpenMpi))
+            .arg(dir.path())
+            .arg(seconds.to_string());
+        let child = cmd
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start mpirun.openmpi");
         BackgroundJob { child, dir }
     }
 
@@ -701,7 +956,10 @@ impl BackgroundJob {
         if let Ok(None) = self.child.try_wait() {
             std::fs::write(self.dir.path().join("stop"), "").unwrap();
             let st = wait_with_timeout(&mut self.child, Duration::from_secs(30));
-            assert!(st.is_some_and(|s| s.success()), "imbalance_io did not stop cleanly: {st:?}");
+            assert!(
+                st.is_some_and(|s| s.success()),
+                "imbalance_io did not stop cleanly: {st:?}"
+            );
         }
     }
 }
@@ -730,7 +988,10 @@ fn every_panel_variable_and_rule_query_has_data_from_a_live_daemon() {
     // Prometheus answers queries once it is ready, and `up` once it scraped the daemon.
     let deadline = Instant::now() + Duration::from_secs(30);
     while has_data(&prometheus, r#"up{job="mpiburst"}"#) != Ok(true) {
-        assert!(Instant::now() < deadline, "Prometheus did not scrape the daemon within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus did not scrape the daemon within 30 s"
+        );
         thread::sleep(Duration::from_millis(500));
     }
     let pmu = has_data(&prometheus, r#"mpiburst_counters_info{hardware="true"}"#).unwrap();
@@ -743,18 +1004,28 @@ fn every_panel_variable_and_rule_query_has_data_from_a_live_daemon() {
         if failures.is_empty() || Instant::now() > deadline {
             break failures;
         }
-        eprintln!("{} of {} queries without data yet", failures.len(), queries.len());
+        eprintln!(
+            "{} of {} queries without data yet",
+            failures.len(),
+            queries.len()
+        );
         thread::sleep(Duration::from_secs(3));
     };
     let rules: Vec<Value> = loaded_rules(&prometheus);
     let unhealthy: Vec<String> = rules
         .iter()
         .filter(|r| r["health"] != "ok")
-        .map(|r| format!("{} {}: health {} {}", r["file"], r["name"], r["health"], r["lastError"]))
+        .map(|r| {
+            format!(
+                "{} {}: health {} {}",
+                r["file"], r["name"], r["health"], r["lastError"]
+            )
+        })
         .collect();
     // The small I/O requests of imbalance_io make a property severe: its alert is pending (its
     // `for` is minutes) and carries the recommendation of that property.
-    let alerts: Value = serde_json::from_str(&http_get(&prometheus.addr, "/api/v1/alerts")).unwrap();
+    let alerts: Value =
+        serde_json::from_str(&http_get(&prometheus.addr, "/api/v1/alerts")).unwrap();
     let severe: Vec<&Value> = alerts["data"]["alerts"]
         .as_array()
         .into_iter()
@@ -763,7 +1034,12 @@ fn every_panel_variable_and_rule_query_has_data_from_a_live_daemon() {
         .collect();
     let without_recommendation: Vec<String> = severe
         .iter()
-        .filter(|a| a["annotations"]["recommendation"].as_str().unwrap_or_default().is_empty())
+        .filter(|a| {
+            a["annotations"]["recommendation"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty()
+        })
         .map(|a| a["labels"].to_string())
         .collect();
     job.stop();
@@ -782,7 +1058,10 @@ fn every_panel_variable_and_rule_query_has_data_from_a_live_daemon() {
         skipped.len(),
         if pmu { "no PMU" } else { "a PMU" }
     );
-    let report: Vec<String> = failures.iter().map(|(o, e, why)| format!("{o}\n    {e}\n    -> {why}")).collect();
+    let report: Vec<String> = failures
+        .iter()
+        .map(|(o, e, why)| format!("{o}\n    {e}\n    -> {why}"))
+        .collect();
     let missing_metrics: BTreeSet<String> = failures
         .iter()
         .flat_map(|(_, e, _)| selectors(e))
@@ -796,7 +1075,16 @@ fn every_panel_variable_and_rule_query_has_data_from_a_live_daemon() {
         queries.len(),
         report.join("\n")
     );
-    eprintln!("pending or firing MpiburstPropertySevere alerts: {}", severe.len());
-    assert!(!severe.is_empty(), "no MpiburstPropertySevere alert for imbalance_io's 4 KiB requests: {alerts}");
-    assert!(without_recommendation.is_empty(), "severe-property alerts without a recommendation: {without_recommendation:?}");
+    eprintln!(
+        "pending or firing MpiburstPropertySevere alerts: {}",
+        severe.len()
+    );
+    assert!(
+        !severe.is_empty(),
+        "no MpiburstPropertySevere alert for imbalance_io's 4 KiB requests: {alerts}"
+    );
+    assert!(
+        without_recommendation.is_empty(),
+        "severe-property alerts without a recommendation: {without_recommendation:?}"
+    );
 }

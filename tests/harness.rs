@@ -30,15 +30,19 @@ pub fn online_cpus() -> u32 {
 }
 
 fn env_path(var: &str) -> PathBuf {
-    std::env::var_os(var)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| panic!("{var} is not set: run the integration tests through `cargo xtask test`"))
+    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        panic!("{var} is not set: run the integration tests through `cargo xtask test`")
+    })
 }
 
 /// A bundled MPI program built for one implementation (`name.openmpi`, `name.mpich`).
 pub fn program(name: &str, mpi: Mpi) -> PathBuf {
     let p = env_path("MPIBURST_MPI_PROGRAMS").join(format!("{name}.{}", mpi.suffix()));
-    assert!(p.exists(), "{} is missing: `cargo xtask test` builds it", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: `cargo xtask test` builds it",
+        p.display()
+    );
     p
 }
 
@@ -64,7 +68,13 @@ impl Mpi {
         let mut cmd = match self {
             Mpi::OpenMpi => {
                 let mut c = Command::new("mpirun.openmpi");
-                c.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]);
+                c.args([
+                    "--allow-run-as-root",
+                    "--oversubscribe",
+                    "--mca",
+                    "mpi_yield_when_idle",
+                    "1",
+                ]);
                 c
             }
             Mpi::Mpich => Command::new("mpirun.mpich"),
@@ -77,8 +87,11 @@ impl Mpi {
 /// Runs a command to completion with a time limit, killing it on timeout.
 pub fn run_with_timeout(mut cmd: Command, limit: Duration) -> ExitStatus {
     let shown = format!("{cmd:?}");
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {shown}: {e}"));
-    wait_with_timeout(&mut child, limit).unwrap_or_else(|| panic!("{shown} did not finish within {limit:?}"))
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {shown}: {e}"));
+    wait_with_timeout(&mut child, limit)
+        .unwrap_or_else(|| panic!("{shown} did not finish within {limit:?}"))
 }
 
 pub fn wait_with_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
@@ -99,7 +112,11 @@ pub fn run_mpi(mpi: Mpi, ranks: u32, program: &Path, args: &[&str]) {
     let mut cmd = mpi.launcher(ranks);
     cmd.arg(program).args(args);
     let st = run_with_timeout(cmd, Duration::from_secs(180));
-    assert!(st.success(), "{} under {mpi:?} failed: {st}", program.display());
+    assert!(
+        st.success(),
+        "{} under {mpi:?} failed: {st}",
+        program.display()
+    );
 }
 
 /// The real daemon, recording to a temporary file. Stopped (SIGKILL) if the test panics.
@@ -138,10 +155,19 @@ impl Daemon {
                 sink.lock().unwrap().push(line);
             }
         });
-        let mut daemon = Daemon { child, recording, log, addr, _dir: dir };
+        let mut daemon = Daemon {
+            child,
+            recording,
+            log,
+            addr,
+            _dir: dir,
+        };
         if rx.recv_timeout(Duration::from_secs(60)).is_err() {
             let _ = daemon.child.kill();
-            panic!("the daemon did not become ready; its log:\n{}", daemon.log_text());
+            panic!(
+                "the daemon did not become ready; its log:\n{}",
+                daemon.log_text()
+            );
         }
         daemon
     }
@@ -160,12 +186,20 @@ impl Daemon {
     pub fn stop(mut self) -> Recording {
         // Give the last totals read a chance to see the ranks gone (stats interval is 1 s).
         thread::sleep(Duration::from_millis(1200));
-        let st = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let st = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
         assert!(st.success());
-        let st = wait_with_timeout(&mut self.child, Duration::from_secs(60))
-            .unwrap_or_else(|| panic!("the daemon did not stop within 60 s of SIGTERM; its log:\n{}", self.log_text()));
+        let st = wait_with_timeout(&mut self.child, Duration::from_secs(60)).unwrap_or_else(|| {
+            panic!(
+                "the daemon did not stop within 60 s of SIGTERM; its log:\n{}",
+                self.log_text()
+            )
+        });
         assert!(st.success(), "daemon exit {st}; log:\n{}", self.log_text());
-        Recording::read(&self.recording).unwrap_or_else(|e| panic!("{e}; log:\n{}", self.log_text()))
+        Recording::read(&self.recording)
+            .unwrap_or_else(|e| panic!("{e}; log:\n{}", self.log_text()))
     }
 
     pub fn kill9(&mut self) {
@@ -186,7 +220,11 @@ impl Drop for Daemon {
 /// The recorded jobs whose executable is `program`.
 pub fn jobs_of<'a>(recording: &'a Recording, program: &Path) -> Vec<&'a Job> {
     let exe = program.canonicalize().unwrap();
-    recording.jobs.values().filter(|j| Path::new(&j.meta.executable) == exe).collect()
+    recording
+        .jobs
+        .values()
+        .filter(|j| Path::new(&j.meta.executable) == exe)
+        .collect()
 }
 
 /// The one recorded job whose executable is `program`.
@@ -197,7 +235,11 @@ pub fn job_of<'a>(recording: &'a Recording, program: &Path) -> &'a Job {
         1,
         "expected one job running {}, found {:?}",
         program.display(),
-        recording.jobs.values().map(|j| (&j.meta.id, &j.meta.executable)).collect::<Vec<_>>()
+        recording
+            .jobs
+            .values()
+            .map(|j| (&j.meta.id, &j.meta.executable))
+            .collect::<Vec<_>>()
     );
     jobs[0]
 }
@@ -207,14 +249,18 @@ pub fn rank_outputs(dir: &Path, prefix: &str, ranks: u32) -> Vec<serde_json::Val
     (0..ranks)
         .map(|r| {
             let p = dir.join(format!("{prefix}.{r}.json"));
-            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
         })
         .collect()
 }
 
 fn clock_ns(clock: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid out-pointer.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
@@ -229,13 +275,19 @@ pub fn unix_minus_monotonic_ns() -> i128 {
 /// A plain HTTP/1.0 GET on loopback, bounded by a 10 s timeout; returns the body.
 pub fn http_get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut stream =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "GET {path}: {head}"
+    );
     body.to_string()
 }
 
@@ -262,7 +314,11 @@ pub fn job_id(addr: &str, program: &Path, earlier: &[String]) -> String {
 
 /// A free loopback address (bind to port 0, note it, release it).
 pub fn free_loopback_addr() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
 }
 
 /// The Prometheus rule files and their unit tests.
@@ -281,10 +337,19 @@ pub fn promtool(args: &[&str], stdin: Option<&str>) -> String {
         .expect("promtool (Debian package prometheus; `cargo xtask test` installs it)");
     if let Some(input) = stdin {
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
     }
     let out = child.wait_with_output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "promtool {args:?} failed:\n{text}");
     text
 }
@@ -308,7 +373,11 @@ impl Prometheus {
             .map(|p| format!("  - {}\n", p.canonicalize().unwrap().display()))
             .collect();
         rules.sort();
-        let targets = targets.iter().map(|t| format!("'{t}'")).collect::<Vec<_>>().join(", ");
+        let targets = targets
+            .iter()
+            .map(|t| format!("'{t}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let config = format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n{}scrape_configs:\n  - job_name: mpiburst\n    static_configs:\n      - targets: [{targets}]\n",
             rules.concat()
@@ -316,18 +385,31 @@ impl Prometheus {
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
         let addr = free_loopback_addr();
         let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
             .arg(format!("--web.listen-address={addr}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("prometheus (Debian package; `cargo xtask test` installs it)");
-        let p = Prometheus { child, addr, _dir: dir };
+        let p = Prometheus {
+            child,
+            addr,
+            _dir: dir,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         // Listening is not enough: until its storage and rules are loaded, queries answer 503.
         while !p.ready() {
-            assert!(Instant::now() < deadline, "prometheus did not become ready within 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "prometheus did not become ready within 30 s"
+            );
             thread::sleep(Duration::from_millis(200));
         }
         p
@@ -336,10 +418,17 @@ impl Prometheus {
     /// GET /-/ready answers 200.
     fn ready(&self) -> bool {
         use std::io::{Read, Write};
-        let Ok(mut stream) = std::net::TcpStream::connect(&self.addr) else { return false };
+        let Ok(mut stream) = std::net::TcpStream::connect(&self.addr) else {
+            return false;
+        };
         let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
         let mut head = [0u8; 12];
-        write!(stream, "GET /-/ready HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).is_ok()
+        write!(
+            stream,
+            "GET /-/ready HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.addr
+        )
+        .is_ok()
             && stream.read_exact(&mut head).is_ok()
             && head.ends_with(b" 200")
     }
@@ -348,7 +437,10 @@ impl Prometheus {
     pub fn value(&self, query: &str) -> f64 {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let body = http_get(&self.addr, &format!("/api/v1/query?query={}", encode(query)));
+            let body = http_get(
+                &self.addr,
+                &format!("/api/v1/query?query={}", encode(query)),
+            );
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             if let Some(sample) = v["data"]["result"].as_array().and_then(|r| r.first()) {
                 return sample["value"][1].as_str().unwrap().parse().unwrap();
@@ -379,11 +471,21 @@ pub fn encode(q: &str) -> String {
 /// recording rules give exactly the same for job `id` once Prometheus has scraped the final
 /// values and evaluated the rules on them.
 pub fn assert_rules_load_balance(prometheus: &Prometheus, id: &str, useful: &[f64]) -> f64 {
-    let direct = useful.iter().sum::<f64>() / useful.len() as f64 / useful.iter().cloned().fold(0.0, f64::max);
+    let direct = useful.iter().sum::<f64>()
+        / useful.len() as f64
+        / useful.iter().cloned().fold(0.0, f64::max);
     thread::sleep(Duration::from_secs(3));
-    let from_rules = prometheus.value(&format!("mpi_job:mpiburst_load_balance:ratio{{mpi_job=\"{id}\"}}"));
-    eprintln!("load balance: {from_rules} from the recording rules, {direct} from all {} ranks directly", useful.len());
-    assert!((from_rules - direct).abs() < 1e-9, "rules {from_rules} vs direct {direct}");
+    let from_rules = prometheus.value(&format!(
+        "mpi_job:mpiburst_load_balance:ratio{{mpi_job=\"{id}\"}}"
+    ));
+    eprintln!(
+        "load balance: {from_rules} from the recording rules, {direct} from all {} ranks directly",
+        useful.len()
+    );
+    assert!(
+        (from_rules - direct).abs() < 1e-9,
+        "rules {from_rules} vs direct {direct}"
+    );
     direct
 }
 
@@ -418,13 +520,20 @@ pub fn ended_job_properties(addr: &str, id: &str) -> serde_json::Value {
 /// went through both.
 pub fn region_useful_seconds(rank: &serde_json::Value) -> f64 {
     let region = &rank["region"];
-    let (start, end) = (region["init_return_ns"].as_u64(), region["finalize_entry_ns"].as_u64());
-    let (Some(start), Some(end)) = (start, end) else { panic!("no complete region of interest in {rank}") };
+    let (start, end) = (
+        region["init_return_ns"].as_u64(),
+        region["finalize_entry_ns"].as_u64(),
+    );
+    let (Some(start), Some(end)) = (start, end) else {
+        panic!("no complete region of interest in {rank}")
+    };
     let mpi: u64 = rank["functions"]
         .as_object()
         .unwrap()
         .iter()
-        .filter(|(name, _)| !["MPI_Init", "MPI_Init_thread", "MPI_Finalize"].contains(&name.as_str()))
+        .filter(|(name, _)| {
+            !["MPI_Init", "MPI_Init_thread", "MPI_Finalize"].contains(&name.as_str())
+        })
         .map(|(_, f)| f["time_ns"].as_u64().unwrap())
         .sum();
     (end - start - mpi) as f64 / 1e9
@@ -439,7 +548,12 @@ impl CpuHogs {
         let cores = thread::available_parallelism().map_or(1, |n| n.get());
         CpuHogs(
             (0..cores)
-                .map(|_| Command::new("sh").args(["-c", "while :; do :; done"]).spawn().expect("start a busy loop (sh)"))
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("start a busy loop (sh)")
+                })
                 .collect(),
         )
     }

@@ -17,15 +17,28 @@ fn record_phases(ranks: u32, args: &[&str]) -> (Recording, Vec<Burst>) {
     let program = program("phases", Mpi::OpenMpi);
     run_mpi(Mpi::OpenMpi, ranks, &program, args);
     let recording = daemon.stop();
-    let bursts: Vec<Burst> = job_of(&recording, &program).bursts.iter().cloned().collect();
+    let bursts: Vec<Burst> = job_of(&recording, &program)
+        .bursts
+        .iter()
+        .cloned()
+        .collect();
     (recording, bursts)
 }
 
 /// `mpiburst report ARGS`: whether it succeeded, its standard output and its standard error.
 fn mpiburst_report(args: &[&str]) -> (bool, String, String) {
-    let bin = std::env::var_os("MPIBURST_BIN").expect("MPIBURST_BIN is not set: run the tests through `cargo xtask test`");
-    let out = std::process::Command::new(bin).arg("report").args(args).output().expect("run mpiburst report");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let bin = std::env::var_os("MPIBURST_BIN")
+        .expect("MPIBURST_BIN is not set: run the tests through `cargo xtask test`");
+    let out = std::process::Command::new(bin)
+        .arg("report")
+        .args(args)
+        .output()
+        .expect("run mpiburst report");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// For each cluster, the MPI functions that end its bursts (each phase of `phases` ends in its
@@ -34,15 +47,25 @@ fn end_functions(bursts: &[Burst], analysis: &Analysis) -> BTreeMap<ClusterId, B
     let mut out: BTreeMap<ClusterId, BTreeSet<String>> = BTreeMap::new();
     for (burst, label) in bursts.iter().zip(&analysis.labels) {
         if let Some(id) = label.filter(|&id| id != 0) {
-            out.entry(id).or_default().insert(burst.end_func.to_string());
+            out.entry(id)
+                .or_default()
+                .insert(burst.end_func.to_string());
         }
     }
     out
 }
 
-fn clusters_ending_in<'a>(bursts: &[Burst], analysis: &'a Analysis, function: &str) -> Vec<&'a mpiburst::analysis::ClusterStats> {
+fn clusters_ending_in<'a>(
+    bursts: &[Burst],
+    analysis: &'a Analysis,
+    function: &str,
+) -> Vec<&'a mpiburst::analysis::ClusterStats> {
     let ends = end_functions(bursts, analysis);
-    analysis.clusters.iter().filter(|c| ends.get(&c.id).is_some_and(|f| f.contains(function))).collect()
+    analysis
+        .clusters
+        .iter()
+        .filter(|c| ends.get(&c.id).is_some_and(|f| f.contains(function)))
+        .collect()
 }
 
 #[test]
@@ -52,25 +75,62 @@ fn k_phases_give_k_perfectly_spmd_clusters_on_2_4_and_8_ranks() {
         let (_, bursts) = record_phases(ranks, &["iters=40", "ms=2,6,12"]);
         let analysis = analyse(&bursts, ranks, &AnalysisParams::default()).unwrap();
         let what = format!("{ranks} ranks");
-        assert_eq!(analysis.features.used, FeatureSet::OnCpuTimePerRegion, "{what}: no PMU here");
-        let summary: Vec<_> = analysis.clusters.iter().map(|c| (c.id, c.bursts, c.spmd_score)).collect();
+        assert_eq!(
+            analysis.features.used,
+            FeatureSet::OnCpuTimePerRegion,
+            "{what}: no PMU here"
+        );
+        let summary: Vec<_> = analysis
+            .clusters
+            .iter()
+            .map(|c| (c.id, c.bursts, c.spmd_score))
+            .collect();
         // Phases recur every iteration. A hiccup of the virtual machine that slows one iteration
         // in every rank can leave a one-off cluster of one burst per rank (a sliver): allowed,
         // but it must stay a small share of the time.
         let recurring = |c: &&mpiburst::analysis::ClusterStats| c.bursts >= 20 * ranks as u64;
         let phases: Vec<_> = analysis.clusters.iter().filter(recurring).collect();
-        let slivers: f64 = analysis.clusters.iter().filter(|c| !recurring(c)).map(|c| c.time_share).sum();
-        assert_eq!(phases.len(), 3, "{what}: clusters (id, bursts, score) {summary:?}");
-        assert!(slivers < 0.03, "{what}: {slivers} of the time in one-off clusters {summary:?}");
+        let slivers: f64 = analysis
+            .clusters
+            .iter()
+            .filter(|c| !recurring(c))
+            .map(|c| c.time_share)
+            .sum();
+        assert_eq!(
+            phases.len(),
+            3,
+            "{what}: clusters (id, bursts, score) {summary:?}"
+        );
+        assert!(
+            slivers < 0.03,
+            "{what}: {slivers} of the time in one-off clusters {summary:?}"
+        );
         for c in phases {
             assert_eq!(c.spmd_score, 1.0, "{what}: cluster {} SPMD score", c.id);
-            assert!(c.bursts >= 38 * ranks as u64, "{what}: cluster {} has {} bursts", c.id, c.bursts);
+            assert!(
+                c.bursts >= 38 * ranks as u64,
+                "{what}: cluster {} has {} bursts",
+                c.id,
+                c.bursts
+            );
         }
         // Cluster 1 holds the most time: the 12 ms phase, which ends in MPI_Bcast.
         let ends = end_functions(&bursts, &analysis);
-        assert_eq!(ends[&1], BTreeSet::from(["MPI_Bcast".to_string()]), "{what}: cluster 1");
-        assert_eq!(ends[&3], BTreeSet::from(["MPI_Barrier".to_string()]), "{what}: cluster 3");
-        assert!(analysis.global_score > 0.99, "{what}: global score {}", analysis.global_score);
+        assert_eq!(
+            ends[&1],
+            BTreeSet::from(["MPI_Bcast".to_string()]),
+            "{what}: cluster 1"
+        );
+        assert_eq!(
+            ends[&3],
+            BTreeSet::from(["MPI_Barrier".to_string()]),
+            "{what}: cluster 3"
+        );
+        assert!(
+            analysis.global_score > 0.99,
+            "{what}: global score {}",
+            analysis.global_score
+        );
     }
 }
 
@@ -87,21 +147,41 @@ fn record_sweep(ranks: u32, iterations: u32) -> Sweep {
     let daemon = Daemon::start(&[]);
     let program = program("sweep", Mpi::OpenMpi);
     let out = tempfile::tempdir().unwrap();
-    run_mpi(Mpi::OpenMpi, ranks, &program, &[out.path().to_str().unwrap(), &format!("iters={iterations}")]);
+    run_mpi(
+        Mpi::OpenMpi,
+        ranks,
+        &program,
+        &[out.path().to_str().unwrap(), &format!("iters={iterations}")],
+    );
     let offset = unix_minus_monotonic_ns();
     let recording = daemon.stop();
-    let bursts: Vec<Burst> = job_of(&recording, &program).bursts.iter().cloned().collect();
+    let bursts: Vec<Burst> = job_of(&recording, &program)
+        .bursts
+        .iter()
+        .cloned()
+        .collect();
     let outputs = rank_outputs(out.path(), "sweep", ranks);
-    let computations: Vec<String> =
-        outputs[0]["computations"].as_array().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
+    let computations: Vec<String> = outputs[0]["computations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
     // (rank, middle of the work item in Unix ns, computation)
     let items: Vec<(u32, i128, usize)> = outputs
         .iter()
         .flat_map(|o| {
             let rank = o["rank"].as_u64().unwrap() as u32;
             o["items"].as_array().unwrap().iter().map(move |item| {
-                let (start, end) = (item[1].as_i64().unwrap() as i128, item[2].as_i64().unwrap() as i128);
-                (rank, (start + end) / 2 + offset, item[0].as_u64().unwrap() as usize)
+                let (start, end) = (
+                    item[1].as_i64().unwrap() as i128,
+                    item[2].as_i64().unwrap() as i128,
+                );
+                (
+                    rank,
+                    (start + end) / 2 + offset,
+                    item[0].as_u64().unwrap() as usize,
+                )
             })
         })
         .collect();
@@ -109,15 +189,26 @@ fn record_sweep(ranks: u32, iterations: u32) -> Sweep {
         .iter()
         .map(|b| {
             let (start, end) = (b.start_ns as i128, (b.start_ns + b.duration_ns) as i128);
-            items.iter().find(|&&(rank, middle, _)| rank == b.rank && (start..=end).contains(&middle)).map(|item| item.2)
+            items
+                .iter()
+                .find(|&&(rank, middle, _)| rank == b.rank && (start..=end).contains(&middle))
+                .map(|item| item.2)
         })
         .collect();
     // Every work item lies in exactly one burst: the daemon saw every computation.
     for (c, name) in computations.iter().enumerate() {
         let found = ran.iter().filter(|&&r| r == Some(c)).count() as u32;
-        assert_eq!(found, ranks * iterations, "bursts holding a {name} work item");
+        assert_eq!(
+            found,
+            ranks * iterations,
+            "bursts holding a {name} work item"
+        );
     }
-    Sweep { bursts, computations, ran }
+    Sweep {
+        bursts,
+        computations,
+        ran,
+    }
 }
 
 #[test]
@@ -130,22 +221,45 @@ fn a_wavefront_sweep_gives_one_phase_per_computation_on_4_and_8_ranks() {
         let mut ran_by_cluster: BTreeMap<ClusterId, Vec<u64>> = BTreeMap::new();
         for (label, ran) in analysis.labels.iter().zip(&sweep.ran) {
             if let (Some(id), Some(c)) = (label.filter(|&id| id != 0), ran) {
-                ran_by_cluster.entry(id).or_insert_with(|| vec![0; sweep.computations.len()])[*c] += 1;
+                ran_by_cluster
+                    .entry(id)
+                    .or_insert_with(|| vec![0; sweep.computations.len()])[*c] += 1;
             }
         }
-        let what = format!("{ranks} ranks: clusters × {:?} {ran_by_cluster:?}", sweep.computations);
+        let what = format!(
+            "{ranks} ranks: clusters × {:?} {ran_by_cluster:?}",
+            sweep.computations
+        );
         eprintln!("{what}; SPMD score {:.3}", analysis.global_score);
-        assert_eq!(analysis.clusters.len(), sweep.computations.len(), "{what}: one phase per computation");
+        assert_eq!(
+            analysis.clusters.len(),
+            sweep.computations.len(),
+            "{what}: one phase per computation"
+        );
         let mut phase_of = BTreeSet::new();
         for (id, ran) in &ran_by_cluster {
             let (computation, &most) = ran.iter().enumerate().max_by_key(|&(_, n)| *n).unwrap();
             let all: u64 = ran.iter().sum();
-            assert!(most as f64 >= 0.95 * all as f64, "{what}: cluster {id} mixes computations");
-            assert!(most >= 28 * ranks as u64, "{what}: cluster {id} holds too few of its computation's bursts");
+            assert!(
+                most as f64 >= 0.95 * all as f64,
+                "{what}: cluster {id} mixes computations"
+            );
+            assert!(
+                most >= 28 * ranks as u64,
+                "{what}: cluster {id} holds too few of its computation's bursts"
+            );
             phase_of.insert(computation);
         }
-        assert_eq!(phase_of.len(), sweep.computations.len(), "{what}: every computation is a phase");
-        assert!(analysis.global_score >= 0.9, "{what}: SPMD score {}", analysis.global_score);
+        assert_eq!(
+            phase_of.len(),
+            sweep.computations.len(),
+            "{what}: every computation is a phase"
+        );
+        assert!(
+            analysis.global_score >= 0.9,
+            "{what}: SPMD score {}",
+            analysis.global_score
+        );
     }
 }
 
@@ -169,18 +283,40 @@ fn k_phases_stay_k_phases_while_busy_loops_occupy_every_core() {
         let ranks = job.meta.size;
         let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
         let analysis = analyse(&bursts, ranks, &AnalysisParams::default()).unwrap();
-        let summary: Vec<_> = analysis.clusters.iter().map(|c| (c.id, c.bursts, c.time_share, c.spmd_score)).collect();
-        let what = format!("{ranks} ranks under load: clusters (id, bursts, time share, score) {summary:?}");
+        let summary: Vec<_> = analysis
+            .clusters
+            .iter()
+            .map(|c| (c.id, c.bursts, c.time_share, c.spmd_score))
+            .collect();
+        let what = format!(
+            "{ranks} ranks under load: clusters (id, bursts, time share, score) {summary:?}"
+        );
         eprintln!("{what}; SPMD score {:.3}", analysis.global_score);
-        assert_eq!(analysis.clusters.len(), 3, "{what}: exactly the program's 3 phases");
+        assert_eq!(
+            analysis.clusters.len(),
+            3,
+            "{what}: exactly the program's 3 phases"
+        );
         // Each phase ends in its own call, and holds (nearly) all its 40 iterations on every rank.
         let ends = end_functions(&bursts, &analysis);
         let distinct: BTreeSet<&BTreeSet<String>> = ends.values().collect();
-        assert!(ends.values().all(|f| f.len() == 1) && distinct.len() == 3, "{what}: ends {ends:?}");
+        assert!(
+            ends.values().all(|f| f.len() == 1) && distinct.len() == 3,
+            "{what}: ends {ends:?}"
+        );
         for c in &analysis.clusters {
-            assert!(c.bursts >= 38 * ranks as u64, "{what}: cluster {} has {} bursts", c.id, c.bursts);
+            assert!(
+                c.bursts >= 38 * ranks as u64,
+                "{what}: cluster {} has {} bursts",
+                c.id,
+                c.bursts
+            );
         }
-        assert!(analysis.global_score > 0.95, "{what}: global score {}", analysis.global_score);
+        assert!(
+            analysis.global_score > 0.95,
+            "{what}: global score {}",
+            analysis.global_score
+        );
     }
 }
 
@@ -204,16 +340,29 @@ fn one_slow_rank_lowers_the_duration_balance_of_its_phase() {
                 let oncpu = balance_of(&bursts, &analysis, ranks, one.id, |b| b.oncpu_ns);
                 let wall = balance_of(&bursts, &analysis, ranks, one.id, |b| b.duration_ns);
                 eprintln!("{ranks} ranks: one cluster, LB_dur {:.3}, on-CPU balance {oncpu:.3} (expected {expected:.3})", one.lb_duration);
-                assert!((oncpu - expected).abs() <= 0.03, "on-CPU balance {oncpu} vs {expected}");
-                assert!((one.lb_duration - wall).abs() < 1e-9, "LB_dur {} vs {wall} from its bursts", one.lb_duration);
-                assert!(one.lb_duration < 0.95, "the slow rank lowers LB_dur: {}", one.lb_duration);
+                assert!(
+                    (oncpu - expected).abs() <= 0.03,
+                    "on-CPU balance {oncpu} vs {expected}"
+                );
+                assert!(
+                    (one.lb_duration - wall).abs() < 1e-9,
+                    "LB_dur {} vs {wall} from its bursts",
+                    one.lb_duration
+                );
+                assert!(
+                    one.lb_duration < 0.95,
+                    "the slow rank lowers LB_dur: {}",
+                    one.lb_duration
+                );
             }
             // Split: a majority cluster of m−1 ranks and a minority one of the slow rank.
             [a, b] => {
                 let mut scores = [a.spmd_score, b.spmd_score];
                 scores.sort_by(f64::total_cmp);
                 eprintln!("{ranks} ranks: split into scores {scores:?}");
-                assert!((scores[0] - 1.0 / m).abs() < 1e-9 && (scores[1] - (m - 1.0) / m).abs() < 1e-9);
+                assert!(
+                    (scores[0] - 1.0 / m).abs() < 1e-9 && (scores[1] - (m - 1.0) / m).abs() < 1e-9
+                );
             }
             other => panic!("{ranks} ranks: phase 1 in {} clusters", other.len()),
         }
@@ -226,9 +375,19 @@ fn one_slow_rank_lowers_the_duration_balance_of_its_phase() {
 }
 
 /// Mean over max of the per-rank totals of `value` over the bursts of cluster `id`.
-fn balance_of(bursts: &[Burst], analysis: &Analysis, ranks: u32, id: ClusterId, value: impl Fn(&Burst) -> u64) -> f64 {
+fn balance_of(
+    bursts: &[Burst],
+    analysis: &Analysis,
+    ranks: u32,
+    id: ClusterId,
+    value: impl Fn(&Burst) -> u64,
+) -> f64 {
     let mut per_rank = vec![0u64; ranks as usize];
-    for (b, _) in bursts.iter().zip(&analysis.labels).filter(|(_, l)| **l == Some(id)) {
+    for (b, _) in bursts
+        .iter()
+        .zip(&analysis.labels)
+        .filter(|(_, l)| **l == Some(id))
+    {
         per_rank[b.rank as usize] += value(b);
     }
     let max = *per_rank.iter().max().unwrap() as f64;
@@ -257,7 +416,10 @@ fn a_phase_alternating_with_iteration_parity_gives_two_alternating_clusters() {
             .map(|(b, l)| (b.start_ns, l.unwrap()))
             .collect();
         sequence.sort();
-        assert!(sequence.windows(2).all(|w| w[0].1 != w[1].1), "rank {rank}: clusters do not alternate");
+        assert!(
+            sequence.windows(2).all(|w| w[0].1 != w[1].1),
+            "rank {rank}: clusters do not alternate"
+        );
     }
 }
 
@@ -268,12 +430,18 @@ fn replaying_a_recording_gives_the_same_clusters_every_time() {
     let params = AnalysisParams::default();
     let first = analyse(&bursts, 4, &params).unwrap();
     let again = analyse(&bursts, 4, &params).unwrap();
-    assert_eq!(serde_json::to_string(&first).unwrap(), serde_json::to_string(&again).unwrap());
+    assert_eq!(
+        serde_json::to_string(&first).unwrap(),
+        serde_json::to_string(&again).unwrap()
+    );
     // The order in which bursts arrive does not matter either.
     let mut reversed = bursts.clone();
     reversed.reverse();
     let third = analyse(&reversed, 4, &params).unwrap();
-    assert_eq!(serde_json::to_string(&first.clusters).unwrap(), serde_json::to_string(&third.clusters).unwrap());
+    assert_eq!(
+        serde_json::to_string(&first.clusters).unwrap(),
+        serde_json::to_string(&third.clusters).unwrap()
+    );
     assert_eq!(first.global_score, third.global_score);
 }
 
@@ -286,42 +454,83 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
     std::fs::write(&config, "[analysis]\nwindow_s = 3.0\nlateness_s = 0.5\n").unwrap();
     let daemon = Daemon::start(&["--config", config.to_str().unwrap()]);
     let program = program("phases", Mpi::OpenMpi);
-    run_mpi(Mpi::OpenMpi, 2, &program, &["iters=600", "ms=2,6,12", "change=300:1:1.6"]);
+    run_mpi(
+        Mpi::OpenMpi,
+        2,
+        &program,
+        &["iters=600", "ms=2,6,12", "change=300:1:1.6"],
+    );
     std::thread::sleep(std::time::Duration::from_secs(4));
     // Other MPI jobs may run on this node meanwhile; this test's job is the one running `program`.
-    let jobs: serde_json::Value = serde_json::from_str(&http_get(&daemon.addr, "/api/jobs")).unwrap();
+    let jobs: serde_json::Value =
+        serde_json::from_str(&http_get(&daemon.addr, "/api/jobs")).unwrap();
     let exe = program.canonicalize().unwrap();
-    let job = jobs.as_array().unwrap().iter().find(|j| j["meta"]["executable"].as_str() == exe.to_str());
-    let id = job.unwrap_or_else(|| panic!("no job runs {}: {jobs}", exe.display()))["meta"]["id"].as_str().unwrap().to_string();
-    let snapshot: serde_json::Value =
-        serde_json::from_str(&http_get(&daemon.addr, &format!("/api/jobs/{}/phases", id.replace(':', "%3A")))).unwrap();
+    let job = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["meta"]["executable"].as_str() == exe.to_str());
+    let id = job.unwrap_or_else(|| panic!("no job runs {}: {jobs}", exe.display()))["meta"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let snapshot: serde_json::Value = serde_json::from_str(&http_get(
+        &daemon.addr,
+        &format!("/api/jobs/{}/phases", id.replace(':', "%3A")),
+    ))
+    .unwrap();
     // The same analysis as `mpiburst report` prints it from the running daemon, with its pictures.
     let dir = tempfile::tempdir().unwrap();
     let html = dir.path().join("live.html");
-    let (ok, live, err) =
-        mpiburst_report(&[&format!("http://{}", daemon.addr), "--phases", "--html", html.to_str().unwrap(), "--job", &id]);
+    let (ok, live, err) = mpiburst_report(&[
+        &format!("http://{}", daemon.addr),
+        "--phases",
+        "--html",
+        html.to_str().unwrap(),
+        "--job",
+        &id,
+    ]);
     assert!(ok, "mpiburst report against the daemon failed: {err}");
-    let page = std::fs::read_to_string(&html).unwrap_or_else(|e| panic!("{}: {e}; stderr: {err}", html.display()));
-    assert!(page.contains(r#"class="sequences""#), "the page draws the window's phase sequences");
+    let page = std::fs::read_to_string(&html)
+        .unwrap_or_else(|e| panic!("{}: {e}; stderr: {err}", html.display()));
+    assert!(
+        page.contains(r#"class="sequences""#),
+        "the page draws the window's phase sequences"
+    );
     let (ok, _, unknown) = mpiburst_report(&[&daemon.addr, "--job", "pmix:no-such-job"]);
-    assert!(!ok && unknown.contains("pass one of: ") && unknown.contains(&id), "an unknown job lists the known ones: {unknown}");
+    assert!(
+        !ok && unknown.contains("pass one of: ") && unknown.contains(&id),
+        "an unknown job lists the known ones: {unknown}"
+    );
     let recording = daemon.stop();
     assert!(job_of(&recording, &program).meta.ended_ns.is_some());
 
     let counts = &snapshot["event_counts"];
-    eprintln!("events: {}; windows closed: {}", snapshot["events"], snapshot["totals"]["windows_closed"]);
+    eprintln!(
+        "events: {}; windows closed: {}",
+        snapshot["events"], snapshot["totals"]["windows_closed"]
+    );
     assert!(snapshot["totals"]["windows_closed"].as_u64().unwrap() >= 3);
     assert_eq!(counts["vanish"], 0, "{counts}");
     // The first window brings the three phases (and maybe a sliver: a burst group one hiccup
     // slowed, which the whole-job view shows with almost no time).
     let events = snapshot["events"].as_array().unwrap();
     let ids = |e: &serde_json::Value, side: &str| -> BTreeSet<u64> {
-        e[side].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+        e[side]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect()
     };
     let first_window = &events[0]["window"];
     let (at_start, later): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) =
         events.iter().partition(|e| &e["window"] == first_window);
-    assert!(at_start.iter().all(|e| e["kind"] == "appear"), "{}", snapshot["events"]);
+    assert!(
+        at_start.iter().all(|e| e["kind"] == "appear"),
+        "{}",
+        snapshot["events"]
+    );
     let first: BTreeSet<u64> = at_start.iter().flat_map(|e| ids(e, "to")).collect();
     let significant: BTreeSet<u64> = snapshot["cumulative"]["clusters"]
         .as_array()
@@ -347,12 +556,28 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
     // window holding the change shows its old and new behaviour side by side (a split into one
     // new id) and the old one merges into the new in the next window.
     assert!(!later.is_empty(), "the phase change went unnoticed");
-    let involved: BTreeSet<u64> = later.iter().flat_map(|e| ids(e, "from").into_iter().chain(ids(e, "to"))).collect();
+    let involved: BTreeSet<u64> = later
+        .iter()
+        .flat_map(|e| ids(e, "from").into_iter().chain(ids(e, "to")))
+        .collect();
     let old: BTreeSet<u64> = involved.intersection(&first).copied().collect();
     let new: BTreeSet<u64> = involved.difference(&first).copied().collect();
-    assert_eq!(old.len(), 1, "only the changed phase may be involved: {}", snapshot["events"]);
-    assert!(new.len() <= 1, "at most one new cluster: {}", snapshot["events"]);
-    assert_eq!(phases_at_start.union(&old).count(), 3, "three phases at the start: {first:?}, whole job {significant:?}");
+    assert_eq!(
+        old.len(),
+        1,
+        "only the changed phase may be involved: {}",
+        snapshot["events"]
+    );
+    assert!(
+        new.len() <= 1,
+        "at most one new cluster: {}",
+        snapshot["events"]
+    );
+    assert_eq!(
+        phases_at_start.union(&old).count(),
+        3,
+        "three phases at the start: {first:?}, whole job {significant:?}"
+    );
     // The two unchanged phases kept their ids to the end.
     // Slivers (a burst group one hiccup slowed) may come and go; the phases hold the time.
     let last: BTreeSet<u64> = snapshot["last_window"]["phases"]
@@ -363,17 +588,30 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
         .map(|p| p["id"].as_u64().unwrap())
         .collect();
     let unchanged: BTreeSet<u64> = phases_at_start.difference(&old).copied().collect();
-    assert!(unchanged.is_subset(&last), "unchanged phases {unchanged:?} must keep their ids: last window {last:?}");
+    assert!(
+        unchanged.is_subset(&last),
+        "unchanged phases {unchanged:?} must keep their ids: last window {last:?}"
+    );
     assert_eq!(last.len(), 3, "three phases at the end: {last:?}");
 
     // The live report shows that window, by its Unix-aligned times, and the same three phases.
     eprintln!("{live}");
     let window = &snapshot["last_window"];
-    let span = utc_span(window["start_ns"].as_u64().unwrap(), window["end_ns"].as_u64().unwrap());
-    assert!(live.contains(&format!("== job {id} on ")) && live.contains(", ended, "), "{live}");
+    let span = utc_span(
+        window["start_ns"].as_u64().unwrap(),
+        window["end_ns"].as_u64().unwrap(),
+    );
+    assert!(
+        live.contains(&format!("== job {id} on ")) && live.contains(", ended, "),
+        "{live}"
+    );
     let title = format!("== phases of job {id} in the last clustered window, {span} (3 s, ended ");
-    let (_, table) = live.split_once(&title).unwrap_or_else(|| panic!("no line starting {title:?}:\n{live}"));
-    let (table, whole_job) = table.split_once("== whole job so far: ").expect("the cumulative table follows");
+    let (_, table) = live
+        .split_once(&title)
+        .unwrap_or_else(|| panic!("no line starting {title:?}:\n{live}"));
+    let (table, whole_job) = table
+        .split_once("== whole job so far: ")
+        .expect("the cumulative table follows");
     let shown: BTreeSet<u64> = table
         .lines()
         // The rest of the title line ("4 s ago): 3 phases …") is not a row.
@@ -383,7 +621,10 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
         .filter(|cells| cells[3].trim_end_matches('%').parse::<f64>().unwrap() >= 2.0)
         .map(|cells| cells[0].parse().unwrap())
         .collect();
-    assert_eq!(shown, last, "the live table's phases (≥ 2 % of the time) are the window's: {live}");
+    assert_eq!(
+        shown, last,
+        "the live table's phases (≥ 2 % of the time) are the window's: {live}"
+    );
     assert!(table.contains("tracking: phases "), "{live}");
     assert!(whole_job.contains("phase  bursts"), "{live}");
 }
@@ -391,7 +632,9 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn runs_with_2_and_4_ranks_are_matched_phase_for_phase() {
-    use mpiburst::analysis::tracking::{match_runs, AppIdentity, MatchKind, RunSignature, TrackingParams};
+    use mpiburst::analysis::tracking::{
+        match_runs, AppIdentity, MatchKind, RunSignature, TrackingParams,
+    };
     let params = TrackingParams::default();
     let signature = |ranks: u32| {
         // Long enough that a few bursts a hiccup slowed stay below the relevant share.
@@ -400,23 +643,51 @@ fn runs_with_2_and_4_ranks_are_matched_phase_for_phase() {
         // Other MPI jobs may have run on this node meanwhile.
         let job = job_of(&recording, &program("phases", Mpi::OpenMpi));
         // The runs are identified by the executable's build-id, as `readelf -n` prints it.
-        let notes = std::process::Command::new("readelf").arg("-n").arg(&job.meta.executable).output().unwrap();
+        let notes = std::process::Command::new("readelf")
+            .arg("-n")
+            .arg(&job.meta.executable)
+            .output()
+            .unwrap();
         let notes = String::from_utf8_lossy(&notes.stdout).to_string();
-        let build_id = job.meta.build_id.clone().expect("the daemon records the executable's build-id");
-        assert!(notes.contains(&format!("Build ID: {build_id}")), "build-id {build_id} not in\n{notes}");
-        let app = AppIdentity { build_id: Some(build_id), executable: job.meta.executable.clone() };
-        RunSignature::from_analysis(app, format!("{ranks} ranks"), &analysis, &bursts, &params).unwrap()
+        let build_id = job
+            .meta
+            .build_id
+            .clone()
+            .expect("the daemon records the executable's build-id");
+        assert!(
+            notes.contains(&format!("Build ID: {build_id}")),
+            "build-id {build_id} not in\n{notes}"
+        );
+        let app = AppIdentity {
+            build_id: Some(build_id),
+            executable: job.meta.executable.clone(),
+        };
+        RunSignature::from_analysis(app, format!("{ranks} ranks"), &analysis, &bursts, &params)
+            .unwrap()
     };
     let (two, four) = (signature(2), signature(4));
     let matched = match_runs(&two, &four, &params);
-    let pairs: Vec<_> = matched.phases.iter().map(|p| (p.a.clone(), p.b.clone(), p.kind)).collect();
+    let pairs: Vec<_> = matched
+        .phases
+        .iter()
+        .map(|p| (p.a.clone(), p.b.clone(), p.kind))
+        .collect();
     eprintln!("matched {pairs:?}, coverage {}", matched.coverage);
     assert!(matched.same_application);
-    let one_to_one: Vec<_> = matched.phases.iter().filter(|p| p.kind == MatchKind::OneToOne && p.a.len() == 1).collect();
+    let one_to_one: Vec<_> = matched
+        .phases
+        .iter()
+        .filter(|p| p.kind == MatchKind::OneToOne && p.a.len() == 1)
+        .collect();
     assert_eq!(one_to_one.len(), 3, "phase for phase: {pairs:?}");
     // Trends are reported per phase (4 ranks share 2 cores here, so wall durations grow).
     for p in &one_to_one {
-        eprintln!("phase {:?} → {:?}: mean duration {:+.0} %", p.a, p.b, 100.0 * p.trend.duration_mean_change);
+        eprintln!(
+            "phase {:?} → {:?}: mean duration {:+.0} %",
+            p.a,
+            p.b,
+            100.0 * p.trend.duration_mean_change
+        );
         assert!(p.trend.duration_mean_change.is_finite());
     }
 }

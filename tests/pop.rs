@@ -12,7 +12,10 @@ fn efficiencies(ranks: &[(f64, f64)]) -> (f64, f64) {
     let useful: Vec<f64> = ranks.iter().map(|(region, mpi)| region - mpi).collect();
     let max_useful = useful.iter().cloned().fold(0.0, f64::max);
     let elapsed = ranks.iter().map(|r| r.0).fold(0.0, f64::max);
-    (useful.iter().sum::<f64>() / useful.len() as f64 / max_useful, max_useful / elapsed)
+    (
+        useful.iter().sum::<f64>() / useful.len() as f64 / max_useful,
+        max_useful / elapsed,
+    )
 }
 
 struct Case {
@@ -37,9 +40,15 @@ fn run_case(daemon: &Daemon, case: &Case, earlier: &mut Vec<String>) -> [f64; 4]
     let properties = ended_job_properties(&daemon.addr, &id);
     let value = |name: &str| {
         let p = property(&properties["job"], name);
-        p["outcome"]["value"].as_f64().unwrap_or_else(|| panic!("{name} has no value: {p}"))
+        p["outcome"]["value"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{name} has no value: {p}"))
     };
-    let (lb, comm_e, pe) = (value("load_balance"), value("communication_efficiency"), value("parallel_efficiency"));
+    let (lb, comm_e, pe) = (
+        value("load_balance"),
+        value("communication_efficiency"),
+        value("parallel_efficiency"),
+    );
     assert!((pe - lb * comm_e).abs() < 1e-9, "PE {pe} is not LB × CommE");
 
     // Each rank's region as the kernel saw it matches the program's own clock around its
@@ -48,13 +57,34 @@ fn run_case(daemon: &Daemon, case: &Case, earlier: &mut Vec<String>) -> [f64; 4]
     let ranks = detail["ranks"].as_array().unwrap();
     for (rank, own) in ranks.iter().zip(&truth) {
         let region = &rank["region"];
-        let seen = (region["finalize_entry_ns"].as_u64().unwrap() - region["init_return_ns"].as_u64().unwrap()) as f64 / 1e9;
+        let seen = (region["finalize_entry_ns"].as_u64().unwrap()
+            - region["init_return_ns"].as_u64().unwrap()) as f64
+            / 1e9;
         let own_region = own["region_s"].as_f64().unwrap();
-        assert!((seen - own_region).abs() < 0.005, "rank {}: region {seen} s, the program's {own_region} s", own["rank"]);
-        let init = rank["functions"]["MPI_Init"]["time_ns"].as_u64().unwrap_or(0) as f64 / 1e9;
-        assert!(init > 0.0, "rank {}: no time inside MPI_Init in {rank}", own["rank"]);
+        assert!(
+            (seen - own_region).abs() < 0.005,
+            "rank {}: region {seen} s, the program's {own_region} s",
+            own["rank"]
+        );
+        let init = rank["functions"]["MPI_Init"]["time_ns"]
+            .as_u64()
+            .unwrap_or(0) as f64
+            / 1e9;
+        assert!(
+            init > 0.0,
+            "rank {}: no time inside MPI_Init in {rank}",
+            own["rank"]
+        );
     }
-    let own: Vec<(f64, f64)> = truth.iter().map(|r| (r["region_s"].as_f64().unwrap(), r["mpi_s"].as_f64().unwrap())).collect();
+    let own: Vec<(f64, f64)> = truth
+        .iter()
+        .map(|r| {
+            (
+                r["region_s"].as_f64().unwrap(),
+                r["mpi_s"].as_f64().unwrap(),
+            )
+        })
+        .collect();
     let (own_lb, own_comm_e) = efficiencies(&own);
     eprintln!(
         "{} {:?} {:?}: LB {lb:.4} (program {own_lb:.4}), CommE {comm_e:.4} (program {own_comm_e:.4}), PE {pe:.4}",
@@ -72,15 +102,35 @@ fn pop_efficiencies_agree_with_the_programs_own_account() {
     let mut cases = Vec::new();
     for mpi in Mpi::ALL {
         // 25 iterations of 20/40 ms: a 1 s region, LB 0.75 and, on an idle machine, CommE ≥ 0.99.
-        cases.push(Case { program: "pop", mpi, args: &["imbalance", "25"], load_balance: 0.70..=0.85 });
-        cases.push(Case { program: "pop_f90", mpi, args: &["25"], load_balance: 0.70..=0.85 });
+        cases.push(Case {
+            program: "pop",
+            mpi,
+            args: &["imbalance", "25"],
+            load_balance: 0.70..=0.85,
+        });
+        cases.push(Case {
+            program: "pop_f90",
+            mpi,
+            args: &["25"],
+            load_balance: 0.70..=0.85,
+        });
         // 50 iterations of 20 ms with 30 % waiting and perfect balance: CommE ≈ 0.7 idle.
-        cases.push(Case { program: "pop", mpi, args: &["comm", "50"], load_balance: 0.90..=1.0 });
+        cases.push(Case {
+            program: "pop",
+            mpi,
+            args: &["comm", "50"],
+            load_balance: 0.90..=1.0,
+        });
     }
     let mut earlier = Vec::new();
     for case in &cases {
         let [lb, comm_e, own_lb, own_comm_e] = run_case(&daemon, case, &mut earlier);
-        assert!((lb - own_lb).abs() <= 0.01, "{} {:?}: LB {lb} vs the program's {own_lb}", case.program, case.mpi);
+        assert!(
+            (lb - own_lb).abs() <= 0.01,
+            "{} {:?}: LB {lb} vs the program's {own_lb}",
+            case.program,
+            case.mpi
+        );
         assert!(
             (comm_e - own_comm_e).abs() <= 0.01,
             "{} {:?}: CommE {comm_e} vs the program's {own_comm_e}",
@@ -91,7 +141,13 @@ fn pop_efficiencies_agree_with_the_programs_own_account() {
         // (a descheduled rank's delays count as its useful time, hence the wide upper bound);
         // the communication efficiency depends on how fast waiting ranks wake up, so it is
         // checked against the program's own measurement only.
-        assert!(case.load_balance.contains(&lb), "{} {:?}: LB {lb}, expected {:?}", case.program, case.mpi, case.load_balance);
+        assert!(
+            case.load_balance.contains(&lb),
+            "{} {:?}: LB {lb}, expected {:?}",
+            case.program,
+            case.mpi,
+            case.load_balance
+        );
     }
     daemon.stop();
 }

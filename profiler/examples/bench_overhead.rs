@@ -41,14 +41,27 @@ fn ns_per_write() -> Result<f64> {
 }
 
 fn ns_per_call(program: &PathBuf) -> Result<f64> {
-    let out = Command::new(program).arg(CALLS).env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").output()?;
+    let out = Command::new(program)
+        .arg(CALLS)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()?;
     if !out.status.success() {
-        bail!("{} failed: {}", program.display(), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "{} failed: {}",
+            program.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.contains("ns_per_call")).context("no ns_per_call line")?;
+    let line = text
+        .lines()
+        .find(|l| l.contains("ns_per_call"))
+        .context("no ns_per_call line")?;
     let value: serde_json::Value = serde_json::from_str(line)?;
-    value["ns_per_call"].as_f64().context("ns_per_call is not a number")
+    value["ns_per_call"]
+        .as_f64()
+        .context("ns_per_call is not a number")
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -57,7 +70,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let program = PathBuf::from(std::env::args().nth(1).context("usage: bench_overhead PATH/call_loop.openmpi")?);
+    let program = PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .context("usage: bench_overhead PATH/call_loop.openmpi")?,
+    );
     let config = Config::default();
     let libmpi = discovery::discover_libraries(&[])?
         .into_iter()
@@ -68,14 +85,18 @@ fn main() -> Result<()> {
         .into_iter()
         .next()
         .context("MPI_Barrier not in libmpi")?;
-    let floor_point = AttachPoint { function: barrier.function.clone(), file_offset: barrier.file_offset, cookie: 0 };
+    let floor_point = AttachPoint {
+        function: barrier.function.clone(),
+        file_offset: barrier.file_offset,
+        cookie: 0,
+    };
 
     let (mut none, mut floor, mut real) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         none.push(ns_per_call(&program)?);
         {
             let mut capture = Capture::load(&config.capture, 0)?;
-            capture.attach_floor(&libmpi.path, &[floor_point.clone()])?;
+            capture.attach_floor(&libmpi.path, std::slice::from_ref(&floor_point))?;
             floor.push(ns_per_call(&program)?);
         }
         {
@@ -97,7 +118,10 @@ fn main() -> Result<()> {
         loaded.push(ns_per_write()?);
         capture.track(std::process::id())?;
         tracked.push(ns_per_write()?);
-        let counted = capture.read_io()?.get(&std::process::id()).map_or(0, |t| t.write_calls);
+        let counted = capture
+            .read_io()?
+            .get(&std::process::id())
+            .map_or(0, |t| t.write_calls);
         if counted != u64::from(WRITES) {
             bail!("the tracked writes were counted {counted} times, not {WRITES}");
         }
@@ -112,13 +136,28 @@ fn main() -> Result<()> {
     let (c, a, b) = (median(none), median(floor), median(real));
     println!("MPI_Barrier(MPI_COMM_SELF), {CALLS} calls, median of {ROUNDS} alternating rounds:");
     println!("  (c) no probes            {c:>9.1} ns per call");
-    println!("  (a) empty uprobe+uretprobe {a:>7.1} ns per call  -> probe floor {:.1} ns", a - c);
-    println!("  (b) mpiburst probes      {b:>9.1} ns per call  -> probe cost  {:.1} ns", b - c);
-    println!("  ratio b/a of probe costs: {:.3} (budget 1.3)", (b - c) / (a - c));
+    println!(
+        "  (a) empty uprobe+uretprobe {a:>7.1} ns per call  -> probe floor {:.1} ns",
+        a - c
+    );
+    println!(
+        "  (b) mpiburst probes      {b:>9.1} ns per call  -> probe cost  {:.1} ns",
+        b - c
+    );
+    println!(
+        "  ratio b/a of probe costs: {:.3} (budget 1.3)",
+        (b - c) / (a - c)
+    );
     let (p, l, t) = (median(plain), median(loaded), median(tracked));
     println!("1-byte pwrite to a file, {WRITES} calls, median of {ROUNDS} rounds:");
     println!("  without the BPF programs {p:>9.1} ns per call");
-    println!("  untracked process        {l:>9.1} ns per call  -> tracepoint cost {:.1} ns", l - p);
-    println!("  tracked, counted file    {t:>9.1} ns per call  -> tracepoint cost {:.1} ns", t - p);
+    println!(
+        "  untracked process        {l:>9.1} ns per call  -> tracepoint cost {:.1} ns",
+        l - p
+    );
+    println!(
+        "  tracked, counted file    {t:>9.1} ns per call  -> tracepoint cost {:.1} ns",
+        t - p
+    );
     Ok(())
 }

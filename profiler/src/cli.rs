@@ -13,7 +13,11 @@ use crate::{
 };
 
 #[derive(Parser, Debug)]
-#[command(name = "mpiburst", version, about = "Always-on eBPF profiler for MPI jobs")]
+#[command(
+    name = "mpiburst",
+    version,
+    about = "Always-on eBPF profiler for MPI jobs"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -186,23 +190,50 @@ mod tests {
     fn command_line_overrides_file_overrides_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
-        std::fs::write(&path, "[capture]\nmin_burst_us = 500\nring_buffer_mib = 8\n").unwrap();
-        let cli = Cli::parse_from(["mpiburst", "run", "-c", path.to_str().unwrap(), "--min-burst-us", "50", "--cgroup", "/slurm/job_7"]);
-        let Command::Run(args) = cli.command else { panic!("parsed {:?}", cli.command) };
+        std::fs::write(
+            &path,
+            "[capture]\nmin_burst_us = 500\nring_buffer_mib = 8\n",
+        )
+        .unwrap();
+        let cli = Cli::parse_from([
+            "mpiburst",
+            "run",
+            "-c",
+            path.to_str().unwrap(),
+            "--min-burst-us",
+            "50",
+            "--cgroup",
+            "/slurm/job_7",
+        ]);
+        let Command::Run(args) = cli.command else {
+            panic!("parsed {:?}", cli.command)
+        };
         let c = args.config().unwrap();
         assert_eq!(c.daemon.cgroup, "/slurm/job_7");
         assert_eq!(c.capture.min_burst_us, 50, "CLI wins over the file");
-        assert_eq!(c.capture.ring_buffer_mib, 8, "the file wins over the default");
-        assert_eq!(c.capture.drain_interval_ms, Config::default().capture.drain_interval_ms);
+        assert_eq!(
+            c.capture.ring_buffer_mib, 8,
+            "the file wins over the default"
+        );
+        assert_eq!(
+            c.capture.drain_interval_ms,
+            Config::default().capture.drain_interval_ms
+        );
     }
 
     #[test]
     fn report_takes_phases_html_and_job() {
         let cli = Cli::parse_from(["mpiburst", "report", "r.jsonl"]);
-        let Command::Report(a) = cli.command else { panic!("parsed {:?}", cli.command) };
+        let Command::Report(a) = cli.command else {
+            panic!("parsed {:?}", cli.command)
+        };
         assert!(!a.phases && a.html.is_none() && a.job.is_none());
-        let cli = Cli::parse_from(["mpiburst", "report", "r.jsonl", "--phases", "--html", "o.html", "--job", "pmix:1"]);
-        let Command::Report(a) = cli.command else { panic!("parsed {:?}", cli.command) };
+        let cli = Cli::parse_from([
+            "mpiburst", "report", "r.jsonl", "--phases", "--html", "o.html", "--job", "pmix:1",
+        ]);
+        let Command::Report(a) = cli.command else {
+            panic!("parsed {:?}", cli.command)
+        };
         assert_eq!(a.target, ReportTarget::Recording(PathBuf::from("r.jsonl")));
         assert!(a.phases);
         assert_eq!(a.html, Some(PathBuf::from("o.html")));
@@ -212,14 +243,26 @@ mod tests {
     #[test]
     fn report_reads_a_recording_or_a_daemon() {
         let target = |arg: &str| {
-            let cli = Cli::try_parse_from(["mpiburst", "report", arg]).map_err(|e| e.to_string())?;
-            let Command::Report(a) = cli.command else { panic!("parsed {:?}", cli.command) };
+            let cli =
+                Cli::try_parse_from(["mpiburst", "report", arg]).map_err(|e| e.to_string())?;
+            let Command::Report(a) = cli.command else {
+                panic!("parsed {:?}", cli.command)
+            };
             Ok::<_, String>(a.target)
         };
         let daemon = |s: &str| ReportTarget::Daemon(DaemonClient::parse(s).unwrap().unwrap());
-        assert_eq!(target("http://127.0.0.1:9464"), Ok(daemon("127.0.0.1:9464")));
-        assert_eq!(target("127.0.0.1:9464"), Ok(daemon("http://127.0.0.1:9464/")));
-        assert_eq!(target("job.jsonl"), Ok(ReportTarget::Recording("job.jsonl".into())));
+        assert_eq!(
+            target("http://127.0.0.1:9464"),
+            Ok(daemon("127.0.0.1:9464"))
+        );
+        assert_eq!(
+            target("127.0.0.1:9464"),
+            Ok(daemon("http://127.0.0.1:9464/"))
+        );
+        assert_eq!(
+            target("job.jsonl"),
+            Ok(ReportTarget::Recording("job.jsonl".into()))
+        );
         let e = target("https://n1:9464").unwrap_err();
         assert!(e.contains("plain HTTP; pass http://n1:9464"), "{e}");
     }

@@ -10,14 +10,20 @@ use crate::{analysis::online::OnlineParams, properties::PropertyConfig};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config file {path}: {source}")]
-    Parse { path: PathBuf, source: toml::de::Error },
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub daemon: DaemonConfig,
@@ -114,18 +120,6 @@ pub enum FunctionClass {
     Lifecycle,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            daemon: DaemonConfig::default(),
-            capture: CaptureConfig::default(),
-            mpi: MpiConfig::default(),
-            analysis: OnlineParams::default(),
-            properties: PropertyConfig::default(),
-        }
-    }
-}
-
 impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {
@@ -153,8 +147,10 @@ impl Default for CaptureConfig {
     }
 }
 
-/// (name, class, count argument, datatype argument) of every default probe.
-const DEFAULT_FUNCTIONS: &[(&str, FunctionClass, Option<(u8, u8)>)] = {
+/// (name, class, (count argument, datatype argument)) of one default probe.
+type DefaultFunction = (&'static str, FunctionClass, Option<(u8, u8)>);
+
+const DEFAULT_FUNCTIONS: &[DefaultFunction] = {
     use FunctionClass::*;
     &[
         ("MPI_Init", Lifecycle, None),
@@ -246,16 +242,23 @@ impl Default for MpiConfig {
                 datatype_arg: bytes.map(|b| b.1),
             })
             .collect();
-        MpiConfig { libraries: Vec::new(), functions }
+        MpiConfig {
+            libraries: Vec::new(),
+            functions,
+        }
     }
 }
 
 impl Config {
     pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        let config: Config =
-            toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -263,7 +266,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut seen = std::collections::BTreeSet::new();
         if self.mpi.functions.len() > u16::MAX as usize {
-            return Err(ConfigError::Invalid("mpi.functions has more than 65535 entries".into()));
+            return Err(ConfigError::Invalid(
+                "mpi.functions has more than 65535 entries".into(),
+            ));
         }
         for f in &self.mpi.functions {
             if !f.name.starts_with("MPI_") {
@@ -273,7 +278,10 @@ impl Config {
                 )));
             }
             if !seen.insert(f.name.as_str()) {
-                return Err(ConfigError::Invalid(format!("mpi.functions lists {} twice", f.name)));
+                return Err(ConfigError::Invalid(format!(
+                    "mpi.functions lists {} twice",
+                    f.name
+                )));
             }
             match (f.count_arg, f.datatype_arg) {
                 (None, None) => {}
@@ -294,15 +302,23 @@ impl Config {
             )));
         }
         if self.daemon.max_jobs == 0 {
-            return Err(ConfigError::Invalid("daemon.max_jobs must be at least 1".into()));
+            return Err(ConfigError::Invalid(
+                "daemon.max_jobs must be at least 1".into(),
+            ));
         }
         if self.capture.drain_interval_ms == 0 || self.capture.stats_interval_ms == 0 {
-            return Err(ConfigError::Invalid("capture intervals must be at least 1 ms".into()));
+            return Err(ConfigError::Invalid(
+                "capture intervals must be at least 1 ms".into(),
+            ));
         }
         if !(1..=1024).contains(&self.capture.ring_buffer_mib) {
-            return Err(ConfigError::Invalid("capture.ring_buffer_mib must be within 1..=1024".into()));
+            return Err(ConfigError::Invalid(
+                "capture.ring_buffer_mib must be within 1..=1024".into(),
+            ));
         }
-        self.analysis.validate().map_err(|e| ConfigError::Invalid(format!("analysis: {e}")))
+        self.analysis
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("analysis: {e}")))
     }
 
     pub fn node_name(&self) -> String {
@@ -403,10 +419,17 @@ impl Config {
              # window closes or the provisional noise share rises, bounded samples, and tracking of\n\
              # phases across windows (stable ids).\n",
         );
-        out.push_str(&toml::to_string(&Analysis { analysis: &d.analysis }).expect("the defaults serialise"));
+        out.push_str(
+            &toml::to_string(&Analysis {
+                analysis: &d.analysis,
+            })
+            .expect("the defaults serialise"),
+        );
         // The property file's own format, nested under [properties].
         out.push_str("\n[properties]\n");
-        out.push_str(&PropertyConfig::default_toml().replace("\n[property.", "\n[properties.property."));
+        out.push_str(
+            &PropertyConfig::default_toml().replace("\n[property.", "\n[properties.property."),
+        );
         out
     }
 }
@@ -432,6 +455,10 @@ mod tests {
     fn byte_arguments_must_come_in_pairs() {
         let mut c = Config::default();
         c.mpi.functions[3].datatype_arg = None;
-        assert!(c.validate().unwrap_err().to_string().contains("go together"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("go together"));
     }
 }

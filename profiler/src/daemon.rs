@@ -25,9 +25,13 @@ use crate::{
     config::{Config, FunctionClass, FunctionSpec},
     discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
     export::{
+        bottlenecks,
         http::{self, Shared, SharedState},
-        recording::{RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION},
-        bottlenecks, phases, report, SelfStats,
+        phases,
+        recording::{
+            RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION,
+        },
+        report, SelfStats,
     },
     model::{is_lifecycle_function, Burst, HwCounters, JobId, FINALIZE_FUNCTION, INIT_FUNCTIONS},
     properties::{LiveEvaluator, PropertyConfig},
@@ -41,7 +45,10 @@ pub enum DaemonError {
     #[error(transparent)]
     Recording(#[from] crate::export::recording::RecordingError),
     #[error("cannot serve HTTP on {addr}: {source}; choose another `daemon.listen` address (or --listen)")]
-    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("no MPI library found in the ld.so cache, in running processes or in `mpi.libraries`; install Open MPI or MPICH, or list the library files in `mpi.libraries` in the config")]
     NoLibraries,
 }
@@ -49,7 +56,11 @@ pub enum DaemonError {
 /// Scan an exec'ed process's maps after these delays (counted from when the exec notification
 /// is drained, itself up to one drain interval late): the dynamic loader maps its libraries
 /// within milliseconds of exec; the later scans catch libraries opened with dlopen.
-const EXEC_SCAN_DELAYS: [Duration; 3] = [Duration::ZERO, Duration::from_secs(1), Duration::from_secs(5)];
+const EXEC_SCAN_DELAYS: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+];
 
 /// The identity of a pid as the store uses it.
 #[derive(Clone)]
@@ -130,7 +141,13 @@ impl Daemon {
         // C libraries are probed from the start so no MPI_Init is missed. Fortran libraries wait
         // until a process maps one (they add hundreds of probes, and every probe costs a grace
         // period at detach); until then the C call inside each Fortran wrapper counts the call.
-        let configured = |l: &MpiLibrary| config.mpi.libraries.iter().any(|p| p.canonicalize().is_ok_and(|p| p == l.path));
+        let configured = |l: &MpiLibrary| {
+            config
+                .mpi
+                .libraries
+                .iter()
+                .any(|p| p.canonicalize().is_ok_and(|p| p == l.path))
+        };
         let mut libraries: Vec<MpiLibrary> = discovery::discover_libraries(&config.mpi.libraries)
             .unwrap_or_else(|e| {
                 tracing::warn!("library discovery: {e}");
@@ -149,7 +166,10 @@ impl Daemon {
             .find_map(|l| match discovery::openmpi_datatype_size_offset(l) {
                 Ok(offset) => Some(offset),
                 Err(e) => {
-                    tracing::warn!("Open MPI bytes per call unavailable for {}: {e}", l.path.display());
+                    tracing::warn!(
+                        "Open MPI bytes per call unavailable for {}: {e}",
+                        l.path.display()
+                    );
                     None
                 }
             });
@@ -167,7 +187,12 @@ impl Daemon {
             ),
             Err(reason) => (reason.clone(), false),
         };
-        let functions: Vec<String> = config.mpi.functions.iter().map(|f| f.name.clone()).collect();
+        let functions: Vec<String> = config
+            .mpi
+            .functions
+            .iter()
+            .map(|f| f.name.clone())
+            .collect();
         let property_config = config.properties.clone();
         let memory_available_bytes = usage::node_memory_bytes().unwrap_or_else(|e| {
             tracing::warn!("node memory unknown ({e}): memory_used_share is not evaluated");
@@ -181,7 +206,11 @@ impl Daemon {
                     node: node.clone(),
                     started_ns: unix_now_ns(),
                     min_burst_ns: config.capture.min_burst_us * 1000,
-                    counter_events: capture.counters.as_ref().ok().map(|e| e.map(|e| e.name.to_string())),
+                    counter_events: capture
+                        .counters
+                        .as_ref()
+                        .ok()
+                        .map(|e| e.map(|e| e.name.to_string())),
                     counters_note: counters_note.clone(),
                     functions: functions.clone(),
                 },
@@ -203,7 +232,8 @@ impl Daemon {
             memory_available_bytes,
             scans: Vec::new(),
             recording,
-            unix_offset_ns: usage::clock_ns(libc::CLOCK_REALTIME) as i128 - usage::clock_ns(libc::CLOCK_MONOTONIC) as i128,
+            unix_offset_ns: usage::clock_ns(libc::CLOCK_REALTIME) as i128
+                - usage::clock_ns(libc::CLOCK_MONOTONIC) as i128,
             started_ns: unix_now_ns(),
             libraries: 0,
             ompi_dtype_offset,
@@ -239,10 +269,16 @@ impl Daemon {
             // Fortran wrappers pass pointers; the C call inside them accounts the bytes.
             (Binding::Fortran, _) => cookie::DTYPE_NONE,
             (Binding::C, MpiFlavor::Mpich) => cookie::DTYPE_MPICH,
-            (Binding::C, MpiFlavor::OpenMpi) => match (self.ompi_dtype_offset, discovery::openmpi_datatype_size_offset(lib)) {
+            (Binding::C, MpiFlavor::OpenMpi) => match (
+                self.ompi_dtype_offset,
+                discovery::openmpi_datatype_size_offset(lib),
+            ) {
                 (Some(loaded), Ok(this)) if loaded == this => cookie::DTYPE_OPENMPI,
                 _ => {
-                    tracing::warn!("{}: datatype layout unknown, bytes per call are not counted", lib.path.display());
+                    tracing::warn!(
+                        "{}: datatype layout unknown, bytes per call are not counted",
+                        lib.path.display()
+                    );
                     cookie::DTYPE_NONE
                 }
             },
@@ -254,7 +290,9 @@ impl Daemon {
                 let id = self.functions.iter().position(|f| *f == p.function)?;
                 let spec = &self.config.mpi.functions[id];
                 let (count, dt, kind) = match (spec.count_arg, spec.datatype_arg) {
-                    (Some(c), Some(d)) if dtype != cookie::DTYPE_NONE => (c as u64, d as u64, dtype),
+                    (Some(c), Some(d)) if dtype != cookie::DTYPE_NONE => {
+                        (c as u64, d as u64, dtype)
+                    }
                     _ => (cookie::NO_ARG, cookie::NO_ARG, cookie::DTYPE_NONE),
                 };
                 Some(AttachPoint {
@@ -264,7 +302,10 @@ impl Daemon {
                 })
             })
             .collect();
-        match self.capture.attach_library(&lib.path, (lib.dev, lib.inode), &attach_points) {
+        match self
+            .capture
+            .attach_library(&lib.path, (lib.dev, lib.inode), &attach_points)
+        {
             Ok(n) => {
                 self.libraries += 1;
                 tracing::info!(
@@ -291,7 +332,12 @@ impl Daemon {
         if id == NO_FUNC {
             return Arc::from("-");
         }
-        Arc::from(self.functions.get(id as usize).map(String::as_str).unwrap_or("?"))
+        Arc::from(
+            self.functions
+                .get(id as usize)
+                .map(String::as_str)
+                .unwrap_or("?"),
+        )
     }
 
     /// Finds (or makes) the job and rank of a pid, and registers it in the store; `None` for a
@@ -311,7 +357,8 @@ impl Daemon {
         }
         // From the process's start, but not before the daemon's: the kernel totals start then.
         // (The efficiencies use the region of interest from MPI_Init's return instead.)
-        let first_seen_ns = usage::start_time_unix_ns(pid).map_or(unix_now_ns(), |t| t.max(self.started_ns));
+        let first_seen_ns =
+            usage::start_time_unix_ns(pid).map_or(unix_now_ns(), |t| t.max(self.started_ns));
         let (meta, rank) = match discovery::identify(pid, &self.node) {
             Ok(id) => (
                 JobMeta {
@@ -322,7 +369,11 @@ impl Daemon {
                     executable: std::fs::read_link(format!("/proc/{pid}/exe"))
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
-                    build_id: discovery::build_id(std::path::Path::new(&format!("/proc/{pid}/exe"))).ok().flatten(),
+                    build_id: discovery::build_id(std::path::Path::new(&format!(
+                        "/proc/{pid}/exe"
+                    )))
+                    .ok()
+                    .flatten(),
                     first_seen_ns,
                     ended_ns: None,
                 },
@@ -346,7 +397,10 @@ impl Daemon {
                 )
             }
         };
-        let member = Member { job: meta.id.clone(), rank };
+        let member = Member {
+            job: meta.id.clone(),
+            rank,
+        };
         let job = shared.store.jobs.entry(meta.id.clone()).or_insert_with(|| {
             tracing::info!("new job {} ({}), {} ranks", meta.id, meta.source, meta.size);
             if let Some(w) = &mut self.recording {
@@ -384,8 +438,10 @@ impl Daemon {
             start_ns: self.unix_ns(record.start_ns),
             duration_ns: record.duration_ns,
             oncpu_ns: record.oncpu_ns,
-            counters: (has_counters && self.hardware_counters)
-                .then(|| HwCounters { instructions: record.counters[0], cycles: record.counters[1] }),
+            counters: (has_counters && self.hardware_counters).then(|| HwCounters {
+                instructions: record.counters[0],
+                cycles: record.counters[1],
+            }),
             start_func: self.function_name(record.start_func),
             end_func: self.function_name(record.end_func),
             start_site: self.resolver.resolve(record.pid, record.start_site),
@@ -402,7 +458,10 @@ impl Daemon {
             let phases = match self.phases.entry(member.job.clone()) {
                 std::collections::btree_map::Entry::Occupied(e) => Some(e.into_mut()),
                 std::collections::btree_map::Entry::Vacant(e) => {
-                    match JobPhases::new(job.ranks.len().max(1) as u32, self.config.analysis.clone()) {
+                    match JobPhases::new(
+                        job.ranks.len().max(1) as u32,
+                        self.config.analysis.clone(),
+                    ) {
                         Ok(p) => Some(e.insert(p)),
                         Err(err) => {
                             tracing::error!("phase analysis of job {} disabled: {err}", member.job);
@@ -423,7 +482,8 @@ impl Daemon {
     pub fn drain(&mut self) -> Result<usize, DaemonError> {
         let now = Instant::now();
         for pid in self.capture.drain_execs() {
-            self.scans.extend(EXEC_SCAN_DELAYS.iter().map(|d| (now + *d, pid)));
+            self.scans
+                .extend(EXEC_SCAN_DELAYS.iter().map(|d| (now + *d, pid)));
         }
         let (due, later): (Vec<_>, Vec<_>) = self.scans.drain(..).partition(|(t, _)| *t <= now);
         self.scans = later;
@@ -451,8 +511,13 @@ impl Daemon {
     pub fn update_totals(&mut self, final_update: bool) -> Result<(), DaemonError> {
         // Liveness first: whatever the kernel holds for a pid already gone is final. Drain after
         // it, so the last bursts of a process that just ended reach its job before it is forgotten.
-        let gone: HashSet<u32> =
-            self.members.keys().chain(&self.outside).copied().filter(|&pid| !process_alive(pid)).collect();
+        let gone: HashSet<u32> = self
+            .members
+            .keys()
+            .chain(&self.outside)
+            .copied()
+            .filter(|&pid| !process_alive(pid))
+            .collect();
         self.drain()?;
         let totals = self.capture.read_totals()?;
         let per_process = capture::per_process(&totals);
@@ -461,8 +526,15 @@ impl Daemon {
         let shared = self.shared.clone();
         let mut shared = shared.lock().unwrap();
         for (pid, (bursts, functions)) in &per_process {
-            let Some(member) = self.member(*pid, &mut shared) else { continue };
-            let Some(rank) = shared.store.jobs.get_mut(&member.job).and_then(|j| j.ranks.get_mut(&member.rank)) else {
+            let Some(member) = self.member(*pid, &mut shared) else {
+                continue;
+            };
+            let Some(rank) = shared
+                .store
+                .jobs
+                .get_mut(&member.job)
+                .and_then(|j| j.ranks.get_mut(&member.rank))
+            else {
                 continue;
             };
             rank.totals = RankTotals {
@@ -477,8 +549,20 @@ impl Daemon {
             rank.functions = functions
                 .iter()
                 .map(|(id, s)| {
-                    let name = self.functions.get(*id as usize).cloned().unwrap_or_else(|| format!("#{id}"));
-                    (name, CallStats { calls: s.calls, time_ns: s.time_ns, bytes: s.bytes, sized_calls: s.sized_calls })
+                    let name = self
+                        .functions
+                        .get(*id as usize)
+                        .cloned()
+                        .unwrap_or_else(|| format!("#{id}"));
+                    (
+                        name,
+                        CallStats {
+                            calls: s.calls,
+                            time_ns: s.time_ns,
+                            bytes: s.bytes,
+                            sized_calls: s.sized_calls,
+                        },
+                    )
                 })
                 .collect();
             let marks = totals.regions.get(pid).copied().unwrap_or_default();
@@ -489,16 +573,30 @@ impl Daemon {
                 open_calls_since_ns: totals
                     .open_calls
                     .iter()
-                    .filter(|c| c.pid == *pid && !self.functions.get(c.func as usize).is_some_and(|f| is_lifecycle_function(f)))
+                    .filter(|c| {
+                        c.pid == *pid
+                            && !self
+                                .functions
+                                .get(c.func as usize)
+                                .is_some_and(|f| is_lifecycle_function(f))
+                    })
                     .map(|c| self.unix_ns(c.entry_ns))
                     .collect(),
             };
         }
         self.update_usage(&io, &gone);
-        let ended: HashSet<u32> = if final_update { self.members.keys().copied().collect() } else { gone.clone() };
+        let ended: HashSet<u32> = if final_update {
+            self.members.keys().copied().collect()
+        } else {
+            gone.clone()
+        };
         for pid in &ended {
-            let Some(member) = self.members.get(pid).cloned() else { continue };
-            let Some(job) = shared.store.jobs.get_mut(&member.job) else { continue };
+            let Some(member) = self.members.get(pid).cloned() else {
+                continue;
+            };
+            let Some(job) = shared.store.jobs.get_mut(&member.job) else {
+                continue;
+            };
             if let Some(rank) = job.ranks.get_mut(&member.rank) {
                 if gone.contains(pid) && rank.ended_ns.is_none() {
                     // The kernel's exit time, else (not tracked) the time its absence was noticed.
@@ -522,7 +620,10 @@ impl Daemon {
         self.evaluate_properties(&mut shared, now);
         let mut finished = Vec::new();
         for job in shared.store.jobs.values_mut() {
-            if job.meta.ended_ns.is_none() && !job.ranks.is_empty() && job.ranks.values().all(|r| r.ended_ns.is_some()) {
+            if job.meta.ended_ns.is_none()
+                && !job.ranks.is_empty()
+                && job.ranks.values().all(|r| r.ended_ns.is_some())
+            {
                 job.meta.ended_ns = Some(now);
                 finished.push(job.meta.id.clone());
                 if let Some(w) = &mut self.recording {
@@ -535,19 +636,30 @@ impl Daemon {
             println!("{}", report::render(job, now, &self.counters_note));
             println!("{}", final_phases(job));
             if let Some(live) = shared.properties.get(id) {
-                println!("{}", bottlenecks::render(&live.job, "over its life on this node"));
+                println!(
+                    "{}",
+                    bottlenecks::render(&live.job, "over its life on this node")
+                );
             }
         }
         let interval = self.config.daemon.report_interval_s;
-        if final_update || (interval > 0.0 && self.last_report.elapsed().as_secs_f64() >= interval) {
+        if final_update || (interval > 0.0 && self.last_report.elapsed().as_secs_f64() >= interval)
+        {
             self.last_report = Instant::now();
             for job in shared.store.jobs.values().filter(|j| !j.is_ended()) {
                 println!("{}", report::render(job, now, &self.counters_note));
             }
         }
         let grace = (self.config.daemon.ended_job_grace_s * 1e9) as u64;
-        for id in shared.store.evict_ended(now, grace, self.config.daemon.max_jobs) {
-            tracing::info!("job {id} evicted (ended over {} s ago, or more than {} jobs held)", self.config.daemon.ended_job_grace_s, self.config.daemon.max_jobs);
+        for id in shared
+            .store
+            .evict_ended(now, grace, self.config.daemon.max_jobs)
+        {
+            tracing::info!(
+                "job {id} evicted (ended over {} s ago, or more than {} jobs held)",
+                self.config.daemon.ended_job_grace_s,
+                self.config.daemon.max_jobs
+            );
             self.phases.remove(&id);
             self.usage.remove(&id);
             self.evaluators.remove(&id);
@@ -576,7 +688,10 @@ impl Daemon {
     fn update_usage(&mut self, io: &BTreeMap<u32, profiler_common::IoTotals>, gone: &HashSet<u32>) {
         for (pid, member) in &self.members {
             let file_io = self.config.capture.file_io;
-            let job = self.usage.entry(member.job.clone()).or_insert_with(|| JobUsage::new(file_io));
+            let job = self
+                .usage
+                .entry(member.job.clone())
+                .or_insert_with(|| JobUsage::new(file_io));
             if let Some(counts) = io.get(pid) {
                 job.update_io(*pid, counts.into());
             }
@@ -598,14 +713,18 @@ impl Daemon {
                 shared.usage.insert(id.clone(), u);
             }
             let phases = shared.phases.get(id).and_then(|p| p.last_window.as_ref());
-            let live = self.evaluators.entry(id.clone()).or_insert_with(|| LiveEvaluator::new(window_ns, self.hardware_counters)).update(
-                job,
-                usage.as_ref(),
-                self.memory_available_bytes,
-                phases,
-                now,
-                &self.property_config,
-            );
+            let live = self
+                .evaluators
+                .entry(id.clone())
+                .or_insert_with(|| LiveEvaluator::new(window_ns, self.hardware_counters))
+                .update(
+                    job,
+                    usage.as_ref(),
+                    self.memory_available_bytes,
+                    phases,
+                    now,
+                    &self.property_config,
+                );
             shared.properties.insert(id.clone(), live);
         }
     }
@@ -640,18 +759,32 @@ impl Daemon {
     pub async fn run(mut self) -> Result<(), DaemonError> {
         let listen = self.config.daemon.listen;
         let (addr, server) =
-            http::bind(listen, self.shared()).await.map_err(|source| DaemonError::Listen { addr: listen, source })?;
+            http::bind(listen, self.shared())
+                .await
+                .map_err(|source| DaemonError::Listen {
+                    addr: listen,
+                    source,
+                })?;
         let server = tokio::spawn(server);
-        eprintln!("mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs");
+        eprintln!(
+            "mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs"
+        );
         let mut drain = tokio::time::interval(self.config.drain_interval());
         let mut stats = tokio::time::interval(self.config.stats_interval());
         // Both streams exist for the whole loop: a signal that arrives while a drain or an update
         // runs is kept for the next select (a stream made inside the loop would miss it).
         let signal = |kind: SignalKind, name: &str| {
-            tokio::signal::unix::signal(kind)
-                .map_err(|source| DaemonError::Capture(CaptureError::Io { what: format!("{name} handler"), source }))
+            tokio::signal::unix::signal(kind).map_err(|source| {
+                DaemonError::Capture(CaptureError::Io {
+                    what: format!("{name} handler"),
+                    source,
+                })
+            })
         };
-        let (mut sigint, mut sigterm) = (signal(SignalKind::interrupt(), "SIGINT")?, signal(SignalKind::terminate(), "SIGTERM")?);
+        let (mut sigint, mut sigterm) = (
+            signal(SignalKind::interrupt(), "SIGINT")?,
+            signal(SignalKind::terminate(), "SIGTERM")?,
+        );
         loop {
             tokio::select! {
                 _ = drain.tick() => { self.drain()?; }
@@ -663,7 +796,10 @@ impl Daemon {
         tracing::info!("shutting down: final drain");
         self.update_totals(true)?;
         if let Some(w) = self.recording.take() {
-            w.finish(RecordingEnd { ended_ns: unix_now_ns(), lost: self.capture.lost()? })?;
+            w.finish(RecordingEnd {
+                ended_ns: unix_now_ns(),
+                lost: self.capture.lost()?,
+            })?;
         }
         server.abort();
         Ok(())

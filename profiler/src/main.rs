@@ -24,7 +24,9 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     match run(Cli::parse()) {
@@ -64,7 +66,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     Some(f) => Config::load(&f)?,
                     None => Config::default(),
                 };
-                print!("{}", toml::to_string(&c).context("serialise the configuration")?);
+                print!(
+                    "{}",
+                    toml::to_string(&c).context("serialise the configuration")?
+                );
             }
             Ok(())
         }
@@ -83,7 +88,12 @@ fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
 /// The jobs to report: the one `--job` names, or all of them. An unknown job is an error that
 /// lists the known ones; no jobs at all is one when phases were asked for (`hint` says how to get
 /// some), else a note.
-fn select_jobs(known: Vec<JobId>, args: &ReportArgs, place: &str, hint: &str) -> anyhow::Result<Vec<JobId>> {
+fn select_jobs(
+    known: Vec<JobId>,
+    args: &ReportArgs,
+    place: &str,
+    hint: &str,
+) -> anyhow::Result<Vec<JobId>> {
     if let Some(id) = &args.job {
         let id = JobId(id.clone());
         if known.contains(&id) {
@@ -94,7 +104,14 @@ fn select_jobs(known: Vec<JobId>, args: &ReportArgs, place: &str, hint: &str) ->
             if known.is_empty() {
                 "it holds no jobs".to_string()
             } else {
-                format!("pass one of: {}", known.iter().map(|j| j.0.as_str()).collect::<Vec<_>>().join(", "))
+                format!(
+                    "pass one of: {}",
+                    known
+                        .iter()
+                        .map(|j| j.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
             }
         );
     }
@@ -108,10 +125,19 @@ fn select_jobs(known: Vec<JobId>, args: &ReportArgs, place: &str, hint: &str) ->
 }
 
 /// Writes the HTML page of one job where `--html` asked for it, and says so (`what` it shows).
-fn write_html(out: &std::path::Path, id: &JobId, several: bool, html: String, what: &str) -> anyhow::Result<()> {
+fn write_html(
+    out: &std::path::Path,
+    id: &JobId,
+    several: bool,
+    html: String,
+    what: &str,
+) -> anyhow::Result<()> {
     let file = svg::html_path(out, id, several);
     std::fs::write(&file, html).with_context(|| {
-        format!("cannot write {}; check that the directory exists and is writable", file.display())
+        format!(
+            "cannot write {}; check that the directory exists and is writable",
+            file.display()
+        )
     })?;
     eprintln!("wrote {} ({what})", file.display());
     Ok(())
@@ -125,7 +151,11 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
     if r.end.is_none() {
         eprintln!("note: {path} was cut short (no end record); showing what it holds");
     }
-    let now = r.end.as_ref().map(|e| e.ended_ns).unwrap_or_else(unix_now_ns);
+    let now = r
+        .end
+        .as_ref()
+        .map(|e| e.ended_ns)
+        .unwrap_or_else(unix_now_ns);
     let ids = select_jobs(
         r.jobs.keys().cloned().collect(),
         args,
@@ -136,7 +166,10 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
     let mut out = Stdout::default();
     for id in &ids {
         let job = &r.jobs[id];
-        out.print(&format!("{}\n", report::render(job, now, &r.header.counters_note)))?;
+        out.print(&format!(
+            "{}\n",
+            report::render(job, now, &r.header.counters_note)
+        ))?;
         if !args.phases && args.html.is_none() {
             continue;
         }
@@ -157,7 +190,13 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
             out.print(&format!("{text}{filter}\n"))?;
         }
         if let Some(html) = &args.html {
-            write_html(html, id, several, svg::render_html(job, &bursts, &analysis), &format!("phases of job {id}"))?;
+            write_html(
+                html,
+                id,
+                several,
+                svg::render_html(job, &bursts, &analysis),
+                &format!("phases of job {id}"),
+            )?;
         }
     }
     Ok(())
@@ -168,7 +207,12 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
 fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()> {
     let place = format!("the daemon at {daemon}");
     let known = daemon.jobs()?.into_iter().map(|meta| meta.id).collect();
-    let ids = select_jobs(known, args, &place, "start an MPI program while the daemon runs")?;
+    let ids = select_jobs(
+        known,
+        args,
+        &place,
+        "start an MPI program while the daemon runs",
+    )?;
     if ids.is_empty() {
         return Ok(());
     }
@@ -195,7 +239,8 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
             ))?;
             continue;
         };
-        let text = phases::render_live_phases(id, &snapshot, now) + &phases::render_kernel_filter(&job, None);
+        let text = phases::render_live_phases(id, &snapshot, now)
+            + &phases::render_kernel_filter(&job, None);
         if args.phases {
             out.print(&format!("{text}\n"))?;
         }
@@ -211,33 +256,71 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
 }
 
 /// The one job of a recording (or the named one), with a helpful error otherwise.
-fn pick_job<'a>(r: &'a Recording, path: &std::path::Path, id: Option<&str>) -> anyhow::Result<&'a Job> {
-    let known = || r.jobs.keys().map(|j| j.0.as_str()).collect::<Vec<_>>().join(", ");
+fn pick_job<'a>(
+    r: &'a Recording,
+    path: &std::path::Path,
+    id: Option<&str>,
+) -> anyhow::Result<&'a Job> {
+    let known = || {
+        r.jobs
+            .keys()
+            .map(|j| j.0.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     match id {
-        Some(id) => r
-            .jobs
-            .get(&JobId(id.to_string()))
-            .ok_or_else(|| anyhow::anyhow!("job {id} is not in {}; it holds: {}", path.display(), known())),
+        Some(id) => r.jobs.get(&JobId(id.to_string())).ok_or_else(|| {
+            anyhow::anyhow!(
+                "job {id} is not in {}; it holds: {}",
+                path.display(),
+                known()
+            )
+        }),
         None if r.jobs.len() == 1 => Ok(r.jobs.values().next().unwrap()),
         None if r.jobs.is_empty() => anyhow::bail!("{} holds no jobs", path.display()),
-        None => anyhow::bail!("{} holds several jobs ({}); choose one with --job-before/--job-after", path.display(), known()),
+        None => anyhow::bail!(
+            "{} holds several jobs ({}); choose one with --job-before/--job-after",
+            path.display(),
+            known()
+        ),
     }
 }
 
 fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
     let params = TrackingParams::default();
     let mut signatures = Vec::new();
-    for (path, id) in [(&args.before, args.job_before.as_deref()), (&args.after, args.job_after.as_deref())] {
+    for (path, id) in [
+        (&args.before, args.job_before.as_deref()),
+        (&args.after, args.job_after.as_deref()),
+    ] {
         let recording = Recording::read(path)?;
         let job = pick_job(&recording, path, id)?;
         let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
         let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
-            .with_context(|| format!("phase analysis of job {} in {}", job.meta.id, path.display()))?;
-        let app = AppIdentity { build_id: job.meta.build_id.clone(), executable: job.meta.executable.clone() };
-        signatures.push(RunSignature::from_analysis(app, job.meta.id.0.clone(), &analysis, &bursts, &params)?);
+            .with_context(|| {
+                format!(
+                    "phase analysis of job {} in {}",
+                    job.meta.id,
+                    path.display()
+                )
+            })?;
+        let app = AppIdentity {
+            build_id: job.meta.build_id.clone(),
+            executable: job.meta.executable.clone(),
+        };
+        signatures.push(RunSignature::from_analysis(
+            app,
+            job.meta.id.0.clone(),
+            &analysis,
+            &bursts,
+            &params,
+        )?);
     }
     let matched = match_runs(&signatures[0], &signatures[1], &params);
-    print!("{}", phases::render_run_match(&signatures[0], &signatures[1], &matched));
+    print!(
+        "{}",
+        phases::render_run_match(&signatures[0], &signatures[1], &matched)
+    );
     Ok(())
 }
 
@@ -265,7 +348,9 @@ impl Stdout {
 }
 
 fn daemon(config: Config, recording: Option<std::path::PathBuf>) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         let daemon = Daemon::start(config, recording)?;
         daemon.run().await?;

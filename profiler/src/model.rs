@@ -19,7 +19,10 @@ impl CallSite {
     /// The call site of a burst that no MPI call opened (cannot happen after MPI_Init) or whose
     /// address could not be resolved because the process was gone before its maps were read.
     pub fn unknown(address: u64) -> Self {
-        CallSite { module: Arc::from("?"), offset: address }
+        CallSite {
+            module: Arc::from("?"),
+            offset: address,
+        }
     }
 }
 

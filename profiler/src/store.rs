@@ -74,12 +74,18 @@ impl RankRecord {
 
     /// Time inside MPI_Init/MPI_Init_thread.
     pub fn init_ns(&self) -> u64 {
-        INIT_FUNCTIONS.iter().filter_map(|f| self.functions.get(*f)).map(|s| s.time_ns).sum()
+        INIT_FUNCTIONS
+            .iter()
+            .filter_map(|f| self.functions.get(*f))
+            .map(|s| s.time_ns)
+            .sum()
     }
 
     /// Time inside MPI_Finalize.
     pub fn finalize_ns(&self) -> u64 {
-        self.functions.get(FINALIZE_FUNCTION).map_or(0, |s| s.time_ns)
+        self.functions
+            .get(FINALIZE_FUNCTION)
+            .map_or(0, |s| s.time_ns)
     }
 
     /// The rank's region of interest up to `now_ns` (Unix ns): from the return of its init call
@@ -90,10 +96,17 @@ impl RankRecord {
     pub fn region_span(&self, now_ns: u64) -> Option<(u64, u64)> {
         let start = match self.region.init_return_ns {
             Some(t) => t,
-            None if self.totals.bursts > 0 || self.region_functions().any(|(_, s)| s.calls > 0) => self.first_seen_ns,
+            None if self.totals.bursts > 0 || self.region_functions().any(|(_, s)| s.calls > 0) => {
+                self.first_seen_ns
+            }
             None => return None,
         };
-        let end = self.region.finalize_entry_ns.or(self.ended_ns).unwrap_or(now_ns).max(start);
+        let end = self
+            .region
+            .finalize_entry_ns
+            .or(self.ended_ns)
+            .unwrap_or(now_ns)
+            .max(start);
         Some((start, end))
     }
 
@@ -102,12 +115,19 @@ impl RankRecord {
     pub fn region_mpi_ns(&self, now_ns: u64) -> u64 {
         let completed: u64 = self.region_functions().map(|(_, s)| s.time_ns).sum();
         let end = self.region_span(now_ns).map_or(now_ns, |(_, end)| end);
-        let open: u64 = self.region.open_calls_since_ns.iter().map(|&since| end.saturating_sub(since)).sum();
+        let open: u64 = self
+            .region
+            .open_calls_since_ns
+            .iter()
+            .map(|&since| end.saturating_sub(since))
+            .sum();
         completed + open
     }
 
     fn region_functions(&self) -> impl Iterator<Item = (&String, &CallStats)> {
-        self.functions.iter().filter(|(name, _)| !is_lifecycle_function(name))
+        self.functions
+            .iter()
+            .filter(|(name, _)| !is_lifecycle_function(name))
     }
 }
 
@@ -141,7 +161,12 @@ pub struct Job {
 
 impl Job {
     pub fn new(meta: JobMeta) -> Self {
-        Job { meta, ranks: BTreeMap::new(), bursts: VecDeque::new(), bursts_evicted: 0 }
+        Job {
+            meta,
+            ranks: BTreeMap::new(),
+            bursts: VecDeque::new(),
+            bursts_evicted: 0,
+        }
     }
 
     pub fn push_burst(&mut self, burst: Burst, max_bursts: usize) {
@@ -201,8 +226,11 @@ impl JobStore {
     /// `max_jobs` are held, the ended jobs that ended first (running jobs are never dropped);
     /// returns their ids.
     pub fn evict_ended(&mut self, now_ns: u64, grace_ns: u64, max_jobs: usize) -> Vec<JobId> {
-        let mut ended: Vec<(u64, &JobId)> =
-            self.jobs.iter().filter_map(|(id, j)| Some((j.meta.ended_ns?, id))).collect();
+        let mut ended: Vec<(u64, &JobId)> = self
+            .jobs
+            .iter()
+            .filter_map(|(id, j)| Some((j.meta.ended_ns?, id)))
+            .collect();
         ended.sort();
         let excess = self.jobs.len().saturating_sub(max_jobs);
         let expired: Vec<JobId> = ended
@@ -238,7 +266,9 @@ mod tests {
     #[test]
     fn ended_jobs_are_evicted_after_the_grace_period_only() {
         let mut store = JobStore::default();
-        store.jobs.insert(JobId("j".into()), Job::new(meta(Some(100))));
+        store
+            .jobs
+            .insert(JobId("j".into()), Job::new(meta(Some(100))));
         assert!(store.evict_ended(150, 100, 10).is_empty());
         assert_eq!(store.evict_ended(201, 100, 10), vec![JobId("j".into())]);
         assert!(store.jobs.is_empty());
@@ -247,11 +277,26 @@ mod tests {
     #[test]
     fn over_the_job_limit_the_earliest_ended_jobs_go_first() {
         let mut store = JobStore::default();
-        for (id, ended) in [("a", Some(30)), ("b", Some(10)), ("c", None), ("d", Some(20)), ("e", None)] {
-            store.jobs.insert(JobId(id.into()), Job::new(JobMeta { id: JobId(id.into()), ..meta(ended) }));
+        for (id, ended) in [
+            ("a", Some(30)),
+            ("b", Some(10)),
+            ("c", None),
+            ("d", Some(20)),
+            ("e", None),
+        ] {
+            store.jobs.insert(
+                JobId(id.into()),
+                Job::new(JobMeta {
+                    id: JobId(id.into()),
+                    ..meta(ended)
+                }),
+            );
         }
         // Five jobs, at most three: the two that ended first go, whatever the grace period.
-        assert_eq!(store.evict_ended(40, 1000, 3), vec![JobId("b".into()), JobId("d".into())]);
+        assert_eq!(
+            store.evict_ended(40, 1000, 3),
+            vec![JobId("b".into()), JobId("d".into())]
+        );
         // Running jobs stay even above the limit.
         assert_eq!(store.evict_ended(40, 1000, 1), vec![JobId("a".into())]);
         assert_eq!(store.jobs.len(), 2);
@@ -274,7 +319,13 @@ mod tests {
             end_site: crate::model::CallSite::unknown(2),
         };
         for i in 0..5 {
-            job.push_burst(Burst { start_ns: i, ..b.clone() }, 3);
+            job.push_burst(
+                Burst {
+                    start_ns: i,
+                    ..b.clone()
+                },
+                3,
+            );
         }
         assert_eq!(job.bursts.len(), 3);
         assert_eq!(job.bursts_evicted, 2);

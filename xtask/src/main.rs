@@ -39,7 +39,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                           run every test binary (unit tests, static checks, and as root the
                           BPF + MPI tests; without root those are reported skipped), each
                           even when another fails; --under-load runs them while one busy
-                          loop per online CPU competes for every core
+                          loop per online CPU competes for every core. The whole suite is
+                          gated by `cargo fmt --check` and clippy with warnings as errors
   bench overhead|cluster  measure probe cost per call and application slowdown, or clustering speed
   install-deps            only install the system packages and toolchain pieces";
 
@@ -77,7 +78,10 @@ fn main() -> Result<()> {
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 #[derive(Clone, Copy)]
@@ -96,7 +100,9 @@ fn profile(args: &[String]) -> Profile {
 
 fn status(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
-    let st = cmd.status().with_context(|| format!("cannot start {shown}"))?;
+    let st = cmd
+        .status()
+        .with_context(|| format!("cannot start {shown}"))?;
     if !st.success() {
         bail!("{shown} failed ({st})");
     }
@@ -105,7 +111,9 @@ fn status(cmd: &mut Command) -> Result<()> {
 
 fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn is_root() -> bool {
@@ -115,7 +123,27 @@ fn is_root() -> bool {
 /// Debian packages, the pinned nightly with rust-src, and bpf-linker.
 fn install_deps() -> Result<()> {
     install_apt_packages()?;
-    install_toolchain()
+    install_toolchain()?;
+    install_lint_components()
+}
+
+/// clippy and rustfmt for the lint gate of `cargo xtask test`.
+fn install_lint_components() -> Result<()> {
+    let installed = output(Command::new("rustup").args(["component", "list", "--installed"]))
+        .unwrap_or_default();
+    let missing: Vec<&str> = ["clippy", "rustfmt"]
+        .into_iter()
+        .filter(|c| !installed.lines().any(|l| l.starts_with(c)))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {}", missing.join(" and "));
+    status(
+        Command::new("rustup")
+            .args(["component", "add"])
+            .args(&missing),
+    )
 }
 
 fn install_apt_packages() -> Result<()> {
@@ -123,14 +151,18 @@ fn install_apt_packages() -> Result<()> {
         .iter()
         .copied()
         .filter(|p| {
-            !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p])).is_some_and(|s| s.contains("install ok installed"))
+            !output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .is_some_and(|s| s.contains("install ok installed"))
         })
         .collect();
     if missing.is_empty() {
         return Ok(());
     }
     if !is_root() {
-        bail!("these Debian packages are missing and installing them needs root: {}", missing.join(" "));
+        bail!(
+            "these Debian packages are missing and installing them needs root: {}",
+            missing.join(" ")
+        );
     }
     eprintln!("xtask: installing Debian packages: {}", missing.join(" "));
     status(Command::new("apt-get").args(["update", "-q"]))?;
@@ -144,24 +176,48 @@ fn install_apt_packages() -> Result<()> {
 
 fn nightly() -> Result<String> {
     let path = root().join("profiler-ebpf/rust-toolchain.toml");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
     text.lines()
-        .find_map(|l| l.trim().strip_prefix("channel = ").map(|v| v.trim_matches('"').to_string()))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("channel = ")
+                .map(|v| v.trim_matches('"').to_string())
+        })
         .with_context(|| format!("no channel in {}", path.display()))
 }
 
 fn install_toolchain() -> Result<()> {
     let nightly = nightly()?;
-    let has_src = output(Command::new("rustup").args(["component", "list", "--installed", "--toolchain", &nightly]))
-        .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
+    let has_src = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        &nightly,
+    ]))
+    .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")));
     if !has_src {
         eprintln!("xtask: installing toolchain {nightly} with rust-src (for the BPF target)");
-        status(Command::new("rustup").args(["toolchain", "install", &nightly, "--profile", "minimal", "--component", "rust-src"]))?;
+        status(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            &nightly,
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
     }
     let linker = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
     if !linker.contains(BPF_LINKER_VERSION) {
         eprintln!("xtask: installing bpf-linker {BPF_LINKER_VERSION} (about 80 s)");
-        status(Command::new("cargo").args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--force"]))?;
+        status(Command::new("cargo").args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--force",
+        ]))?;
     }
     Ok(())
 }
@@ -205,17 +261,29 @@ fn run(args: &[String]) -> Result<()> {
 fn build_mpi_programs() -> Result<PathBuf> {
     let out = root().join("target/mpi");
     std::fs::create_dir_all(&out)?;
-    let built = Command::new("bash").arg(root().join("tests/mpi/build.sh")).arg(&out).stderr(Stdio::inherit()).output()?;
+    let built = Command::new("bash")
+        .arg(root().join("tests/mpi/build.sh"))
+        .arg(&out)
+        .stderr(Stdio::inherit())
+        .output()?;
     if !built.status.success() {
         bail!("building the MPI programs in tests/mpi failed (compiler output above)");
     }
-    let count = String::from_utf8_lossy(&built.stdout).lines().filter(|l| l.starts_with("built ")).count();
-    eprintln!("xtask: built {count} MPI programs (Open MPI and MPICH) into {}", out.display());
+    let count = String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .filter(|l| l.starts_with("built "))
+        .count();
+    eprintln!(
+        "xtask: built {count} MPI programs (Open MPI and MPICH) into {}",
+        out.display()
+    );
     Ok(out)
 }
 
 fn flag_value(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 /// A started daemon, stopped with SIGTERM (a SIGINT that arrives while the daemon drains is
@@ -236,7 +304,10 @@ impl Daemon {
         // Forward the daemon's log and tell the caller when it is ready.
         thread::spawn(move || {
             use std::io::BufRead;
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
                 eprintln!("{line}");
                 if line.starts_with("mpiburst ready") {
                     let _ = tx.send(());
@@ -267,7 +338,9 @@ impl Daemon {
     }
 
     fn terminate(&self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
     }
 }
 
@@ -282,14 +355,28 @@ impl Drop for Daemon {
 
 fn openmpi_run(ranks: u32) -> Command {
     let mut cmd = Command::new("mpirun.openmpi");
-    cmd.args(["--allow-run-as-root", "--oversubscribe", "--mca", "mpi_yield_when_idle", "1", "-np", &ranks.to_string()]);
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--mca",
+        "mpi_yield_when_idle",
+        "1",
+        "-np",
+        &ranks.to_string(),
+    ]);
     cmd
 }
 
 fn demo(args: &[String]) -> Result<()> {
     install_deps()?;
-    let ranks: u32 = flag_value(args, "--ranks").map(|v| v.parse()).transpose()?.unwrap_or(2);
-    let seconds: u32 = flag_value(args, "--seconds").map(|v| v.parse()).transpose()?.unwrap_or(20);
+    let ranks: u32 = flag_value(args, "--ranks")
+        .map(|v| v.parse())
+        .transpose()?
+        .unwrap_or(2);
+    let seconds: u32 = flag_value(args, "--seconds")
+        .map(|v| v.parse())
+        .transpose()?
+        .unwrap_or(20);
     if !(2..=4).contains(&ranks) {
         bail!("the demo runs with 2 to 4 ranks");
     }
@@ -299,9 +386,22 @@ fn demo(args: &[String]) -> Result<()> {
     }
     let programs = build_mpi_programs()?;
     let recording = root().join("target/demo.jsonl");
-    let daemon = Daemon::start(&bin, &["record", "-o", recording.to_str().unwrap(), "--report-interval", "5"])?;
+    let daemon = Daemon::start(
+        &bin,
+        &[
+            "record",
+            "-o",
+            recording.to_str().unwrap(),
+            "--report-interval",
+            "5",
+        ],
+    )?;
     eprintln!("xtask: running the demo ({ranks} ranks, {seconds} s); metrics: curl http://127.0.0.1:9464/metrics");
-    status(openmpi_run(ranks).arg(programs.join("demo.openmpi")).arg(seconds.to_string()))?;
+    status(
+        openmpi_run(ranks)
+            .arg(programs.join("demo.openmpi"))
+            .arg(seconds.to_string()),
+    )?;
     // The daemon notices the ranks are gone at its next totals read and prints the final report.
     thread::sleep(Duration::from_millis(2500));
     daemon.stop()?;
@@ -332,6 +432,12 @@ fn test(args: &[String]) -> Result<Outcome> {
     install_deps()?;
     let bin = build(Profile::Release)?;
     let programs = build_mpi_programs()?;
+    // The whole suite is gated by the lints; a run of chosen tests is not.
+    let lint_failures = if cargo_args.is_empty() {
+        lint()?
+    } else {
+        Vec::new()
+    };
     let root = is_root();
     // One test thread: the privileged tests share the machine's probes and cores.
     let mut harness = vec!["--test-threads=1"];
@@ -347,15 +453,55 @@ fn test(args: &[String]) -> Result<Outcome> {
         .env("MPIBURST_BIN", &bin)
         .env("MPIBURST_MPI_PROGRAMS", &programs);
     let started = Instant::now();
-    let load = if under_load { Some(BusyLoops::start()?) } else { None };
-    let run = TestRun::run(cmd)?;
+    let load = if under_load {
+        Some(BusyLoops::start()?)
+    } else {
+        None
+    };
+    let mut run = TestRun::run(cmd)?;
     let busy_loops = load.map(|l| l.stop());
+    run.failed.extend(lint_failures);
     Ok(run.report(root, busy_loops, started.elapsed()))
+}
+
+/// The lint gate: formatting, and clippy with every warning an error. Returns the checks that
+/// failed (named like tests, `lint::fmt`, `lint::clippy`); their output is above.
+fn lint() -> Result<Vec<String>> {
+    let checks: [(&str, &[&str]); 2] = [
+        ("lint::fmt", &["fmt", "--all", "--check"]),
+        (
+            "lint::clippy",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--release",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (name, args) in checks {
+        eprintln!("xtask: cargo {}", args.join(" "));
+        let status = cargo()
+            .args(args)
+            .status()
+            .with_context(|| format!("cannot run cargo {}", args[0]))?;
+        if !status.success() {
+            eprintln!("xtask: {name} failed ({status}); `cargo fmt --all` fixes formatting");
+            failed.push(name.to_string());
+        }
+    }
+    Ok(failed)
 }
 
 /// Splits `[OWN...] [-- CARGO ARGS [-- HARNESS ARGS]]`.
 fn split_test_args(args: &[String]) -> (&[String], &[String], &[String]) {
-    let Some(first) = args.iter().position(|a| a == "--") else { return (args, &[], &[]) };
+    let Some(first) = args.iter().position(|a| a == "--") else {
+        return (args, &[], &[]);
+    };
     let (own, rest) = (&args[..first], &args[first + 1..]);
     match rest.iter().position(|a| a == "--") {
         Some(second) => (own, &rest[..second], &rest[second + 1..]),
@@ -385,7 +531,9 @@ impl TestRun {
         let (reader, writer) = std::io::pipe()?;
         cmd.stdout(writer.try_clone()?).stderr(writer);
         let shown = format!("{cmd:?}");
-        let mut child = cmd.spawn().with_context(|| format!("cannot start {shown}"))?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {shown}"))?;
         // The pipe's write ends now live only in the child: reading ends when it exits.
         drop(cmd);
         let mut run = TestRun::default();
@@ -405,10 +553,18 @@ impl TestRun {
             // "Running tests/capture.rs (target/release/deps/capture-0123abcd)", or
             // "Running unittests src/main.rs (target/release/deps/mpiburst-4567ef89)"
             let (source, path) = rest.rsplit_once(" (").unwrap_or((rest, rest));
-            let file = path.trim_end_matches(')').rsplit('/').next().unwrap_or(path);
+            let file = path
+                .trim_end_matches(')')
+                .rsplit('/')
+                .next()
+                .unwrap_or(path);
             let name = file.rsplit_once('-').map_or(file, |(name, _hash)| name);
             // A package's library and binary unit tests have the same name.
-            *binary = if source.ends_with("main.rs") { format!("{name} (bin)") } else { name.to_string() };
+            *binary = if source.ends_with("main.rs") {
+                format!("{name} (bin)")
+            } else {
+                name.to_string()
+            };
         } else if let Some(krate) = trimmed.strip_prefix("Doc-tests ") {
             *binary = format!("{krate} doc-tests");
         } else if line.starts_with("test result: ") {
@@ -416,20 +572,30 @@ impl TestRun {
             self.binaries.push(binary.clone());
             self.passed += count_before(line, " passed");
             let failed = self.failure_list.take().unwrap_or_default();
-            self.failed.extend(failed.into_iter().map(|name| format!("{binary}::{name}")));
+            self.failed
+                .extend(failed.into_iter().map(|name| format!("{binary}::{name}")));
         } else if line == "failures:" {
             self.failure_list = Some(Vec::new());
-        } else if let (Some(list), Some(name)) = (&mut self.failure_list, line.strip_prefix("    ")) {
+        } else if let (Some(list), Some(name)) = (&mut self.failure_list, line.strip_prefix("    "))
+        {
             list.push(name.trim().to_string());
         } else if !line.is_empty() {
             self.failure_list = None;
         }
         // Skipped tests are not run, so nothing a test prints can come between name and verdict.
-        if let Some((name, verdict)) = line.strip_prefix("test ").and_then(|rest| rest.split_once(" ... ")) {
+        if let Some((name, verdict)) = line
+            .strip_prefix("test ")
+            .and_then(|rest| rest.split_once(" ... "))
+        {
             if let Some(reason) = verdict.strip_prefix("ignored") {
                 let reason = reason.trim_start_matches(", ").trim();
-                let reason = if reason.is_empty() { "no reason given" } else { reason };
-                self.skipped.push((format!("{binary}::{name}"), reason.to_string()));
+                let reason = if reason.is_empty() {
+                    "no reason given"
+                } else {
+                    reason
+                };
+                self.skipped
+                    .push((format!("{binary}::{name}"), reason.to_string()));
             }
         }
     }
@@ -442,7 +608,12 @@ impl TestRun {
         reasons.dedup();
         println!();
         for reason in &reasons {
-            let tests: Vec<&str> = self.skipped.iter().filter(|(_, r)| r == reason).map(|(t, _)| t.as_str()).collect();
+            let tests: Vec<&str> = self
+                .skipped
+                .iter()
+                .filter(|(_, r)| r == reason)
+                .map(|(t, _)| t.as_str())
+                .collect();
             println!("xtask: SKIPPED {} tests ({reason}):", tests.len());
             for t in tests {
                 println!("    {t}");
@@ -483,7 +654,10 @@ impl TestRun {
             },
             took.as_secs_f64()
         );
-        println!("xtask: cargo's result lines, in the order {}:", self.binaries.join(", "));
+        println!(
+            "xtask: cargo's result lines, in the order {}:",
+            self.binaries.join(", ")
+        );
         for line in &self.results {
             println!("{line}");
         }
@@ -497,7 +671,9 @@ impl TestRun {
 
 /// The number just before `word` in a result line ("5 passed; 0 failed; ..."), or 0.
 fn count_before(line: &str, word: &str) -> u64 {
-    line.split_once(word).and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
+    line.split_once(word)
+        .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// One busy-loop process per online CPU, at normal priority. Stopped by pid when dropped, and
@@ -512,18 +688,24 @@ impl BusyLoops {
         // SAFETY: sysconf has no preconditions.
         let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
         let exe = env::current_exe()?;
-        let mut loops = BusyLoops { children: Vec::with_capacity(cpus) };
+        let mut loops = BusyLoops {
+            children: Vec::with_capacity(cpus),
+        };
         for _ in 0..cpus {
             let mut cmd = Command::new(&exe);
             cmd.arg("busy-loop").stdin(Stdio::null());
             // SAFETY: prctl is async-signal-safe, as code between fork and exec must be.
             unsafe {
-                cmd.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) {
-                    0 => Ok(()),
-                    _ => Err(std::io::Error::last_os_error()),
-                });
+                cmd.pre_exec(
+                    || match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) {
+                        0 => Ok(()),
+                        _ => Err(std::io::Error::last_os_error()),
+                    },
+                );
             }
-            loops.children.push(cmd.spawn().context("start a busy loop")?);
+            loops
+                .children
+                .push(cmd.spawn().context("start a busy loop")?);
         }
         eprintln!("xtask: {cpus} busy loops running (one per online CPU)");
         Ok(loops)
@@ -547,7 +729,14 @@ impl Drop for BusyLoops {
 fn bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("overhead") => bench_overhead(),
-        Some("cluster") => status(cargo().args(["run", "--release", "-p", "profiler", "--example", "bench_cluster"])),
+        Some("cluster") => status(cargo().args([
+            "run",
+            "--release",
+            "-p",
+            "profiler",
+            "--example",
+            "bench_cluster",
+        ])),
         _ => bail!("usage: cargo xtask bench overhead|cluster"),
     }
 }
@@ -561,7 +750,15 @@ fn bench_overhead() -> Result<()> {
     let programs = build_mpi_programs()?;
     status(
         cargo()
-            .args(["run", "--release", "-p", "profiler", "--example", "bench_overhead", "--"])
+            .args([
+                "run",
+                "--release",
+                "-p",
+                "profiler",
+                "--example",
+                "bench_overhead",
+                "--",
+            ])
             .arg(programs.join("call_loop.openmpi")),
     )?;
     // Whole application: the demo with and without the daemon, alternating to cancel drift.
@@ -569,7 +766,12 @@ fn bench_overhead() -> Result<()> {
     // The demo's last line reads "demo: done, N steps on R ranks in S s (X ms/step), ...".
     let ms_per_step = |out: &str| -> Option<f64> {
         let line = out.lines().rev().find(|l| l.starts_with("demo: done"))?;
-        line.split(" ms/step").next()?.rsplit('(').next()?.parse().ok()
+        line.split(" ms/step")
+            .next()?
+            .rsplit('(')
+            .next()?
+            .parse()
+            .ok()
     };
     let run_demo = || -> Result<f64> {
         let out = openmpi_run(2).arg(&demo).arg("10").output()?;

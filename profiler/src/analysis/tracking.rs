@@ -1520,7 +1520,9 @@ impl Tracker {
                 ..frame.cluster(j).expect("ids map frame clusters").clone()
             };
             let anchor = match self.live.get(&id) {
-                Some(live) if !reanchored.contains(&id) && live.anchor.len() == cluster.centroid.len() => {
+                Some(live)
+                    if !reanchored.contains(&id) && live.anchor.len() == cluster.centroid.len() =>
+                {
                     live.anchor.clone()
                 }
                 _ => cluster.centroid.clone(),
@@ -1883,7 +1885,11 @@ pub fn match_runs(a: &RunSignature, b: &RunSignature, params: &TrackingParams) -
     // Clusters below the relevant share make no split or merge, as in the tracker: a few bursts a
     // hiccup of the machine slowed are not a phase of the run.
     let members = |frame: &Frame, ids: &[u32]| -> Vec<u32> {
-        let kept: Vec<u32> = ids.iter().copied().filter(|&id| relevant(frame, id)).collect();
+        let kept: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&id| relevant(frame, id))
+            .collect();
         if kept.is_empty() {
             ids.to_vec()
         } else {
@@ -1894,7 +1900,11 @@ pub fn match_runs(a: &RunSignature, b: &RunSignature, params: &TrackingParams) -
         .relations
         .iter()
         .map(|r| {
-            let r = Relation { a: members(fa, &r.a), b: members(fb, &r.b), ..r.clone() };
+            let r = Relation {
+                a: members(fa, &r.a),
+                b: members(fb, &r.b),
+                ..r.clone()
+            };
             let kind = match (r.a.len(), r.b.len()) {
                 (1, 1) => MatchKind::OneToOne,
                 (1, _) => MatchKind::Split,
@@ -2284,13 +2294,29 @@ mod tests {
     #[test]
     fn a_phase_changing_at_a_window_start_moves_and_leaves_its_remnant_aside() {
         let mut tracker = Tracker::new(TrackingParams::default()).unwrap();
-        tracker.update(0, &cloud_frame(&[(1, 10.0, 1, 100), (2, 12.0, 2, 100)]), true);
+        tracker.update(
+            0,
+            &cloud_frame(&[(1, 10.0, 1, 100), (2, 12.0, 2, 100)]),
+            true,
+        );
         // Two bursts still ran the old way before the change; the bulk moved by ln 1.6.
-        let changed = cloud_frame(&[(5, 10.0, 1, 2), (6, 10.0 + 1.6f64.ln(), 1, 98), (7, 12.0, 2, 100)]);
+        let changed = cloud_frame(&[
+            (5, 10.0, 1, 2),
+            (6, 10.0 + 1.6f64.ln(), 1, 98),
+            (7, 12.0, 2, 100),
+        ]);
         let update = tracker.update(1, &changed, true);
-        assert_eq!(update.ids[&6], 1, "the bulk continues the phase: {:?}", update.ids);
+        assert_eq!(
+            update.ids[&6], 1,
+            "the bulk continues the phase: {:?}",
+            update.ids
+        );
         assert_eq!(update.ids[&7], 2);
-        let kinds: Vec<(EventKind, Vec<StableId>)> = update.events.iter().map(|e| (e.kind, e.from.clone())).collect();
+        let kinds: Vec<(EventKind, Vec<StableId>)> = update
+            .events
+            .iter()
+            .map(|e| (e.kind, e.from.clone()))
+            .collect();
         assert_eq!(kinds, vec![(EventKind::Moved, vec![1])]);
     }
 

@@ -51,10 +51,21 @@ pub struct CounterEvent {
     config: u64,
 }
 
-const INSTRUCTIONS: CounterEvent =
-    CounterEvent { name: "instructions", kind: PERF_TYPE_HARDWARE, config: PERF_COUNT_HW_INSTRUCTIONS };
-const CYCLES: CounterEvent = CounterEvent { name: "cycles", kind: PERF_TYPE_HARDWARE, config: PERF_COUNT_HW_CPU_CYCLES };
-const CPU_CLOCK: CounterEvent = CounterEvent { name: "cpu-clock", kind: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK };
+const INSTRUCTIONS: CounterEvent = CounterEvent {
+    name: "instructions",
+    kind: PERF_TYPE_HARDWARE,
+    config: PERF_COUNT_HW_INSTRUCTIONS,
+};
+const CYCLES: CounterEvent = CounterEvent {
+    name: "cycles",
+    kind: PERF_TYPE_HARDWARE,
+    config: PERF_COUNT_HW_CPU_CYCLES,
+};
+const CPU_CLOCK: CounterEvent = CounterEvent {
+    name: "cpu-clock",
+    kind: PERF_TYPE_SOFTWARE,
+    config: PERF_COUNT_SW_CPU_CLOCK,
+};
 
 impl CounterEvent {
     pub fn is_hardware(&self) -> bool {
@@ -85,7 +96,14 @@ fn perf_event_open(event: CounterEvent, cpu: i32) -> std::io::Result<OwnedFd> {
     };
     // SAFETY: attr is a valid, fully initialised perf_event_attr of the size it declares.
     let fd = unsafe {
-        libc::syscall(libc::SYS_perf_event_open, &attr as *const PerfEventAttr, -1 as libc::pid_t, cpu, -1, PERF_FLAG_FD_CLOEXEC)
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfEventAttr,
+            -1 as libc::pid_t,
+            cpu,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
     };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
@@ -97,8 +115,11 @@ fn perf_event_open(event: CounterEvent, cpu: i32) -> std::io::Result<OwnedFd> {
 fn open_on_all_cpus(event: CounterEvent, cpus: &[u32]) -> Result<Vec<OwnedFd>, CaptureError> {
     cpus.iter()
         .map(|&cpu| {
-            perf_event_open(event, cpu as i32)
-                .map_err(|source| CaptureError::PerfEvent { event: event.name, cpu, source })
+            perf_event_open(event, cpu as i32).map_err(|source| CaptureError::PerfEvent {
+                event: event.name,
+                cpu,
+                source,
+            })
         })
         .collect()
 }
@@ -106,16 +127,23 @@ fn open_on_all_cpus(event: CounterEvent, cpus: &[u32]) -> Result<Vec<OwnedFd>, C
 /// Opens the counters the mode asks for. `auto` falls back to no counters, with the reason.
 pub fn open(mode: CounterMode, cpus: &[u32]) -> Result<CounterSetup, CaptureError> {
     let events = match mode {
-        CounterMode::Off => return Ok(CounterSetup::Disabled("counters are off in the configuration".into())),
+        CounterMode::Off => {
+            return Ok(CounterSetup::Disabled(
+                "counters are off in the configuration".into(),
+            ))
+        }
         CounterMode::Software => [CPU_CLOCK, CPU_CLOCK],
         CounterMode::Auto | CounterMode::Hardware => [INSTRUCTIONS, CYCLES],
     };
-    let opened = open_on_all_cpus(events[0], cpus).and_then(|a| Ok([a, open_on_all_cpus(events[1], cpus)?]));
+    let opened =
+        open_on_all_cpus(events[0], cpus).and_then(|a| Ok([a, open_on_all_cpus(events[1], cpus)?]));
     match (opened, mode) {
         (Ok(fds), _) => Ok(CounterSetup::Enabled(Counters { events, fds })),
-        (Err(CaptureError::PerfEvent { event, source, .. }), CounterMode::Auto) => Ok(CounterSetup::Disabled(format!(
+        (Err(CaptureError::PerfEvent { event, source, .. }), CounterMode::Auto) => {
+            Ok(CounterSetup::Disabled(format!(
             "no hardware PMU (the {event} event: {source}); bursts carry wall and on-CPU time only"
-        ))),
+        )))
+        }
         (Err(e), _) => Err(e),
     }
 }
@@ -134,7 +162,11 @@ struct MapElemAttr {
 
 /// Stores a perf event fd at `index` of a BPF perf-event array. aya has no API for this: its
 /// perf-event array type only opens output buffers.
-pub fn set_perf_array_fd(map: BorrowedFd<'_>, index: u32, event: BorrowedFd<'_>) -> std::io::Result<()> {
+pub fn set_perf_array_fd(
+    map: BorrowedFd<'_>,
+    index: u32,
+    event: BorrowedFd<'_>,
+) -> std::io::Result<()> {
     let value: u32 = event.as_raw_fd() as u32;
     let attr = MapElemAttr {
         map_fd: map.as_raw_fd() as u32,
@@ -145,7 +177,12 @@ pub fn set_perf_array_fd(map: BorrowedFd<'_>, index: u32, event: BorrowedFd<'_>)
     };
     // SAFETY: attr points at live key and value buffers of the sizes the map declares.
     let rc = unsafe {
-        libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_ELEM, &attr as *const MapElemAttr, std::mem::size_of::<MapElemAttr>())
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_ELEM,
+            &attr as *const MapElemAttr,
+            std::mem::size_of::<MapElemAttr>(),
+        )
     };
     if rc < 0 {
         return Err(std::io::Error::last_os_error());
@@ -156,10 +193,16 @@ pub fn set_perf_array_fd(map: BorrowedFd<'_>, index: u32, event: BorrowedFd<'_>)
 /// CPUs the kernel may run tasks on, from /sys (a perf-event array is indexed by CPU id).
 pub fn online_cpus() -> Result<Vec<u32>, CaptureError> {
     let path = "/sys/devices/system/cpu/online";
-    let text = std::fs::read_to_string(path).map_err(|source| CaptureError::Io { what: path.into(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| CaptureError::Io {
+        what: path.into(),
+        source,
+    })?;
     parse_cpu_list(text.trim()).ok_or_else(|| CaptureError::Io {
         what: path.into(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad CPU list {text:?}")),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad CPU list {text:?}"),
+        ),
     })
 }
 

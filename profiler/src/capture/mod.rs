@@ -20,13 +20,14 @@ use aya::{
 };
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
 use profiler_common::{
-    lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion, TaskThread, ThreadState,
-    NO_FUNC,
+    lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion,
+    TaskThread, ThreadState, NO_FUNC,
 };
 
 use crate::config::CaptureConfig;
 
-static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
+static BPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
 
 use tracefs::TRACEFS;
 
@@ -38,19 +39,40 @@ pub enum CaptureError {
     )]
     Load(#[from] aya::EbpfError),
     #[error("BPF program {program}: {source}")]
-    Program { program: &'static str, source: aya::programs::ProgramError },
+    Program {
+        program: &'static str,
+        source: aya::programs::ProgramError,
+    },
     #[error("BPF map {map}: {source}")]
-    Map { map: &'static str, source: aya::maps::MapError },
+    Map {
+        map: &'static str,
+        source: aya::maps::MapError,
+    },
     #[error("BPF map {0} is missing from the object; rebuild with `cargo xtask build`")]
     MissingMap(&'static str),
     #[error("cannot attach {program} to {function} of {path}: {source}")]
-    Attach { function: String, path: PathBuf, program: &'static str, source: std::io::Error },
+    Attach {
+        function: String,
+        path: PathBuf,
+        program: &'static str,
+        source: std::io::Error,
+    },
     #[error("cannot open the {event} counter on CPU {cpu}: {source}; use `capture.counters = \"auto\"` or \"off\" where the PMU lacks it")]
-    PerfEvent { event: &'static str, cpu: u32, source: std::io::Error },
+    PerfEvent {
+        event: &'static str,
+        cpu: u32,
+        source: std::io::Error,
+    },
     #[error("cannot put a perf counter into BPF map {map}: {source}")]
-    CounterMap { map: &'static str, source: std::io::Error },
+    CounterMap {
+        map: &'static str,
+        source: std::io::Error,
+    },
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it with `mount -t tracefs nodev {TRACEFS}`")]
     Tracefs(std::io::Error),
     #[error("tracepoint {event}: {detail}")]
@@ -114,16 +136,21 @@ pub struct ProgramStats {
 const UPROBE_PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit"];
 
 /// Where each classic tracepoint program attaches: (program, category, event).
-const TRACEPOINTS: [(&str, &str, &str); 2] =
-    [("sched_process_exec", "sched", "sched_process_exec"), ("sched_process_exit", "sched", "sched_process_exit")];
+const TRACEPOINTS: [(&str, &str, &str); 2] = [
+    ("sched_process_exec", "sched", "sched_process_exec"),
+    ("sched_process_exit", "sched", "sched_process_exit"),
+];
 
 /// The raw tracepoint programs (program, tracepoint): the scheduler's, always on.
-const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] =
-    [("sched_stat_runtime", "sched_stat_runtime"), ("sched_switch", "sched_switch")];
+const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] = [
+    ("sched_stat_runtime", "sched_stat_runtime"),
+    ("sched_switch", "sched_switch"),
+];
 
 /// The file I/O programs, on the raw syscall tracepoints (program, tracepoint): with
 /// `capture.file_io` only.
-const IO_RAW_TRACEPOINTS: [(&str, &str); 2] = [("io_sys_enter", "sys_enter"), ("io_sys_exit", "sys_exit")];
+const IO_RAW_TRACEPOINTS: [(&str, &str); 2] =
+    [("io_sys_enter", "sys_enter"), ("io_sys_exit", "sys_exit")];
 
 pub struct Capture {
     ebpf: Ebpf,
@@ -149,7 +176,8 @@ impl Capture {
     pub fn load(config: &CaptureConfig, ompi_dtype_size_offset: u64) -> Result<Self, CaptureError> {
         tracefs::ensure_mounted()?;
         let exec_pid_offset = tracefs::field_offset("sched", "sched_process_exec", "pid")?;
-        let exit_group_dead_offset = tracefs::field_offset("sched", "sched_process_exit", "group_dead")?;
+        let exit_group_dead_offset =
+            tracefs::field_offset("sched", "sched_process_exit", "group_dead")?;
         let cpus = online_cpus()?;
         let setup = counters::open(config.counters, &cpus)?;
         let ring_bytes = (config.ring_buffer_mib.next_power_of_two()) << 20;
@@ -173,7 +201,10 @@ impl Capture {
 
         let (counter_events, counter_fds) = match setup {
             CounterSetup::Enabled(c) => {
-                for (slot, map) in ["COUNTER_INSTRUCTIONS", "COUNTER_CYCLES"].into_iter().enumerate() {
+                for (slot, map) in ["COUNTER_INSTRUCTIONS", "COUNTER_CYCLES"]
+                    .into_iter()
+                    .enumerate()
+                {
                     let Some(aya::maps::Map::PerfEventArray(data)) = ebpf.map(map) else {
                         return Err(CaptureError::MissingMap(map));
                     };
@@ -191,14 +222,34 @@ impl Capture {
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
         for (name, category, event) in TRACEPOINTS {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program { program: name, source })?;
-            program.attach(category, event).map_err(|source| CaptureError::Program { program: name, source })?;
+            program.load().map_err(|source| CaptureError::Program {
+                program: name,
+                source,
+            })?;
+            program
+                .attach(category, event)
+                .map_err(|source| CaptureError::Program {
+                    program: name,
+                    source,
+                })?;
         }
-        let io = if config.file_io { &IO_RAW_TRACEPOINTS[..] } else { &[] };
+        let io = if config.file_io {
+            &IO_RAW_TRACEPOINTS[..]
+        } else {
+            &[]
+        };
         for &(name, tracepoint) in SCHED_RAW_TRACEPOINTS.iter().chain(io) {
             let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program { program: name, source })?;
-            program.attach(tracepoint).map_err(|source| CaptureError::Program { program: name, source })?;
+            program.load().map_err(|source| CaptureError::Program {
+                program: name,
+                source,
+            })?;
+            program
+                .attach(tracepoint)
+                .map_err(|source| CaptureError::Program {
+                    program: name,
+                    source,
+                })?;
         }
         let bursts = take_ring(&mut ebpf, "BURSTS")?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
@@ -241,12 +292,21 @@ impl Capture {
 
     /// Attaches the empty floor programs instead of the real ones: the reference cost of a bare
     /// uprobe + uretprobe pair for the overhead benchmark.
-    pub fn attach_floor(&mut self, path: &Path, points: &[AttachPoint]) -> Result<usize, CaptureError> {
+    pub fn attach_floor(
+        &mut self,
+        path: &Path,
+        points: &[AttachPoint],
+    ) -> Result<usize, CaptureError> {
         self.attach_programs([2, 3], path, points)
     }
 
     /// Attaches the (entry, return) programs at these indices of UPROBE_PROGRAMS.
-    fn attach_programs(&mut self, programs: [usize; 2], path: &Path, points: &[AttachPoint]) -> Result<usize, CaptureError> {
+    fn attach_programs(
+        &mut self,
+        programs: [usize; 2],
+        path: &Path,
+        points: &[AttachPoint],
+    ) -> Result<usize, CaptureError> {
         if points.is_empty() {
             return Ok(0);
         }
@@ -255,13 +315,18 @@ impl Capture {
         // Return probes first: an entry probe without its return probe would leave the thread's
         // depth counter raised and hide all its later calls.
         for (index, ret) in [(programs[1], true), (programs[0], false)] {
-            let link = multi::attach(self.uprobe_programs[index].as_fd(), path, &offsets, &cookies, ret).map_err(|source| {
-                CaptureError::Attach {
-                    function: format!("{} entry points", points.len()),
-                    path: path.to_path_buf(),
-                    program: UPROBE_PROGRAMS[index],
-                    source,
-                }
+            let link = multi::attach(
+                self.uprobe_programs[index].as_fd(),
+                path,
+                &offsets,
+                &cookies,
+                ret,
+            )
+            .map_err(|source| CaptureError::Attach {
+                function: format!("{} entry points", points.len()),
+                path: path.to_path_buf(),
+                program: UPROBE_PROGRAMS[index],
+                source,
             })?;
             self.links.push(link);
         }
@@ -289,7 +354,9 @@ impl Capture {
         while let Some(item) = self.execs.next() {
             if item.len() >= std::mem::size_of::<ExecRecord>() {
                 // SAFETY: as in drain_bursts.
-                pids.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ExecRecord>()) }.pid);
+                pids.push(
+                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ExecRecord>()) }.pid,
+                );
             }
         }
         pids
@@ -307,7 +374,11 @@ impl Capture {
             .iter()
             .filter_map(Result::ok)
             .filter(|(_, st)| st.depth > 0 && st.outer_func != NO_FUNC)
-            .map(|(_, st)| OpenCall { pid: st.pid, func: st.outer_func, entry_ns: st.outer_entry_ns })
+            .map(|(_, st)| OpenCall {
+                pid: st.pid,
+                func: st.outer_func,
+                entry_ns: st.outer_entry_ns,
+            })
             .collect();
         Ok(KernelTotals {
             functions: functions.iter().filter_map(Result::ok).collect(),
@@ -321,7 +392,10 @@ impl Capture {
     /// Starts tracking an MPI process: counting its file I/O and noting its exit time.
     pub fn track(&mut self, pid: u32) -> Result<(), CaptureError> {
         let mut pids: HashMap<&mut MapData, u32, u64> = map_mut(&mut self.ebpf, "TRACKED")?;
-        pids.insert(pid, 0, 0).map_err(|source| CaptureError::Map { map: "TRACKED", source })
+        pids.insert(pid, 0, 0).map_err(|source| CaptureError::Map {
+            map: "TRACKED",
+            source,
+        })
     }
 
     /// When a tracked process exited (CLOCK_MONOTONIC ns), once it has.
@@ -349,10 +423,15 @@ impl Capture {
 
     /// Removes every kernel entry of the given (ended) processes, after their final read.
     pub fn forget_processes(&mut self, pids: &HashSet<u32>) -> Result<(), CaptureError> {
-        remove_entries::<FuncKey, FuncStats>(&mut self.ebpf, "FUNC_STATS", |v| pids.contains(&v.pid))?;
-        remove_entries::<u32, BurstTotals>(&mut self.ebpf, "BURST_TOTALS", |v| pids.contains(&v.pid))?;
+        remove_entries::<FuncKey, FuncStats>(&mut self.ebpf, "FUNC_STATS", |v| {
+            pids.contains(&v.pid)
+        })?;
+        remove_entries::<u32, BurstTotals>(&mut self.ebpf, "BURST_TOTALS", |v| {
+            pids.contains(&v.pid)
+        })?;
         remove_entries::<u32, IoTotals>(&mut self.ebpf, "IO_TOTALS", |v| pids.contains(&v.pid))?;
-        let mut regions: HashMap<&mut MapData, u32, RankRegion> = map_mut(&mut self.ebpf, "REGIONS")?;
+        let mut regions: HashMap<&mut MapData, u32, RankRegion> =
+            map_mut(&mut self.ebpf, "REGIONS")?;
         for pid in pids {
             let _ = regions.remove(pid);
         }
@@ -361,11 +440,17 @@ impl Capture {
             let _ = tracked.remove(pid);
         }
         let mut files: HashMap<&mut MapData, u64, u32> = map_mut(&mut self.ebpf, "IO_FILES")?;
-        let open: Vec<u64> = files.keys().filter_map(Result::ok).filter(|k| pids.contains(&((k >> 32) as u32))).collect();
+        let open: Vec<u64> = files
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| pids.contains(&((k >> 32) as u32)))
+            .collect();
         for k in open {
             let _ = files.remove(&k);
         }
-        remove_entries::<u64, TaskThread>(&mut self.ebpf, "TASK_THREADS", |v| pids.contains(&v.pid))?;
+        remove_entries::<u64, TaskThread>(&mut self.ebpf, "TASK_THREADS", |v| {
+            pids.contains(&v.pid)
+        })?;
         remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", |v| pids.contains(&v.pid))
     }
 
@@ -382,17 +467,32 @@ impl Capture {
 
     /// Run time and count of each program, from the kernel's BPF statistics.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
-        let probes = UPROBE_PROGRAMS[..2].iter().zip(&self.uprobe_programs).map(|(&name, fd)| (name, fd.as_fd()));
-        let raw = SCHED_RAW_TRACEPOINTS.iter().chain(&IO_RAW_TRACEPOINTS).map(|&(name, _)| name);
-        let tracepoints = TRACEPOINTS.iter().map(|&(name, _, _)| name).chain(raw).filter_map(|name| {
-            let fd = self.ebpf.program(name)?.fd().ok()?;
-            Some((name, fd.as_fd()))
-        });
+        let probes = UPROBE_PROGRAMS[..2]
+            .iter()
+            .zip(&self.uprobe_programs)
+            .map(|(&name, fd)| (name, fd.as_fd()));
+        let raw = SCHED_RAW_TRACEPOINTS
+            .iter()
+            .chain(&IO_RAW_TRACEPOINTS)
+            .map(|&(name, _)| name);
+        let tracepoints = TRACEPOINTS
+            .iter()
+            .map(|&(name, _, _)| name)
+            .chain(raw)
+            .filter_map(|name| {
+                let fd = self.ebpf.program(name)?.fd().ok()?;
+                Some((name, fd.as_fd()))
+            });
         probes
             .chain(tracepoints)
             .filter_map(|(name, fd)| {
                 let (run_time, run_count, missed) = multi::run_stats(fd)?;
-                Some(ProgramStats { name, run_time, run_count, missed })
+                Some(ProgramStats {
+                    name,
+                    run_time,
+                    run_count,
+                    missed,
+                })
             })
             .collect()
     }
@@ -404,7 +504,12 @@ fn remove_entries<K: aya::Pod, V: aya::Pod>(
     owned: impl Fn(&V) -> bool,
 ) -> Result<(), CaptureError> {
     let mut map: HashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
-    let keys: Vec<K> = map.iter().filter_map(Result::ok).filter(|(_, v)| owned(v)).map(|(k, _)| k).collect();
+    let keys: Vec<K> = map
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, v)| owned(v))
+        .map(|(k, _)| k)
+        .collect();
     for k in keys {
         // An entry already gone (LRU eviction) is what we wanted anyway.
         let _ = map.remove(&k);
@@ -416,10 +521,14 @@ fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut 
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
 {
-    let program = ebpf
-        .program_mut(name)
-        .ok_or(CaptureError::Program { program: name, source: aya::programs::ProgramError::UnexpectedProgramType })?;
-    program.try_into().map_err(|source| CaptureError::Program { program: name, source })
+    let program = ebpf.program_mut(name).ok_or(CaptureError::Program {
+        program: name,
+        source: aya::programs::ProgramError::UnexpectedProgramType,
+    })?;
+    program.try_into().map_err(|source| CaptureError::Program {
+        program: name,
+        source,
+    })
 }
 
 fn take_ring(ebpf: &mut Ebpf, name: &'static str) -> Result<RingBuf<MapData>, CaptureError> {
@@ -444,7 +553,9 @@ where
 }
 
 /// Sums per-thread kernel totals per process.
-pub fn per_process(totals: &KernelTotals) -> BTreeMap<u32, (BurstTotals, BTreeMap<u32, FuncStats>)> {
+pub fn per_process(
+    totals: &KernelTotals,
+) -> BTreeMap<u32, (BurstTotals, BTreeMap<u32, FuncStats>)> {
     let mut out: BTreeMap<u32, (BurstTotals, BTreeMap<u32, FuncStats>)> = BTreeMap::new();
     for (_, t) in &totals.bursts {
         let e = &mut out.entry(t.pid).or_default().0;

@@ -87,33 +87,57 @@ fn map_fd(map: &Map) -> Option<BorrowedFd<'_>> {
 
 /// Loads the named programs of `object` for uprobe_multi attachment, using the maps `ebpf`
 /// already created (so they share state with everything else aya loaded).
-pub fn load_programs(object: &[u8], ebpf: &Ebpf, names: &[&'static str]) -> Result<Vec<OwnedFd>, CaptureError> {
+pub fn load_programs(
+    object: &[u8],
+    ebpf: &Ebpf,
+    names: &[&'static str],
+) -> Result<Vec<OwnedFd>, CaptureError> {
     let invalid = |what: String| CaptureError::Io {
         what: "relocating the BPF object for uprobe_multi".into(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, what),
     };
     let mut obj = aya_obj::Object::parse(object).map_err(|e| invalid(e.to_string()))?;
     let text_sections: HashSet<usize> = obj.functions.keys().map(|(section, _)| *section).collect();
-    let maps: Vec<(String, aya_obj::Map)> = obj.maps.iter().map(|(n, m)| (n.clone(), m.clone())).collect();
+    let maps: Vec<(String, aya_obj::Map)> = obj
+        .maps
+        .iter()
+        .map(|(n, m)| (n.clone(), m.clone()))
+        .collect();
     let mut fds = Vec::new();
     for (name, _) in &maps {
-        let fd = ebpf.map(name).and_then(map_fd).ok_or_else(|| invalid(format!("map {name} was not created")))?;
+        let fd = ebpf
+            .map(name)
+            .and_then(map_fd)
+            .ok_or_else(|| invalid(format!("map {name} was not created")))?;
         fds.push(fd.as_raw_fd());
     }
-    obj.relocate_maps(maps.iter().zip(&fds).map(|((n, m), fd)| (n.as_str(), *fd, m)), &text_sections)
+    obj.relocate_maps(
+        maps.iter()
+            .zip(&fds)
+            .map(|((n, m), fd)| (n.as_str(), *fd, m)),
+        &text_sections,
+    )
+    .map_err(|e| invalid(e.to_string()))?;
+    obj.relocate_calls(&text_sections)
         .map_err(|e| invalid(e.to_string()))?;
-    obj.relocate_calls(&text_sections).map_err(|e| invalid(e.to_string()))?;
     names
         .iter()
         .map(|&name| {
-            let program = obj.programs.get(name).ok_or_else(|| invalid(format!("no program {name}")))?;
+            let program = obj
+                .programs
+                .get(name)
+                .ok_or_else(|| invalid(format!("no program {name}")))?;
             let function = &obj.functions[&program.function_key()];
             load(name, &function.instructions, &program.license)
         })
         .collect()
 }
 
-fn load(name: &'static str, insns: &[bpf_insn], license: &CString) -> Result<OwnedFd, CaptureError> {
+fn load(
+    name: &'static str,
+    insns: &[bpf_insn],
+    license: &CString,
+) -> Result<OwnedFd, CaptureError> {
     let mut log = vec![0u8; 1 << 20];
     let mut prog_name = [0u8; 16];
     for (d, s) in prog_name.iter_mut().zip(name.bytes().take(15)) {
@@ -133,18 +157,37 @@ fn load(name: &'static str, insns: &[bpf_insn], license: &CString) -> Result<Own
         prog_ifindex: 0,
         expected_attach_type: BPF_TRACE_UPROBE_MULTI,
     };
-    match bpf(BPF_PROG_LOAD, &attr as *const _ as *const u8, std::mem::size_of::<ProgLoadAttr>()) {
+    match bpf(
+        BPF_PROG_LOAD,
+        &attr as *const _ as *const u8,
+        std::mem::size_of::<ProgLoadAttr>(),
+    ) {
         Ok(fd) => Ok(fd),
         Err(_) => {
             // Load again with the verifier log on, to say why.
             attr.log_level = 1;
             attr.log_size = log.len() as u32;
             attr.log_buf = log.as_mut_ptr() as u64;
-            let err = bpf(BPF_PROG_LOAD, &attr as *const _ as *const u8, std::mem::size_of::<ProgLoadAttr>())
-                .err()
-                .unwrap_or_else(|| std::io::Error::other("failed once, then loaded"));
-            let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())]).into_owned();
-            let tail: String = text.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            let err = bpf(
+                BPF_PROG_LOAD,
+                &attr as *const _ as *const u8,
+                std::mem::size_of::<ProgLoadAttr>(),
+            )
+            .err()
+            .unwrap_or_else(|| std::io::Error::other("failed once, then loaded"));
+            let text = String::from_utf8_lossy(
+                &log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())],
+            )
+            .into_owned();
+            let tail: String = text
+                .lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
             Err(CaptureError::Io {
                 what: format!("loading BPF program {name} for uprobe_multi (kernel ≥ 6.6 needed); verifier says:\n{tail}\n"),
                 source: err,
@@ -155,7 +198,13 @@ fn load(name: &'static str, insns: &[bpf_insn], license: &CString) -> Result<Own
 
 /// Attaches `program` at `offsets` of the file at `path`, with one cookie per offset, for every
 /// process; `ret` makes them return probes. Closing the returned link detaches all of them.
-pub fn attach(program: BorrowedFd<'_>, path: &Path, offsets: &[u64], cookies: &[u64], ret: bool) -> std::io::Result<OwnedFd> {
+pub fn attach(
+    program: BorrowedFd<'_>,
+    path: &Path,
+    offsets: &[u64],
+    cookies: &[u64],
+    ret: bool,
+) -> std::io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
     let path = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     let attr = UprobeMultiLinkAttr {
@@ -172,7 +221,11 @@ pub fn attach(program: BorrowedFd<'_>, path: &Path, offsets: &[u64], cookies: &[
         pid: 0,
         _pad: 0,
     };
-    bpf(BPF_LINK_CREATE, &attr as *const _ as *const u8, std::mem::size_of::<UprobeMultiLinkAttr>())
+    bpf(
+        BPF_LINK_CREATE,
+        &attr as *const _ as *const u8,
+        std::mem::size_of::<UprobeMultiLinkAttr>(),
+    )
 }
 
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -190,12 +243,27 @@ pub fn run_stats(program: BorrowedFd<'_>) -> Option<(std::time::Duration, u64, u
         info: u64,
     }
     let mut info = [0u8; 256];
-    let attr = InfoAttr { bpf_fd: program.as_raw_fd() as u32, info_len: info.len() as u32, info: info.as_mut_ptr() as u64 };
+    let attr = InfoAttr {
+        bpf_fd: program.as_raw_fd() as u32,
+        info_len: info.len() as u32,
+        info: info.as_mut_ptr() as u64,
+    };
     // SAFETY: attr points at a live buffer of info_len bytes.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, &attr as *const InfoAttr, std::mem::size_of::<InfoAttr>()) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &attr as *const InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
     if rc != 0 {
         return None;
     }
     let word = |at: usize| u64::from_ne_bytes(info[at..at + 8].try_into().unwrap());
-    Some((std::time::Duration::from_nanos(word(RUN_TIME_NS)), word(RUN_CNT), word(RECURSION_MISSES)))
+    Some((
+        std::time::Duration::from_nanos(word(RUN_TIME_NS)),
+        word(RUN_CNT),
+        word(RECURSION_MISSES),
+    ))
 }

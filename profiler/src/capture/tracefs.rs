@@ -14,7 +14,15 @@ pub fn ensure_mounted() -> Result<(), CaptureError> {
     }
     let target = std::ffi::CString::new(TRACEFS).unwrap();
     // SAFETY: all pointers are valid NUL-terminated strings; data may be NULL for tracefs.
-    let rc = unsafe { libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null()) };
+    let rc = unsafe {
+        libc::mount(
+            c"nodev".as_ptr(),
+            target.as_ptr(),
+            c"tracefs".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
     if rc != 0 {
         return Err(CaptureError::Tracefs(std::io::Error::last_os_error()));
     }
@@ -24,10 +32,23 @@ pub fn ensure_mounted() -> Result<(), CaptureError> {
 
 /// Byte offset of `field` in the records of tracepoint `category/event`.
 pub fn field_offset(category: &str, event: &str, field: &str) -> Result<u64, CaptureError> {
-    let path = Path::new(TRACEFS).join("events").join(category).join(event).join("format");
-    let error = |detail: String| CaptureError::TracepointFormat { event: format!("{category}/{event}"), detail };
-    let text = std::fs::read_to_string(&path).map_err(|e| error(format!("cannot read {}: {e}", path.display())))?;
-    parse_field_offset(&text, field).ok_or_else(|| error(format!("{} has no field {field:?} with an offset", path.display())))
+    let path = Path::new(TRACEFS)
+        .join("events")
+        .join(category)
+        .join(event)
+        .join("format");
+    let error = |detail: String| CaptureError::TracepointFormat {
+        event: format!("{category}/{event}"),
+        detail,
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| error(format!("cannot read {}: {e}", path.display())))?;
+    parse_field_offset(&text, field).ok_or_else(|| {
+        error(format!(
+            "{} has no field {field:?} with an offset",
+            path.display()
+        ))
+    })
 }
 
 /// The offset of `field` in a tracefs format text, whose field lines read

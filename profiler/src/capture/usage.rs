@@ -50,9 +50,9 @@ fn parse_cpu_list(list: &str) -> BTreeSet<u32> {
 fn stat_fields(pid: u32) -> std::io::Result<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name may contain spaces and parentheses: fields start after the last ')'.
-    let (_, rest) = stat
-        .rsplit_once(')')
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/stat")))?;
+    let (_, rest) = stat.rsplit_once(')').ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/stat"))
+    })?;
     Ok(rest.split_whitespace().map(str::to_string).collect())
 }
 
@@ -61,12 +61,20 @@ fn stat_field(fields: &[String], pid: u32, n: usize) -> std::io::Result<u64> {
     fields
         .get(n - 3)
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/stat field {n}")))
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("/proc/{pid}/stat field {n}"),
+            )
+        })
 }
 
 /// The time of `clock` now, in ns.
 pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid out-pointer.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -75,17 +83,26 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
 /// When the process started, in Unix ns (to the kernel's clock-tick resolution).
 pub fn start_time_unix_ns(pid: u32) -> std::io::Result<u64> {
     let since_boot_ns = stat_field(&stat_fields(pid)?, pid, 22)? * ns_per_tick();
-    let boot_unix_ns = clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_BOOTTIME));
+    let boot_unix_ns =
+        clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_BOOTTIME));
     Ok(boot_unix_ns + since_boot_ns)
 }
 
 /// Reads /proc/PID/{stat,statm,status}. Fails when the process is gone.
 pub fn read_process(pid: u32) -> std::io::Result<ProcessUsage> {
-    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/{what}"));
+    let invalid = |what: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("/proc/{pid}/{what}"),
+        )
+    };
     let fields = stat_fields(pid)?;
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
-    let resident_pages: u64 =
-        statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).ok_or_else(|| invalid("statm"))?;
+    let resident_pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| invalid("statm"))?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let cpus_allowed = status
         .lines()
@@ -108,7 +125,12 @@ pub fn node_memory_bytes() -> std::io::Result<u64> {
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kib| kib * 1024)
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo"))
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "no MemTotal in /proc/meminfo",
+            )
+        })
 }
 
 /// The kernel's per-process I/O totals as counts.
@@ -150,7 +172,11 @@ pub struct JobUsage {
 impl JobUsage {
     /// `file_io`: whether the I/O tracepoints count (else the totals have no I/O).
     pub fn new(file_io: bool) -> Self {
-        JobUsage { processes: BTreeMap::new(), io: BTreeMap::new(), file_io }
+        JobUsage {
+            processes: BTreeMap::new(),
+            io: BTreeMap::new(),
+            file_io,
+        }
     }
 
     /// Records a reading of a live process.
@@ -171,14 +197,24 @@ impl JobUsage {
     }
 
     pub fn totals(&self) -> UsageTotals {
-        let live: Vec<&ProcessUsage> = self.processes.values().filter(|(_, l)| *l).map(|(u, _)| u).collect();
-        let allowed: BTreeSet<u32> = live.iter().flat_map(|u| u.cpus_allowed.iter().copied()).collect();
+        let live: Vec<&ProcessUsage> = self
+            .processes
+            .values()
+            .filter(|(_, l)| *l)
+            .map(|(u, _)| u)
+            .collect();
+        let allowed: BTreeSet<u32> = live
+            .iter()
+            .flat_map(|u| u.cpus_allowed.iter().copied())
+            .collect();
         UsageTotals {
             user_ns: self.processes.values().map(|(u, _)| u.user_ns).sum(),
             system_ns: self.processes.values().map(|(u, _)| u.system_ns).sum(),
             memory_used_bytes: live.iter().map(|u| u.rss_bytes).sum(),
             cpus: (allowed.len() as u32).min(live.len() as u32),
-            io: self.file_io.then(|| self.io.values().fold(IoCounts::default(), |a, b| a + *b)),
+            io: self
+                .file_io
+                .then(|| self.io.values().fold(IoCounts::default(), |a, b| a + *b)),
         }
     }
 }
@@ -189,7 +225,10 @@ mod tests {
 
     #[test]
     fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), [0, 1, 2, 3, 8, 10, 11].into());
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n"),
+            [0, 1, 2, 3, 8, 10, 11].into()
+        );
         assert_eq!(parse_cpu_list("1"), [1].into());
         assert!(parse_cpu_list("").is_empty());
     }
@@ -209,7 +248,10 @@ mod tests {
         // This test process started moments ago.
         let started = start_time_unix_ns(std::process::id()).unwrap();
         let now = clock_ns(libc::CLOCK_REALTIME);
-        assert!(started <= now && now - started < 600_000_000_000, "started {started}, now {now}");
+        assert!(
+            started <= now && now - started < 600_000_000_000,
+            "started {started}, now {now}"
+        );
         assert!(node_memory_bytes().unwrap() > u.rss_bytes);
     }
 
@@ -224,18 +266,38 @@ mod tests {
         let mut job = JobUsage::new(true);
         job.update(1, p(10, 100, &[0, 1, 2, 3]));
         job.update(2, p(20, 200, &[0, 1, 2, 3]));
-        let io = |write_bytes| IoCounts { write_bytes, write_calls: 1, ..IoCounts::default() };
+        let io = |write_bytes| IoCounts {
+            write_bytes,
+            write_calls: 1,
+            ..IoCounts::default()
+        };
         job.update_io(1, io(5));
         job.update_io(2, io(7));
-        let io_sum = IoCounts { write_bytes: 12, write_calls: 2, ..IoCounts::default() };
+        let io_sum = IoCounts {
+            write_bytes: 12,
+            write_calls: 2,
+            ..IoCounts::default()
+        };
         assert_eq!(
             job.totals(),
-            UsageTotals { user_ns: 30, system_ns: 2, memory_used_bytes: 300, cpus: 2, io: Some(io_sum) }
+            UsageTotals {
+                user_ns: 30,
+                system_ns: 2,
+                memory_used_bytes: 300,
+                cpus: 2,
+                io: Some(io_sum)
+            }
         );
         job.ended(1);
         assert_eq!(
             job.totals(),
-            UsageTotals { user_ns: 30, system_ns: 2, memory_used_bytes: 200, cpus: 1, io: Some(io_sum) }
+            UsageTotals {
+                user_ns: 30,
+                system_ns: 2,
+                memory_used_bytes: 200,
+                cpus: 1,
+                io: Some(io_sum)
+            }
         );
     }
 }

@@ -100,14 +100,21 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
 /// True when one of the process's cgroups (any hierarchy of /proc/PID/cgroup) is `scope` or
 /// below it. A process that is gone is in no cgroup.
 pub fn in_cgroup(pid: u32, scope: &str) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|text| cgroup_lines_match(&text, scope))
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .is_ok_and(|text| cgroup_lines_match(&text, scope))
 }
 
 fn cgroup_lines_match(text: &str, scope: &str) -> bool {
     let scope = scope.trim_end_matches('/');
-    text.lines().filter_map(|l| l.splitn(3, ':').nth(2)).any(|path| {
-        scope.is_empty() || path == scope || path.strip_prefix(scope).is_some_and(|rest| rest.starts_with('/'))
-    })
+    text.lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .any(|path| {
+            scope.is_empty()
+                || path == scope
+                || path
+                    .strip_prefix(scope)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        })
 }
 
 /// This machine's host name, the default node name.

@@ -29,9 +29,14 @@ fn wrap(text: &str, indent: &str, width: usize) -> String {
 pub fn render(props: &JobProperties, what: &str) -> String {
     let mut out = String::new();
     let secs = (props.span.end_ns - props.span.start_ns) as f64 / 1e9;
-    let _ = writeln!(out, "   bottlenecks of job {} {what} ({secs:.1} s, {} ranks here):", props.job, props.pop.ranks);
+    let _ = writeln!(
+        out,
+        "   bottlenecks of job {} {what} ({secs:.1} s, {} ranks here):",
+        props.job, props.pop.ranks
+    );
     let pop = &props.pop;
-    let show = |r: &crate::properties::Reading| r.value().map_or("n/a".to_string(), |v| format!("{v:.3}"));
+    let show =
+        |r: &crate::properties::Reading| r.value().map_or("n/a".to_string(), |v| format!("{v:.3}"));
     let _ = writeln!(
         out,
         "     parallel efficiency {} = load balance {} × communication efficiency {}",
@@ -48,11 +53,21 @@ pub fn render(props: &JobProperties, what: &str) -> String {
         let value = props
             .properties
             .iter()
-            .chain(props.phases.iter().filter(|ph| Some(ph.phase) == r.phase).flat_map(|ph| &ph.properties))
+            .chain(
+                props
+                    .phases
+                    .iter()
+                    .filter(|ph| Some(ph.phase) == r.phase)
+                    .flat_map(|ph| &ph.properties),
+            )
             .find(|p| p.name == r.property)
             .and_then(|p| p.value());
         let value = value.map(|v| format!(" = {v:.4}")).unwrap_or_default();
-        let _ = writeln!(out, "     {:<28} severity {:.2}{value}{phase}", r.property, r.severity);
+        let _ = writeln!(
+            out,
+            "     {:<28} severity {:.2}{value}{phase}",
+            r.property, r.severity
+        );
         out.push_str(&wrap(&r.text, "         ", 100));
     }
     let mut reasons: Vec<(&str, &str)> = props

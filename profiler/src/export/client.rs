@@ -30,7 +30,9 @@ pub enum ClientError {
          listens on (`mpiburst run --listen`), or a recording file"
     )]
     Address { arg: String, why: &'static str },
-    #[error("no mpiburst daemon at {addr} (start one with `mpiburst run`, or pass a recording file)")]
+    #[error(
+        "no mpiburst daemon at {addr} (start one with `mpiburst run`, or pass a recording file)"
+    )]
     NoDaemon { addr: String },
     // The causes are named `cause`, not `source`: the message already says them, and a source
     // would be printed again after it by `{:#}`.
@@ -48,16 +50,33 @@ pub enum ClientError {
     )]
     Timeout { addr: String, path: String },
     #[error("GET {path} from {addr} failed: {cause}")]
-    Io { addr: String, path: String, cause: std::io::Error },
+    Io {
+        addr: String,
+        path: String,
+        cause: std::io::Error,
+    },
     #[error("{addr} answered GET {path} with something other than HTTP ({why}); is it an mpiburst daemon?")]
-    NotHttp { addr: String, path: String, why: String },
+    NotHttp {
+        addr: String,
+        path: String,
+        why: String,
+    },
     #[error("{addr} answered GET {path} with status {status}: {body}")]
-    Status { addr: String, path: String, status: u16, body: String },
+    Status {
+        addr: String,
+        path: String,
+        status: u16,
+        body: String,
+    },
     #[error(
         "{addr} answered GET {path} with JSON this mpiburst cannot read ({cause}); use the \
          mpiburst release the daemon runs"
     )]
-    Json { addr: String, path: String, cause: serde_json::Error },
+    Json {
+        addr: String,
+        path: String,
+        cause: serde_json::Error,
+    },
 }
 
 /// A daemon's address: host (a name, an IPv4 address, or an IPv6 address in brackets) and port.
@@ -76,15 +95,25 @@ impl std::fmt::Display for DaemonClient {
 /// Splits `HOST[:PORT]`; `None` for a missing port. IPv6 hosts need brackets, as in URLs.
 fn authority(s: &str) -> Result<(&str, Option<u16>), &'static str> {
     let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-        let close = rest.find(']').ok_or("an IPv6 address needs its closing bracket")?;
+        let close = rest
+            .find(']')
+            .ok_or("an IPv6 address needs its closing bracket")?;
         let host = &s[..close + 2];
         match &s[close + 2..] {
             "" => (host, None),
-            tail => (host, Some(tail.strip_prefix(':').ok_or("text after the IPv6 address")?)),
+            tail => (
+                host,
+                Some(
+                    tail.strip_prefix(':')
+                        .ok_or("text after the IPv6 address")?,
+                ),
+            ),
         }
     } else {
         match s.rsplit_once(':') {
-            Some((host, _)) if host.contains(':') => return Err("an IPv6 address needs brackets: [ADDR]:PORT"),
+            Some((host, _)) if host.contains(':') => {
+                return Err("an IPv6 address needs brackets: [ADDR]:PORT")
+            }
             Some((host, port)) => (host, Some(port)),
             None => (s, None),
         }
@@ -93,7 +122,12 @@ fn authority(s: &str) -> Result<(&str, Option<u16>), &'static str> {
         return Err("no host");
     }
     let port = match port {
-        Some(p) => Some(p.parse::<u16>().ok().filter(|&p| p > 0).ok_or("the port is not a number from 1 to 65535")?),
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or("the port is not a number from 1 to 65535")?,
+        ),
         None => None,
     };
     Ok((host, port))
@@ -105,24 +139,38 @@ impl DaemonClient {
     /// is neither (then it names a recording); an error when it is meant as an address but is not
     /// a usable one.
     pub fn parse(arg: &str) -> Result<Option<DaemonClient>, ClientError> {
-        let bad = |why| ClientError::Address { arg: arg.to_string(), why };
+        let bad = |why| ClientError::Address {
+            arg: arg.to_string(),
+            why,
+        };
         let scheme = arg.find("://").map(|i| arg[..i].to_ascii_lowercase());
         match scheme.as_deref() {
-            Some("https") => Err(ClientError::Https { arg: arg.to_string(), rest: arg[8..].to_string() }),
+            Some("https") => Err(ClientError::Https {
+                arg: arg.to_string(),
+                rest: arg[8..].to_string(),
+            }),
             Some("http") => {
                 let rest = &arg[7..];
                 let rest = rest.strip_suffix('/').unwrap_or(rest);
                 if rest.contains(['/', '?', '#']) {
-                    return Err(bad("the address has a path; the report finds the API itself"));
+                    return Err(bad(
+                        "the address has a path; the report finds the API itself",
+                    ));
                 }
                 let (host, port) = authority(rest).map_err(bad)?;
                 let port = port.unwrap_or_else(|| Config::default().daemon.listen.port());
-                Ok(Some(DaemonClient { host: host.to_string(), port }))
+                Ok(Some(DaemonClient {
+                    host: host.to_string(),
+                    port,
+                }))
             }
             Some(_) => Err(bad("the daemon speaks http://")),
             None if arg.contains('/') => Ok(None),
             None => match authority(arg) {
-                Ok((host, Some(port))) => Ok(Some(DaemonClient { host: host.to_string(), port })),
+                Ok((host, Some(port))) => Ok(Some(DaemonClient {
+                    host: host.to_string(),
+                    port,
+                })),
                 _ => Ok(None),
             },
         }
@@ -132,20 +180,30 @@ impl DaemonClient {
     pub fn get(&self, path: &str) -> Result<Vec<u8>, ClientError> {
         let addr = self.to_string();
         let io = |cause: std::io::Error| match cause.kind() {
-            ErrorKind::TimedOut | ErrorKind::WouldBlock => {
-                ClientError::Timeout { addr: addr.clone(), path: path.to_string() }
-            }
-            _ => ClientError::Io { addr: addr.clone(), path: path.to_string(), cause },
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => ClientError::Timeout {
+                addr: addr.clone(),
+                path: path.to_string(),
+            },
+            _ => ClientError::Io {
+                addr: addr.clone(),
+                path: path.to_string(),
+                cause,
+            },
         };
         let mut stream = self.connect()?;
         stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
         stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n");
+        let request =
+            format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n");
         stream.write_all(request.as_bytes()).map_err(io)?;
         // HTTP/1.0: the server closes the connection after the body.
         let mut response = Vec::new();
         stream.read_to_end(&mut response).map_err(io)?;
-        let not_http = |why: String| ClientError::NotHttp { addr: addr.clone(), path: path.to_string(), why };
+        let not_http = |why: String| ClientError::NotHttp {
+            addr: addr.clone(),
+            path: path.to_string(),
+            why,
+        };
         let split = response
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
@@ -158,13 +216,21 @@ impl DaemonClient {
             .filter(|l| l.starts_with("HTTP/"))
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|code| code.parse::<u16>().ok())
-            .ok_or_else(|| not_http(format!("status line {:?}", head.lines().next().unwrap_or(""))))?;
+            .ok_or_else(|| {
+                not_http(format!(
+                    "status line {:?}",
+                    head.lines().next().unwrap_or("")
+                ))
+            })?;
         let length = lines
             .filter_map(|l| l.split_once(':'))
             .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
             .and_then(|(_, v)| v.trim().parse::<usize>().ok());
         if let Some(length) = length.filter(|&l| l > body.len()) {
-            return Err(not_http(format!("the body was cut short at {} of {length} bytes", body.len())));
+            return Err(not_http(format!(
+                "the body was cut short at {} of {length} bytes",
+                body.len()
+            )));
         }
         if status != 200 {
             return Err(ClientError::Status {
@@ -182,7 +248,10 @@ impl DaemonClient {
         let host = self.host.trim_start_matches('[').trim_end_matches(']');
         let candidates: Vec<_> = (host, self.port)
             .to_socket_addrs()
-            .map_err(|cause| ClientError::Resolve { host: self.host.clone(), cause })?
+            .map_err(|cause| ClientError::Resolve {
+                host: self.host.clone(),
+                cause,
+            })?
             .collect();
         let mut last = None;
         for candidate in &candidates {
@@ -203,7 +272,11 @@ impl DaemonClient {
 
     fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let body = self.get(path)?;
-        serde_json::from_slice(&body).map_err(|cause| ClientError::Json { addr: self.to_string(), path: path.into(), cause })
+        serde_json::from_slice(&body).map_err(|cause| ClientError::Json {
+            addr: self.to_string(),
+            path: path.into(),
+            cause,
+        })
     }
 
     /// The daemon's jobs (`/api/jobs`), in its order (by id).
@@ -212,7 +285,11 @@ impl DaemonClient {
         struct Summary {
             meta: JobMeta,
         }
-        Ok(self.get_json::<Vec<Summary>>("/api/jobs")?.into_iter().map(|s| s.meta).collect())
+        Ok(self
+            .get_json::<Vec<Summary>>("/api/jobs")?
+            .into_iter()
+            .map(|s| s.meta)
+            .collect())
     }
 
     /// One job as the store holds it (`/api/jobs/{id}`), without its bursts: the daemon's API
@@ -257,7 +334,9 @@ fn counters_note(metrics: &str) -> String {
         let len = line[start..].find('"')?;
         Some(line[start..start + len].to_string())
     };
-    let info = metrics.lines().find(|l| l.starts_with("mpiburst_counters_info{"));
+    let info = metrics
+        .lines()
+        .find(|l| l.starts_with("mpiburst_counters_info{"));
     match info.and_then(|l| Some((label(l, "event")?, label(l, "hardware")?))) {
         Some((events, _)) if events == "none" => {
             "no counters: bursts carry wall and on-CPU time only (the daemon's log says why)".into()
@@ -294,28 +373,55 @@ mod tests {
 
     #[test]
     fn addresses_with_and_without_the_scheme() {
-        assert_eq!(parsed("http://127.0.0.1:9464").as_deref(), Some("127.0.0.1:9464"));
-        assert_eq!(parsed("http://node17:9000/").as_deref(), Some("node17:9000"));
-        assert_eq!(parsed("HTTP://node17").as_deref(), Some("node17:9464"), "the daemon's default port");
+        assert_eq!(
+            parsed("http://127.0.0.1:9464").as_deref(),
+            Some("127.0.0.1:9464")
+        );
+        assert_eq!(
+            parsed("http://node17:9000/").as_deref(),
+            Some("node17:9000")
+        );
+        assert_eq!(
+            parsed("HTTP://node17").as_deref(),
+            Some("node17:9464"),
+            "the daemon's default port"
+        );
         assert_eq!(parsed("http://[::1]:9464").as_deref(), Some("[::1]:9464"));
         assert_eq!(parsed("127.0.0.1:9464").as_deref(), Some("127.0.0.1:9464"));
         assert_eq!(parsed("localhost:9464").as_deref(), Some("localhost:9464"));
         assert_eq!(parsed("[::1]:9464").as_deref(), Some("[::1]:9464"));
         // Recordings.
-        for path in ["job.jsonl", "runs/job.jsonl", "./host:9464", "c:drive", "::1"] {
+        for path in [
+            "job.jsonl",
+            "runs/job.jsonl",
+            "./host:9464",
+            "c:drive",
+            "::1",
+        ] {
             assert_eq!(parsed(path), None, "{path}");
         }
     }
 
     #[test]
     fn unusable_addresses_say_what_to_pass() {
-        let e = DaemonClient::parse("https://n:9464").unwrap_err().to_string();
+        let e = DaemonClient::parse("https://n:9464")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("plain HTTP; pass http://n:9464"), "{e}");
-        let e = DaemonClient::parse("http://n:9464/api/jobs").unwrap_err().to_string();
-        assert!(e.contains("has a path") && e.contains("http://HOST:PORT"), "{e}");
-        let e = DaemonClient::parse("http://n:99999").unwrap_err().to_string();
+        let e = DaemonClient::parse("http://n:9464/api/jobs")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("has a path") && e.contains("http://HOST:PORT"),
+            "{e}"
+        );
+        let e = DaemonClient::parse("http://n:99999")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("from 1 to 65535"), "{e}");
-        let e = DaemonClient::parse("http://::1:9464").unwrap_err().to_string();
+        let e = DaemonClient::parse("http://::1:9464")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("brackets"), "{e}");
         let e = DaemonClient::parse("ftp://n").unwrap_err().to_string();
         assert!(e.contains("http://"), "{e}");
@@ -323,7 +429,10 @@ mod tests {
 
     #[test]
     fn job_ids_are_percent_encoded() {
-        assert_eq!(encode_segment("pmix:prterun-host-1234@1"), "pmix%3Aprterun-host-1234%401");
+        assert_eq!(
+            encode_segment("pmix:prterun-host-1234@1"),
+            "pmix%3Aprterun-host-1234%401"
+        );
         assert_eq!(encode_segment("a b/c"), "a%20b%2Fc");
     }
 
@@ -344,7 +453,13 @@ mod tests {
             stream.write_all(response.as_bytes()).unwrap();
             request
         });
-        (DaemonClient { host: "127.0.0.1".into(), port }, handle)
+        (
+            DaemonClient {
+                host: "127.0.0.1".into(),
+                port,
+            },
+            handle,
+        )
     }
 
     #[test]
@@ -353,8 +468,15 @@ mod tests {
         assert!(client.jobs().unwrap().is_empty());
         assert_eq!(server.join().unwrap(), "GET /api/jobs HTTP/1.0\r\n");
         let (client, server) = serve("HTTP/1.0 404 Not Found\r\n\r\nno phase analysis yet");
-        assert_eq!(client.phases(&JobId("pmix:a@1".into())).unwrap(), None, "404: not started");
-        assert_eq!(server.join().unwrap(), "GET /api/jobs/pmix%3Aa%401/phases HTTP/1.0\r\n");
+        assert_eq!(
+            client.phases(&JobId("pmix:a@1".into())).unwrap(),
+            None,
+            "404: not started"
+        );
+        assert_eq!(
+            server.join().unwrap(),
+            "GET /api/jobs/pmix%3Aa%401/phases HTTP/1.0\r\n"
+        );
     }
 
     #[test]
@@ -375,8 +497,15 @@ mod tests {
 
     #[test]
     fn nothing_listening_means_no_daemon_there() {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let client = DaemonClient { host: "127.0.0.1".into(), port };
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = DaemonClient {
+            host: "127.0.0.1".into(),
+            port,
+        };
         let e = client.jobs().unwrap_err().to_string();
         assert_eq!(
             e,
@@ -389,7 +518,9 @@ mod tests {
     #[test]
     fn counters_note_from_the_metrics() {
         let none = "# HELP x\nmpiburst_counters_info{event=\"none\",hardware=\"false\"} 1\n";
-        assert!(counters_note(none).starts_with("no counters: bursts carry wall and on-CPU time only"));
+        assert!(
+            counters_note(none).starts_with("no counters: bursts carry wall and on-CPU time only")
+        );
         let hw = "mpiburst_counters_info{event=\"instructions,cycles\",hardware=\"true\"} 1\n";
         assert_eq!(counters_note(hw), "hardware counters: instructions,cycles");
         let sw = "mpiburst_counters_info{event=\"task-clock,page-faults\",hardware=\"false\"} 1\n";

@@ -18,8 +18,8 @@ use serde::Serialize;
 use crate::{
     analysis::online::PhasesSnapshot,
     capture::usage::UsageTotals,
-    properties::LiveProperties,
     export::{prometheus, SelfStats},
+    properties::LiveProperties,
     store::{CallStats, JobMeta, JobStore, RankRecord, RankTotals},
 };
 
@@ -60,7 +60,13 @@ async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
         let s = state.lock().unwrap();
         prometheus::render(&s, crate::daemon::unix_now_ns())
     };
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
 }
 
 async fn jobs(State(state): State<SharedState>) -> impl IntoResponse {
@@ -69,7 +75,11 @@ async fn jobs(State(state): State<SharedState>) -> impl IntoResponse {
         .store
         .jobs
         .values()
-        .map(|j| JobSummary { meta: &j.meta, totals: j.totals(), mpi_ns: j.ranks.values().map(|r| r.mpi_ns()).sum() })
+        .map(|j| JobSummary {
+            meta: &j.meta,
+            totals: j.totals(),
+            mpi_ns: j.ranks.values().map(|r| r.mpi_ns()).sum(),
+        })
         .collect();
     Json(serde_json::to_value(list).unwrap_or_default())
 }
@@ -77,7 +87,11 @@ async fn jobs(State(state): State<SharedState>) -> impl IntoResponse {
 async fn job(State(state): State<SharedState>, Path(id): Path<String>) -> impl IntoResponse {
     let s = state.lock().unwrap();
     let Some(j) = s.store.jobs.get(&crate::model::JobId(id.clone())) else {
-        return (StatusCode::NOT_FOUND, format!("no job {id:?} on this node; GET /api/jobs lists them")).into_response();
+        return (
+            StatusCode::NOT_FOUND,
+            format!("no job {id:?} on this node; GET /api/jobs lists them"),
+        )
+            .into_response();
     };
     let detail = JobDetail {
         meta: &j.meta,
@@ -90,7 +104,10 @@ async fn job(State(state): State<SharedState>, Path(id): Path<String>) -> impl I
     Json(serde_json::to_value(detail).unwrap_or_default()).into_response()
 }
 
-async fn job_properties(State(state): State<SharedState>, Path(id): Path<String>) -> impl IntoResponse {
+async fn job_properties(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> impl IntoResponse {
     let s = state.lock().unwrap();
     match s.properties.get(&crate::model::JobId(id.clone())) {
         Some(live) => {
@@ -105,7 +122,10 @@ async fn job_properties(State(state): State<SharedState>, Path(id): Path<String>
             }))
             .into_response()
         }
-        None => (StatusCode::NOT_FOUND, format!("no properties for job {id:?} yet; GET /api/jobs lists the jobs"))
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no properties for job {id:?} yet; GET /api/jobs lists the jobs"),
+        )
             .into_response(),
     }
 }
@@ -114,7 +134,10 @@ async fn job_phases(State(state): State<SharedState>, Path(id): Path<String>) ->
     let s = state.lock().unwrap();
     match s.phases.get(&crate::model::JobId(id.clone())) {
         Some(snapshot) => Json(serde_json::to_value(snapshot).unwrap_or_default()).into_response(),
-        None => (StatusCode::NOT_FOUND, format!("no phase analysis for job {id:?} yet; it starts with the job's first bursts"))
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no phase analysis for job {id:?} yet; it starts with the job's first bursts"),
+        )
             .into_response(),
     }
 }
@@ -124,7 +147,10 @@ async fn job_phases(State(state): State<SharedState>, Path(id): Path<String>) ->
 pub async fn bind(
     addr: SocketAddr,
     state: SharedState,
-) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = std::io::Result<()>>)> {
+) -> std::io::Result<(
+    SocketAddr,
+    impl std::future::Future<Output = std::io::Result<()>>,
+)> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/api/jobs", get(jobs))

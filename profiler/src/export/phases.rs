@@ -121,14 +121,26 @@ fn clustering_line(c: &ClusteringReport, method: Option<&ClusteringMethod>) -> S
             .last()
             .map(|s| format!(", last Eps {:.4}", s.eps))
             .unwrap_or_default();
-        format!("{}{last}, MinPoints {}", counted(c.steps.len(), "step"), c.min_points)
+        format!(
+            "{}{last}, MinPoints {}",
+            counted(c.steps.len(), "step"),
+            c.min_points
+        )
     };
     let mut line = match method {
-        Some(ClusteringMethod::Acr { .. }) => format!("clustering: DBSCAN refined by ACR, {}", steps()),
-        Some(ClusteringMethod::Dbscan { eps, .. }) => {
-            format!("clustering: DBSCAN, Eps {eps:.4}, MinPoints {}", c.min_points)
+        Some(ClusteringMethod::Acr { .. }) => {
+            format!("clustering: DBSCAN refined by ACR, {}", steps())
         }
-        None => format!("clustering: as the daemon is configured (analysis.analysis.clustering), {}", steps()),
+        Some(ClusteringMethod::Dbscan { eps, .. }) => {
+            format!(
+                "clustering: DBSCAN, Eps {eps:.4}, MinPoints {}",
+                c.min_points
+            )
+        }
+        None => format!(
+            "clustering: as the daemon is configured (analysis.analysis.clustering), {}",
+            steps()
+        ),
     };
     if !c.sequence_merges.is_empty() {
         let _ = write!(line, "; {} sequence merge(s)", c.sequence_merges.len());
@@ -197,7 +209,13 @@ struct Basis<'a> {
 
 /// The body of a phase table under its title line: the header facts, one row per cluster (its
 /// label under `key`, then its most frequent code regions), and the noise.
-fn table(out: &mut String, basis: &Basis, key: &str, rows: &[(String, &ClusterStats)], noise: Option<&ClusterStats>) {
+fn table(
+    out: &mut String,
+    basis: &Basis,
+    key: &str,
+    rows: &[(String, &ClusterStats)],
+    noise: Option<&ClusterStats>,
+) {
     let _ = writeln!(out, "   {}", features_line(basis.features));
     let _ = writeln!(out, "   {}", filter_line(basis.filter));
     if let Some((report, method)) = basis.clustering {
@@ -262,7 +280,11 @@ pub fn render_phases(job_id: &JobId, analysis: &Analysis) -> String {
         filter: &analysis.filter,
         clustering: Some((&analysis.clustering, Some(&analysis.params.clustering))),
     };
-    let rows: Vec<(String, &ClusterStats)> = analysis.clusters.iter().map(|c| (c.id.to_string(), c)).collect();
+    let rows: Vec<(String, &ClusterStats)> = analysis
+        .clusters
+        .iter()
+        .map(|c| (c.id.to_string(), c))
+        .collect();
     table(&mut out, &basis, "cluster", &rows, analysis.noise.as_ref());
     out
 }
@@ -322,7 +344,10 @@ fn roughly(ns: u64) -> String {
 }
 
 fn ids(ids: &[StableId]) -> String {
-    ids.iter().map(StableId::to_string).collect::<Vec<_>>().join(", ")
+    ids.iter()
+        .map(StableId::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The daemon's online phase analysis of one job (its `/api/jobs/{id}/phases` snapshot), as
@@ -347,12 +372,20 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
         let _ = writeln!(
             out,
             "   {} current window, {}, holds {} so far; {}",
-            if first { "windows are aligned to Unix time; the" } else { "the" },
+            if first {
+                "windows are aligned to Unix time; the"
+            } else {
+                "the"
+            },
             utc_span(current.start_ns, current.end_ns),
             counted(current.bursts_seen as usize, "burst"),
             match current.end_ns.checked_sub(now_ns).filter(|&wait| wait > 0) {
-                Some(wait) => format!("it is clustered a few seconds after it ends, in {}", roughly(wait)),
-                None => "it has ended and is clustered within seconds (analysis.lateness_s)".to_string(),
+                Some(wait) => format!(
+                    "it is clustered a few seconds after it ends, in {}",
+                    roughly(wait)
+                ),
+                None =>
+                    "it has ended and is clustered within seconds (analysis.lateness_s)".to_string(),
             }
         );
     };
@@ -401,7 +434,11 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
                 filter: &w.filter,
                 clustering: Some((&w.clustering, None)),
             };
-            let rows: Vec<(String, &ClusterStats)> = w.phases.iter().map(|p| (p.id.to_string(), &p.stats)).collect();
+            let rows: Vec<(String, &ClusterStats)> = w
+                .phases
+                .iter()
+                .map(|p| (p.id.to_string(), &p.stats))
+                .collect();
             table(&mut out, &basis, "phase", &rows, w.noise.as_ref());
             let c = &s.event_counts;
             let events: Vec<String> = [
@@ -415,7 +452,12 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
             .filter(|(n, _)| *n > 0)
             .map(|(n, kind)| format!("{n} {kind}"))
             .collect();
-            let active: Vec<StableId> = s.live_ids.iter().copied().filter(|id| !s.dormant_ids.contains(id)).collect();
+            let active: Vec<StableId> = s
+                .live_ids
+                .iter()
+                .copied()
+                .filter(|id| !s.dormant_ids.contains(id))
+                .collect();
             let _ = writeln!(
                 out,
                 "   tracking: phases {} active{}; events since the job started: {}",
@@ -423,9 +465,16 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
                 if s.dormant_ids.is_empty() {
                     String::new()
                 } else {
-                    format!(", {} dormant (not seen lately or merged; may come back)", ids(&s.dormant_ids))
+                    format!(
+                        ", {} dormant (not seen lately or merged; may come back)",
+                        ids(&s.dormant_ids)
+                    )
                 },
-                if events.is_empty() { "none".to_string() } else { events.join(", ") }
+                if events.is_empty() {
+                    "none".to_string()
+                } else {
+                    events.join(", ")
+                }
             );
             if current.window > w.window && current.bursts_seen > 0 {
                 current_line(&mut out, false);
@@ -441,8 +490,15 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
             "== whole job so far: {} in a sample of {} from {}{}, SPMD score {:.3}",
             counted(c.clusters.len(), "cluster"),
             counted(c.windows_sampled, "window"),
-            utc_span(c.first_window * s.window_ns, (c.last_window + 1) * s.window_ns),
-            if c.stride > 1 { format!(" (one window in {})", c.stride) } else { String::new() },
+            utc_span(
+                c.first_window * s.window_ns,
+                (c.last_window + 1) * s.window_ns
+            ),
+            if c.stride > 1 {
+                format!(" (one window in {})", c.stride)
+            } else {
+                String::new()
+            },
             c.spmd_score
         );
         let _ = writeln!(
@@ -455,12 +511,20 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
         if c.clusters.iter().any(|k| k.phase == 0) {
             let _ = writeln!(out, "   phase 0: bursts that were noise in their windows");
         }
-        let basis = Basis { features: &c.features, filter: &c.filter, clustering: None };
+        let basis = Basis {
+            features: &c.features,
+            filter: &c.filter,
+            clustering: None,
+        };
         let rows: Vec<(String, &ClusterStats)> = c
             .clusters
             .iter()
             .map(|k| {
-                let label = if k.part == 0 { k.phase.to_string() } else { format!("{}.{}", k.phase, k.part) };
+                let label = if k.part == 0 {
+                    k.phase.to_string()
+                } else {
+                    format!("{}.{}", k.phase, k.part)
+                };
                 (label, &k.stats)
             })
             .collect();
@@ -519,7 +583,11 @@ pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> Str
         a.frame.ranks,
         b.label,
         b.frame.ranks,
-        if m.same_application { "" } else { "; NOTE: different executables, matched on behaviour only" }
+        if m.same_application {
+            ""
+        } else {
+            "; NOTE: different executables, matched on behaviour only"
+        }
     );
     let _ = writeln!(
         out,
@@ -549,15 +617,24 @@ pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> Str
             duration(t.b.duration_mean_ns as u64),
             100.0 * t.duration_mean_change,
             100.0 * t.time_share_change,
-            t.ipc_change.map_or("-".to_string(), |c| format!("{:+.1}%", 100.0 * c)),
+            t.ipc_change
+                .map_or("-".to_string(), |c| format!("{:+.1}%", 100.0 * c)),
         );
     }
     if !m.unmatched_a.is_empty() || !m.unmatched_b.is_empty() {
         let _ = writeln!(
             out,
             "   only before: {}; only after: {}",
-            if m.unmatched_a.is_empty() { "-".into() } else { ids(&m.unmatched_a) },
-            if m.unmatched_b.is_empty() { "-".into() } else { ids(&m.unmatched_b) }
+            if m.unmatched_a.is_empty() {
+                "-".into()
+            } else {
+                ids(&m.unmatched_a)
+            },
+            if m.unmatched_b.is_empty() {
+                "-".into()
+            } else {
+                ids(&m.unmatched_b)
+            }
         );
     }
     out
@@ -576,14 +653,22 @@ pub(crate) fn synthetic_snapshot(iterations: u32, now_ns: u64) -> PhasesSnapshot
     let bursts = SyntheticJob {
         ranks: 4,
         iterations,
-        phases: vec![Phase::new(1e6, 2.0, 0.03), Phase::new(5e6, 0.6, 0.03), Phase::new(2e7, 1.2, 0.03)],
+        phases: vec![
+            Phase::new(1e6, 2.0, 0.03),
+            Phase::new(5e6, 0.6, 0.03),
+            Phase::new(2e7, 1.2, 0.03),
+        ],
         tiny_bursts_per_phase: 2,
         outlier_share: 0.0,
         counters: true,
         seed: 7,
     }
     .bursts();
-    let params = OnlineParams { window_s: 1.0, lateness_s: 0.0, ..OnlineParams::default() };
+    let params = OnlineParams {
+        window_s: 1.0,
+        lateness_s: 0.0,
+        ..OnlineParams::default()
+    };
     let mut online = JobPhases::new(4, params).unwrap();
     for b in bursts.iter().filter(|b| b.start_ns < now_ns) {
         online.push(b);
@@ -607,7 +692,9 @@ mod tests {
     /// The table rows (lines that start with a label, not the regions under them).
     fn rows(text: &str) -> Vec<Vec<&str>> {
         text.lines()
-            .filter(|l| l.trim_start().starts_with(char::is_numeric) || l.trim_start().starts_with("noise "))
+            .filter(|l| {
+                l.trim_start().starts_with(char::is_numeric) || l.trim_start().starts_with("noise ")
+            })
             .map(|l| l.split_whitespace().collect())
             .collect()
     }
@@ -617,9 +704,16 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00");
         assert_eq!(utc(T0), "2023-11-14 22:13:20");
         assert_eq!(utc(T0 + 500_000_000), "2023-11-14 22:13:20.500");
-        assert_eq!(utc(1_709_164_800_000_000_000), "2024-02-29 00:00:00", "leap day");
+        assert_eq!(
+            utc(1_709_164_800_000_000_000),
+            "2024-02-29 00:00:00",
+            "leap day"
+        );
         assert_eq!(utc(1_735_689_599_000_000_000), "2024-12-31 23:59:59");
-        assert_eq!(utc_span(T0, T0 + 30_000_000_000), "2023-11-14 22:13:20–22:13:50 UTC");
+        assert_eq!(
+            utc_span(T0, T0 + 30_000_000_000),
+            "2023-11-14 22:13:20–22:13:50 UTC"
+        );
         assert_eq!(
             utc_span(1_735_689_570_000_000_000, 1_735_689_600_000_000_000),
             "2024-12-31 23:59:30–2025-01-01 00:00:00 UTC"
@@ -635,7 +729,10 @@ mod tests {
         let now = T0 + 2_400_000_000;
         let snapshot = synthetic_snapshot(250, now);
         let text = render_live_phases(&JobId("pmix:42".into()), &snapshot, now);
-        let window = snapshot.last_window.as_ref().expect("windows 0 and 1 closed");
+        let window = snapshot
+            .last_window
+            .as_ref()
+            .expect("windows 0 and 1 closed");
         assert_eq!(window.window, T0 / 1_000_000_000 + 1, "{text}");
         assert!(
             text.starts_with(
@@ -644,23 +741,41 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("features: instructions (log) and IPC from hardware counters"), "{text}");
-        assert!(text.contains("clustering: as the daemon is configured"), "{text}");
-        assert!(text.contains("\n     phase  bursts    time s"), "{text}");
-        assert!(text.contains("tracking: phases 1, 2, 3 active; events since the job started: 3 appear"), "{text}");
         assert!(
-            text.contains("the current window, 2023-11-14 22:13:22–22:13:23 UTC, holds ")
-                && text.contains("so far; it is clustered a few seconds after it ends, in under a second\n"),
+            text.contains("features: instructions (log) and IPC from hardware counters"),
             "{text}"
         );
-        let (window_part, whole) = text.split_once("== whole job so far: ").expect("cumulative view");
+        assert!(
+            text.contains("clustering: as the daemon is configured"),
+            "{text}"
+        );
+        assert!(text.contains("\n     phase  bursts    time s"), "{text}");
+        assert!(
+            text.contains(
+                "tracking: phases 1, 2, 3 active; events since the job started: 3 appear"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("the current window, 2023-11-14 22:13:22–22:13:23 UTC, holds ")
+                && text.contains(
+                    "so far; it is clustered a few seconds after it ends, in under a second\n"
+                ),
+            "{text}"
+        );
+        let (window_part, whole) = text
+            .split_once("== whole job so far: ")
+            .expect("cumulative view");
         assert!(whole.starts_with("3 clusters in a sample of 2 windows from 2023-11-14 22:13:20–22:13:22 UTC, SPMD score 1.000"), "{text}");
         // Rows by stable id, with the window's statistics: 1 s of 10 ms iterations on 4 ranks.
         let ids: Vec<&str> = rows(window_part).iter().map(|r| r[0]).collect();
         assert_eq!(ids, ["1", "2", "3"], "{text}");
         for (row, phase) in rows(window_part).iter().zip(&window.phases) {
             assert_eq!(row[1], phase.stats.bursts.to_string(), "{text}");
-            assert!((350..=400).contains(&phase.stats.bursts), "about 97 iterations × 4 ranks: {text}");
+            assert!(
+                (350..=400).contains(&phase.stats.bursts),
+                "about 97 iterations × 4 ranks: {text}"
+            );
         }
         let (_, whole_table) = whole.split_once('\n').unwrap();
         assert_eq!(rows(whole_table).len(), 3, "{text}");
@@ -684,7 +799,10 @@ mod tests {
         let mut untouched = snapshot.clone();
         untouched.open_window = None;
         let text = render_live_phases(&JobId("j".into()), &untouched, T0 + 65_000_000_000);
-        assert!(text.contains("the current window, 2023-11-14 22:14:25–22:14:26 UTC, holds 0 bursts"), "{text}");
+        assert!(
+            text.contains("the current window, 2023-11-14 22:14:25–22:14:26 UTC, holds 0 bursts"),
+            "{text}"
+        );
     }
 
     fn job(counters: bool) -> SyntheticJob {

@@ -17,7 +17,10 @@ use crate::{
 };
 
 fn escape(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Writes metric families: each family's HELP and TYPE once, then its samples.
@@ -26,7 +29,13 @@ struct Exposition {
 }
 
 impl Exposition {
-    fn family(&mut self, name: &str, kind: &str, help: &str, samples: impl IntoIterator<Item = (String, f64)>) {
+    fn family(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        samples: impl IntoIterator<Item = (String, f64)>,
+    ) {
         let mut samples = samples.into_iter().peekable();
         if samples.peek().is_none() {
             return;
@@ -53,7 +62,11 @@ pub const TOP_PHASES: usize = 10;
 pub fn render(shared: &Shared, now_ns: u64) -> String {
     let (store, health, phases) = (&shared.store, &shared.health, &shared.phases);
     let mut e = Exposition { out: String::new() };
-    let jobs: Vec<_> = store.jobs.values().map(|j| (job_labels(&j.meta.id, &j.meta.node), j)).collect();
+    let jobs: Vec<_> = store
+        .jobs
+        .values()
+        .map(|j| (job_labels(&j.meta.id, &j.meta.node), j))
+        .collect();
 
     e.family(
         "mpiburst_job_info",
@@ -61,7 +74,11 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "Always 1; identifies a job seen on this node, with where its identity came from.",
         jobs.iter().map(|(l, j)| {
             (
-                format!("{l},source=\"{}\",executable=\"{}\"", escape(&j.meta.source), escape(&j.meta.executable)),
+                format!(
+                    "{l},source=\"{}\",executable=\"{}\"",
+                    escape(&j.meta.source),
+                    escape(&j.meta.executable)
+                ),
                 1.0,
             )
         }),
@@ -82,7 +99,8 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "mpiburst_job_running",
         "gauge",
         "1 while the job has live ranks on this node, 0 once they all ended.",
-        jobs.iter().map(|(l, j)| (l.clone(), if j.is_ended() { 0.0 } else { 1.0 })),
+        jobs.iter()
+            .map(|(l, j)| (l.clone(), if j.is_ended() { 0.0 } else { 1.0 })),
     );
     let totals: Vec<_> = jobs.iter().map(|(l, j)| (l, j.totals())).collect();
     e.family(
@@ -95,13 +113,16 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "mpiburst_job_useful_oncpu_seconds_total",
         "counter",
         "On-CPU time inside the job's CPU bursts here (lower than useful time when descheduled).",
-        totals.iter().map(|(l, t)| ((*l).clone(), secs(t.burst_oncpu_ns))),
+        totals
+            .iter()
+            .map(|(l, t)| ((*l).clone(), secs(t.burst_oncpu_ns))),
     );
     e.family(
         "mpiburst_job_mpi_seconds_total",
         "counter",
         "Time inside outermost MPI calls, all functions, of the job's ranks here.",
-        jobs.iter().map(|(l, j)| (l.clone(), secs(j.ranks.values().map(|r| r.mpi_ns()).sum()))),
+        jobs.iter()
+            .map(|(l, j)| (l.clone(), secs(j.ranks.values().map(|r| r.mpi_ns()).sum()))),
     );
     e.family(
         "mpiburst_job_bursts_total",
@@ -113,13 +134,17 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "mpiburst_job_filtered_bursts_total",
         "counter",
         "Bursts below the duration filter: summed in kernel, not shipped to the daemon.",
-        totals.iter().map(|(l, t)| ((*l).clone(), t.filtered_bursts as f64)),
+        totals
+            .iter()
+            .map(|(l, t)| ((*l).clone(), t.filtered_bursts as f64)),
     );
     e.family(
         "mpiburst_job_filtered_seconds_total",
         "counter",
         "Wall time of the bursts below the duration filter.",
-        totals.iter().map(|(l, t)| ((*l).clone(), secs(t.filtered_ns))),
+        totals
+            .iter()
+            .map(|(l, t)| ((*l).clone(), secs(t.filtered_ns))),
     );
     e.family(
         "mpiburst_job_dropped_bursts_total",
@@ -140,13 +165,17 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "mpiburst_job_mpi_calls_total",
         "counter",
         "Outermost calls per MPI function (PMPI and Fortran wrappers count once).",
-        per_function.iter().map(|(l, s)| (l.clone(), s.calls as f64)),
+        per_function
+            .iter()
+            .map(|(l, s)| (l.clone(), s.calls as f64)),
     );
     e.family(
         "mpiburst_job_mpi_call_seconds_total",
         "counter",
         "Time inside each MPI function.",
-        per_function.iter().map(|(l, s)| (l.clone(), secs(s.time_ns))),
+        per_function
+            .iter()
+            .map(|(l, s)| (l.clone(), secs(s.time_ns))),
     );
     e.family(
         "mpiburst_job_mpi_bytes_total",
@@ -161,7 +190,11 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
     let lifetimes: Vec<_> = jobs
         .iter()
         .map(|(l, j)| {
-            let samples: Vec<RankSample> = j.ranks.values().map(|r| RankSample::lifetime(r, now_ns)).collect();
+            let samples: Vec<RankSample> = j
+                .ranks
+                .values()
+                .map(|r| RankSample::lifetime(r, now_ns))
+                .collect();
             (l, JobAggregates::from_ranks(&samples))
         })
         .collect();
@@ -169,7 +202,9 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "mpiburst_job_region_ranks",
         "gauge",
         "Ranks of the job here past the return of MPI_Init (the count of the per-rank aggregates).",
-        lifetimes.iter().map(|(l, a)| ((*l).clone(), a.useful_seconds.count as f64)),
+        lifetimes
+            .iter()
+            .map(|(l, a)| ((*l).clone(), a.useful_seconds.count as f64)),
     );
     for (name, help, field) in [
         (
@@ -221,7 +256,12 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
     render_usage(&mut e, shared);
     render_properties(&mut e, shared);
 
-    e.family("mpiburst_jobs_tracked", "gauge", "Jobs held by the daemon, running or ended.", [(String::new(), store.jobs.len() as f64)]);
+    e.family(
+        "mpiburst_jobs_tracked",
+        "gauge",
+        "Jobs held by the daemon, running or ended.",
+        [(String::new(), store.jobs.len() as f64)],
+    );
     e.family(
         "mpiburst_lost_events_total",
         "counter",
@@ -235,7 +275,11 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         .map(|(k, v)| (format!("kind=\"{k}\""), v as f64)),
     );
     let programs = |f: fn(&ProgramStats) -> f64| {
-        health.programs.iter().map(move |p| (format!("program=\"{}\"", p.name), f(p))).collect::<Vec<_>>()
+        health
+            .programs
+            .iter()
+            .map(move |p| (format!("program=\"{}\"", p.name), f(p)))
+            .collect::<Vec<_>>()
     };
     e.family(
         "mpiburst_bpf_run_seconds_total",
@@ -243,7 +287,12 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "Time the kernel spent running each BPF program (kernel BPF statistics).",
         programs(|p| p.run_time.as_secs_f64()),
     );
-    e.family("mpiburst_bpf_runs_total", "counter", "Runs of each BPF program.", programs(|p| p.run_count as f64));
+    e.family(
+        "mpiburst_bpf_runs_total",
+        "counter",
+        "Runs of each BPF program.",
+        programs(|p| p.run_count as f64),
+    );
     e.family(
         "mpiburst_bpf_missed_runs_total",
         "counter",
@@ -256,7 +305,8 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "counter",
         "CPU time of the daemon itself, by mode (user, system).",
         process.into_iter().flat_map(|p| {
-            [("user", p.user_ns), ("system", p.system_ns)].map(|(mode, ns)| (format!("mode=\"{mode}\""), secs(ns)))
+            [("user", p.user_ns), ("system", p.system_ns)]
+                .map(|(mode, ns)| (format!("mode=\"{mode}\""), secs(ns)))
         }),
     );
     e.family(
@@ -265,14 +315,28 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         "Resident memory of the daemon itself.",
         process.map(|p| (String::new(), p.rss_bytes as f64)),
     );
-    e.family("mpiburst_probes_attached", "gauge", "MPI entry points probed (each with a uprobe and a uretprobe).", [(String::new(), health.probes as f64)]);
-    e.family("mpiburst_libraries_attached", "gauge", "MPI library files attached.", [(String::new(), health.libraries as f64)]);
+    e.family(
+        "mpiburst_probes_attached",
+        "gauge",
+        "MPI entry points probed (each with a uprobe and a uretprobe).",
+        [(String::new(), health.probes as f64)],
+    );
+    e.family(
+        "mpiburst_libraries_attached",
+        "gauge",
+        "MPI library files attached.",
+        [(String::new(), health.libraries as f64)],
+    );
     e.family(
         "mpiburst_counters_info",
         "gauge",
         "1 for the counter events read per burst; event=\"none\" when no counters are available.",
         [(
-            format!("event=\"{}\",hardware=\"{}\"", escape(&health.counter_events), health.hardware_counters),
+            format!(
+                "event=\"{}\",hardware=\"{}\"",
+                escape(&health.counter_events),
+                health.hardware_counters
+            ),
             1.0,
         )],
     );
@@ -294,7 +358,10 @@ fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, 
         .flat_map(|(l, w)| {
             let mut ranked: Vec<_> = w.phases.iter().collect();
             ranked.sort_by_key(|p| p.time_rank);
-            ranked.into_iter().take(TOP_PHASES).map(move |p| (format!("{l},phase=\"{}\"", p.id), &p.stats))
+            ranked
+                .into_iter()
+                .take(TOP_PHASES)
+                .map(move |p| (format!("{l},phase=\"{}\"", p.id), &p.stats))
         })
         .collect();
     e.family(
@@ -307,7 +374,9 @@ fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, 
         "mpiburst_job_phase_windows_total",
         "counter",
         "Analysis windows closed for the job.",
-        labelled.iter().map(|(l, p)| (l.clone(), p.totals.windows_closed as f64)),
+        labelled
+            .iter()
+            .map(|(l, p)| (l.clone(), p.totals.windows_closed as f64)),
     );
     e.family(
         "mpiburst_job_phase_events_total",
@@ -315,8 +384,14 @@ fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, 
         "Phase tracking events across windows, by kind (appear, vanish, split, merge, moved).",
         labelled.iter().flat_map(|(l, p)| {
             let c = &p.event_counts;
-            [("appear", c.appear), ("vanish", c.vanish), ("split", c.split), ("merge", c.merge), ("moved", c.moved)]
-                .map(|(kind, n)| (format!("{l},kind=\"{kind}\""), n as f64))
+            [
+                ("appear", c.appear),
+                ("vanish", c.vanish),
+                ("split", c.split),
+                ("merge", c.merge),
+                ("moved", c.moved),
+            ]
+            .map(|(kind, n)| (format!("{l},kind=\"{kind}\""), n as f64))
         }),
     );
     e.family(
@@ -379,14 +454,17 @@ fn render_usage(e: &mut Exposition, shared: &Shared) {
         "counter",
         "CPU time of the job's processes here, by mode (user, system), from procfs.",
         usage.iter().flat_map(|(l, u)| {
-            [("user", u.user_ns), ("system", u.system_ns)].map(|(mode, ns)| (format!("{l},mode=\"{mode}\""), secs(ns)))
+            [("user", u.user_ns), ("system", u.system_ns)]
+                .map(|(mode, ns)| (format!("{l},mode=\"{mode}\""), secs(ns)))
         }),
     );
     e.family(
         "mpiburst_job_memory_used_bytes",
         "gauge",
         "Resident memory of the job's live processes here.",
-        usage.iter().map(|(l, u)| (l.clone(), u.memory_used_bytes as f64)),
+        usage
+            .iter()
+            .map(|(l, u)| (l.clone(), u.memory_used_bytes as f64)),
     );
     e.family(
         "mpiburst_job_io_bytes_total",
@@ -401,22 +479,29 @@ fn render_usage(e: &mut Exposition, shared: &Shared) {
         "mpiburst_job_io_requests_total",
         "counter",
         "File read and write system calls of the job's processes here, by direction.",
-        usage.iter().filter_map(|(l, u)| Some((l, u.io?))).flat_map(|(l, io)| {
-            [("read", io.read_calls), ("write", io.write_calls)]
-                .map(|(d, v)| (format!("{l},direction=\"{d}\""), v as f64))
-        }),
+        usage
+            .iter()
+            .filter_map(|(l, u)| Some((l, u.io?)))
+            .flat_map(|(l, io)| {
+                [("read", io.read_calls), ("write", io.write_calls)]
+                    .map(|(d, v)| (format!("{l},direction=\"{d}\""), v as f64))
+            }),
     );
     e.family(
         "mpiburst_job_io_opens_total",
         "counter",
         "Successful file opens of the job's processes here.",
-        usage.iter().filter_map(|(l, u)| Some((l.clone(), u.io?.opens as f64))),
+        usage
+            .iter()
+            .filter_map(|(l, u)| Some((l.clone(), u.io?.opens as f64))),
     );
     e.family(
         "mpiburst_job_io_closes_total",
         "counter",
         "Closes of the files the job's processes opened here.",
-        usage.iter().filter_map(|(l, u)| Some((l.clone(), u.io?.closes as f64))),
+        usage
+            .iter()
+            .filter_map(|(l, u)| Some((l.clone(), u.io?.closes as f64))),
     );
 }
 
@@ -426,8 +511,14 @@ fn job_labels(id: &JobId, node: &str) -> String {
 
 /// One property's series labels: job, span, strategy, property and (per phase) phase.
 fn property_labels(job: &str, span: &str, p: &PropertyResult, phase: Option<u32>) -> String {
-    let phase = phase.map(|id| format!(",phase=\"{id}\"")).unwrap_or_default();
-    format!("{job},span=\"{span}\",strategy=\"{}\",property=\"{}\"{phase}", escape(&p.strategy), escape(&p.name))
+    let phase = phase
+        .map(|id| format!(",phase=\"{id}\""))
+        .unwrap_or_default();
+    format!(
+        "{job},span=\"{span}\",strategy=\"{}\",property=\"{}\"{phase}",
+        escape(&p.strategy),
+        escape(&p.name)
+    )
 }
 
 /// Every property result of a span, with its phase: job-level ones, then those of the top
@@ -439,7 +530,12 @@ fn span_results(props: &JobProperties) -> Vec<(&PropertyResult, Option<u32>)> {
         .properties
         .iter()
         .map(|p| (p, None))
-        .chain(phases.into_iter().take(TOP_PHASES).flat_map(|ph| ph.properties.iter().map(move |p| (p, Some(ph.phase)))))
+        .chain(
+            phases
+                .into_iter()
+                .take(TOP_PHASES)
+                .flat_map(|ph| ph.properties.iter().map(move |p| (p, Some(ph.phase)))),
+        )
         .collect()
 }
 
@@ -449,7 +545,9 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
     let spans: Vec<(String, &'static str, &JobProperties)> = shared
         .properties
         .iter()
-        .filter_map(|(id, live)| Some((job_labels(id, &shared.store.jobs.get(id)?.meta.node), live)))
+        .filter_map(|(id, live)| {
+            Some((job_labels(id, &shared.store.jobs.get(id)?.meta.node), live))
+        })
         .flat_map(|(l, live)| {
             std::iter::once((l.clone(), "job", &live.job))
                 .chain(live.window.as_ref().map(|w| (l, "window", &w.properties)))
@@ -458,10 +556,16 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
     let results: Vec<(String, &PropertyResult)> = spans
         .iter()
         .flat_map(|(l, span, props)| {
-            span_results(props).into_iter().map(move |(p, phase)| (property_labels(l, span, p, phase), p))
+            span_results(props)
+                .into_iter()
+                .map(move |(p, phase)| (property_labels(l, span, p, phase), p))
         })
         .collect();
-    let evaluated = || results.iter().filter_map(|(l, p)| Some((l, p.evaluation()?)));
+    let evaluated = || {
+        results
+            .iter()
+            .filter_map(|(l, p)| Some((l, p.evaluation()?)))
+    };
     e.family(
         "mpiburst_property_value",
         "gauge",
@@ -506,21 +610,36 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
         "gauge",
         "Severity of each property that fires, labelled with what to do about it.",
         spans.iter().flat_map(|(l, span, props)| {
-            span_results(props).into_iter().filter_map(move |(p, phase)| {
-                let ev = p.evaluation().filter(|ev| ev.condition && ev.severity > 0.0)?;
-                let text = ev.recommendation.as_deref()?;
-                let phase = phase.map(|id| format!(",phase=\"{id}\"")).unwrap_or_default();
-                Some((
-                    format!("{l},span=\"{span}\",property=\"{}\"{phase},recommendation=\"{}\"", escape(&p.name), escape(text)),
-                    ev.severity,
-                ))
-            })
+            span_results(props)
+                .into_iter()
+                .filter_map(move |(p, phase)| {
+                    let ev = p
+                        .evaluation()
+                        .filter(|ev| ev.condition && ev.severity > 0.0)?;
+                    let text = ev.recommendation.as_deref()?;
+                    let phase = phase
+                        .map(|id| format!(",phase=\"{id}\""))
+                        .unwrap_or_default();
+                    Some((
+                        format!(
+                            "{l},span=\"{span}\",property=\"{}\"{phase},recommendation=\"{}\"",
+                            escape(&p.name),
+                            escape(text)
+                        ),
+                        ev.severity,
+                    ))
+                })
         }),
     );
     let windows: Vec<_> = shared
         .properties
         .iter()
-        .filter_map(|(id, live)| Some((job_labels(id, &shared.store.jobs.get(id)?.meta.node), live.window.as_ref()?)))
+        .filter_map(|(id, live)| {
+            Some((
+                job_labels(id, &shared.store.jobs.get(id)?.meta.node),
+                live.window.as_ref()?,
+            ))
+        })
         .collect();
     for (name, help, field) in [
         (
@@ -567,16 +686,36 @@ mod tests {
     /// in MPI_Barrier since.
     fn rank(rank: u32, mpi_s: u64, first_seen_s: u64, ended_s: Option<u64>) -> RankRecord {
         let mut functions = BTreeMap::new();
-        functions.insert("MPI_Init".into(), CallStats { calls: 1, time_ns: 500_000_000, ..Default::default() });
-        functions.insert("MPI_Barrier".into(), CallStats { calls: 1, time_ns: mpi_s * 1_000_000_000, ..Default::default() });
+        functions.insert(
+            "MPI_Init".into(),
+            CallStats {
+                calls: 1,
+                time_ns: 500_000_000,
+                ..Default::default()
+            },
+        );
+        functions.insert(
+            "MPI_Barrier".into(),
+            CallStats {
+                calls: 1,
+                time_ns: mpi_s * 1_000_000_000,
+                ..Default::default()
+            },
+        );
         RankRecord {
             rank,
             pid: 100 + rank,
             first_seen_ns: first_seen_s * 1_000_000_000,
             ended_ns: ended_s.map(|s| s * 1_000_000_000),
-            totals: RankTotals { bursts: 1, ..Default::default() },
+            totals: RankTotals {
+                bursts: 1,
+                ..Default::default()
+            },
             functions,
-            region: RegionMarks { init_return_ns: Some(first_seen_s * 1_000_000_000), ..Default::default() },
+            region: RegionMarks {
+                init_return_ns: Some(first_seen_s * 1_000_000_000),
+                ..Default::default()
+            },
         }
     }
 
@@ -622,12 +761,18 @@ mod tests {
     fn series_of(job_ranks: u32) -> usize {
         use crate::{
             analysis::synthetic::{Phase, SyntheticJob},
-            export::recording::{RecordedBurst, Recording, RecordingHeader, RecordingWriter, FORMAT_VERSION},
+            export::recording::{
+                RecordedBurst, Recording, RecordingHeader, RecordingWriter, FORMAT_VERSION,
+            },
         };
         let bursts = SyntheticJob {
             ranks: job_ranks,
             iterations: 4,
-            phases: vec![Phase::new(1e7, 1.5, 0.02), Phase::new(5e7, 1.0, 0.02), Phase::new(2e8, 0.5, 0.02)],
+            phases: vec![
+                Phase::new(1e7, 1.5, 0.02),
+                Phase::new(5e7, 1.0, 0.02),
+                Phase::new(2e8, 0.5, 0.02),
+            ],
             tiny_bursts_per_phase: 0,
             outlier_share: 0.0,
             counters: false,
@@ -660,16 +805,33 @@ mod tests {
         let mut w = RecordingWriter::create(&path, header).unwrap();
         w.job(&meta).unwrap();
         for b in &bursts {
-            w.burst(RecordedBurst { job: id.clone(), burst: b.clone(), event_counts: None }).unwrap();
+            w.burst(RecordedBurst {
+                job: id.clone(),
+                burst: b.clone(),
+                event_counts: None,
+            })
+            .unwrap();
         }
         for r in 0..job_ranks {
             let mut record = rank(r, 1 + u64::from(r % 3), 0, None);
             for f in ["MPI_Allreduce", "MPI_Send"] {
-                record.functions.insert(f.to_string(), CallStats { calls: 12, time_ns: 1_000, bytes: 96, sized_calls: 12 });
+                record.functions.insert(
+                    f.to_string(),
+                    CallStats {
+                        calls: 12,
+                        time_ns: 1_000,
+                        bytes: 96,
+                        sized_calls: 12,
+                    },
+                );
             }
             w.rank(&id, &record).unwrap();
         }
-        w.finish(crate::export::recording::RecordingEnd { ended_ns: 1, lost: Default::default() }).unwrap();
+        w.finish(crate::export::recording::RecordingEnd {
+            ended_ns: 1,
+            lost: Default::default(),
+        })
+        .unwrap();
         let recording = Recording::read(&path).unwrap();
 
         let mut shared = Shared::default();
@@ -686,24 +848,49 @@ mod tests {
         let mut input = crate::properties::JobInput::lifetime(job, 10_000_000_000);
         let lifetime = crate::properties::evaluate_job(&input, &config);
         input.phases = Some((&analysis).into());
-        let window = crate::properties::WindowProperties { window: 0, aligned_end_ns: 30_000_000_000, properties: crate::properties::evaluate_job(&input, &config) };
+        let window = crate::properties::WindowProperties {
+            window: 0,
+            aligned_end_ns: 30_000_000_000,
+            properties: crate::properties::evaluate_job(&input, &config),
+        };
         assert!(!window.properties.phases.is_empty());
-        shared.properties.insert(id.clone(), crate::properties::LiveProperties { job: lifetime, window: Some(window) });
+        shared.properties.insert(
+            id.clone(),
+            crate::properties::LiveProperties {
+                job: lifetime,
+                window: Some(window),
+            },
+        );
         let text = render(&shared, 1);
-        assert!(text.contains("mpiburst_property_rank_value{mpi_job=\"slurm:42.0\""), "{text}");
+        assert!(
+            text.contains("mpiburst_property_rank_value{mpi_job=\"slurm:42.0\""),
+            "{text}"
+        );
         assert!(text.contains("phase=\""), "{text}");
         // docs/metrics.md lists every family the exposition has.
         let docs = include_str!("../../../docs/metrics.md");
-        for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).filter_map(|l| l.split(' ').next()) {
-            assert!(docs.contains(&format!("`{family}`")), "{family} is not in docs/metrics.md");
+        for family in text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+        {
+            assert!(
+                docs.contains(&format!("`{family}`")),
+                "{family} is not in docs/metrics.md"
+            );
         }
-        text.lines().filter(|l| !l.starts_with('#') && l.contains("mpi_job=\"slurm:42.0\"")).count()
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains("mpi_job=\"slurm:42.0\""))
+            .count()
     }
 
     #[test]
     fn series_per_job_do_not_grow_with_ranks() {
         let (ten, ten_thousand) = (series_of(10), series_of(10_000));
         assert!(ten > 20, "{ten} series");
-        assert_eq!(ten, ten_thousand, "series per job: 10 ranks {ten}, 10 000 ranks {ten_thousand}");
+        assert_eq!(
+            ten, ten_thousand,
+            "series per job: 10 ranks {ten}, 10 000 ranks {ten_thousand}"
+        );
     }
 }

@@ -32,11 +32,21 @@ pub const FORMAT_VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum RecordingError {
     #[error("cannot write recording {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot read recording {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}:{line}: not a valid recording line: {source}")]
-    Parse { path: PathBuf, line: usize, source: serde_json::Error },
+    Parse {
+        path: PathBuf,
+        line: usize,
+        source: serde_json::Error,
+    },
     #[error("{path}: not an mpiburst recording (the first line must be its header)")]
     NoHeader { path: PathBuf },
     #[error("{path}: recording format version {found}, this mpiburst reads version {FORMAT_VERSION}; use a matching mpiburst release")]
@@ -96,14 +106,23 @@ pub struct RecordingWriter {
 
 impl RecordingWriter {
     pub fn create(path: &Path, header: RecordingHeader) -> Result<Self, RecordingError> {
-        let file = File::create(path).map_err(|source| RecordingError::Write { path: path.into(), source })?;
-        let mut w = RecordingWriter { path: path.into(), out: BufWriter::new(file) };
+        let file = File::create(path).map_err(|source| RecordingError::Write {
+            path: path.into(),
+            source,
+        })?;
+        let mut w = RecordingWriter {
+            path: path.into(),
+            out: BufWriter::new(file),
+        };
         w.line(&Line::Header(header))?;
         Ok(w)
     }
 
     fn line(&mut self, line: &Line) -> Result<(), RecordingError> {
-        let err = |source| RecordingError::Write { path: self.path.clone(), source };
+        let err = |source| RecordingError::Write {
+            path: self.path.clone(),
+            source,
+        };
         serde_json::to_writer(&mut self.out, line).map_err(|e| err(e.into()))?;
         self.out.write_all(b"\n").map_err(err)
     }
@@ -117,12 +136,18 @@ impl RecordingWriter {
     }
 
     pub fn rank(&mut self, job: &JobId, record: &RankRecord) -> Result<(), RecordingError> {
-        self.line(&Line::Rank(RecordedRank { job: job.clone(), record: record.clone() }))
+        self.line(&Line::Rank(RecordedRank {
+            job: job.clone(),
+            record: record.clone(),
+        }))
     }
 
     /// Makes everything written so far durable, so a crash loses at most one interval.
     pub fn flush(&mut self) -> Result<(), RecordingError> {
-        self.out.flush().map_err(|source| RecordingError::Write { path: self.path.clone(), source })
+        self.out.flush().map_err(|source| RecordingError::Write {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     pub fn finish(mut self, end: RecordingEnd) -> Result<(), RecordingError> {
@@ -144,13 +169,19 @@ pub struct Recording {
 
 impl Recording {
     pub fn read(path: &Path) -> Result<Recording, RecordingError> {
-        let file = File::open(path).map_err(|source| RecordingError::Read { path: path.into(), source })?;
+        let file = File::open(path).map_err(|source| RecordingError::Read {
+            path: path.into(),
+            source,
+        })?;
         let mut header = None;
         let mut jobs: BTreeMap<JobId, Job> = BTreeMap::new();
         let mut event_counts: BTreeMap<JobId, Vec<Option<[u64; 2]>>> = BTreeMap::new();
         let mut end = None;
         for (index, line) in BufReader::new(file).lines().enumerate() {
-            let line = line.map_err(|source| RecordingError::Read { path: path.into(), source })?;
+            let line = line.map_err(|source| RecordingError::Read {
+                path: path.into(),
+                source,
+            })?;
             if line.is_empty() {
                 continue;
             }
@@ -158,16 +189,27 @@ impl Recording {
                 Ok(l) => l,
                 // A crash can cut the last line in half; everything before it stands.
                 Err(e) if e.is_eof() => break,
-                Err(source) => return Err(RecordingError::Parse { path: path.into(), line: index + 1, source }),
+                Err(source) => {
+                    return Err(RecordingError::Parse {
+                        path: path.into(),
+                        line: index + 1,
+                        source,
+                    })
+                }
             };
             match parsed {
                 Line::Header(h) if index == 0 => {
                     if h.version != FORMAT_VERSION {
-                        return Err(RecordingError::Version { path: path.into(), found: h.version });
+                        return Err(RecordingError::Version {
+                            path: path.into(),
+                            found: h.version,
+                        });
                     }
                     header = Some(h);
                 }
-                _ if header.is_none() => return Err(RecordingError::NoHeader { path: path.into() }),
+                _ if header.is_none() => {
+                    return Err(RecordingError::NoHeader { path: path.into() })
+                }
                 Line::Header(_) => return Err(RecordingError::NoHeader { path: path.into() }),
                 Line::Job(meta) => match jobs.get_mut(&meta.id) {
                     Some(job) => job.meta = meta,
@@ -193,7 +235,12 @@ impl Recording {
             }
         }
         let header = header.ok_or_else(|| RecordingError::NoHeader { path: path.into() })?;
-        Ok(Recording { header, jobs, event_counts, end })
+        Ok(Recording {
+            header,
+            jobs,
+            event_counts,
+            end,
+        })
     }
 }
 
@@ -243,16 +290,31 @@ mod tests {
             counters: None,
             start_func: "MPI_Init".into(),
             end_func: "MPI_Send".into(),
-            start_site: CallSite { module: "abc".into(), offset: 0x10 },
-            end_site: CallSite { module: "abc".into(), offset: 0x20 },
+            start_site: CallSite {
+                module: "abc".into(),
+                offset: 0x10,
+            },
+            end_site: CallSite {
+                module: "abc".into(),
+                offset: 0x20,
+            },
         };
-        w.burst(RecordedBurst { job: meta().id, burst: burst.clone(), event_counts: Some([3, 4]) }).unwrap();
+        w.burst(RecordedBurst {
+            job: meta().id,
+            burst: burst.clone(),
+            event_counts: Some([3, 4]),
+        })
+        .unwrap();
         let record = RankRecord {
             rank: 0,
             pid: 1,
             first_seen_ns: 0,
             ended_ns: Some(9),
-            totals: RankTotals { bursts: 1, burst_ns: 7, ..Default::default() },
+            totals: RankTotals {
+                bursts: 1,
+                burst_ns: 7,
+                ..Default::default()
+            },
             functions: BTreeMap::new(),
             region: Default::default(),
         };
@@ -260,7 +322,11 @@ mod tests {
         w.flush().unwrap();
         let cut = Recording::read(&path).unwrap();
         assert!(cut.end.is_none());
-        w.finish(RecordingEnd { ended_ns: 10, lost: Lost::default() }).unwrap();
+        w.finish(RecordingEnd {
+            ended_ns: 10,
+            lost: Lost::default(),
+        })
+        .unwrap();
 
         let r = Recording::read(&path).unwrap();
         assert_eq!(r.header, header());
@@ -278,7 +344,10 @@ mod tests {
         let mut h = header();
         h.version = 99;
         RecordingWriter::create(&path, h).unwrap().flush().unwrap();
-        assert!(matches!(Recording::read(&path), Err(RecordingError::Version { found: 99, .. })));
+        assert!(matches!(
+            Recording::read(&path),
+            Err(RecordingError::Version { found: 99, .. })
+        ));
         std::fs::write(&path, "{\"job\":{}}\n").unwrap();
         assert!(Recording::read(&path).is_err());
     }

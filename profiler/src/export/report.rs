@@ -32,7 +32,11 @@ fn bytes(b: u64) -> String {
 pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
     let m = &job.meta;
     let end = m.ended_ns.unwrap_or(now_ns);
-    let state = if m.ended_ns.is_some() { "ended" } else { "running" };
+    let state = if m.ended_ns.is_some() {
+        "ended"
+    } else {
+        "running"
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -53,11 +57,21 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
     for r in job.ranks.values() {
         let t = &r.totals;
         let sample = RankSample::lifetime(r, end);
-        let mpi_pct = if sample.runtime_ns > 0 { 100.0 * sample.mpi_ns as f64 / sample.runtime_ns as f64 } else { 0.0 };
-        let oncpu_pct = if t.burst_ns > 0 { 100.0 * t.burst_oncpu_ns as f64 / t.burst_ns as f64 } else { 0.0 };
+        let mpi_pct = if sample.runtime_ns > 0 {
+            100.0 * sample.mpi_ns as f64 / sample.runtime_ns as f64
+        } else {
+            0.0
+        };
+        let oncpu_pct = if t.burst_ns > 0 {
+            100.0 * t.burst_oncpu_ns as f64 / t.burst_ns as f64
+        } else {
+            0.0
+        };
         let state = match (r.region_span(end), r.ended_ns) {
             (None, _) => "  (in MPI_Init)",
-            (Some(_), Some(_)) if r.region.finalize_entry_ns.is_none() => "  (exited without MPI_Finalize)",
+            (Some(_), Some(_)) if r.region.finalize_entry_ns.is_none() => {
+                "  (exited without MPI_Finalize)"
+            }
             (Some(_), Some(_)) => "  (exited)",
             (Some(_), None) => "",
         };
@@ -80,12 +94,27 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
     }
     let functions = job.functions();
     if !functions.is_empty() {
-        let _ = writeln!(out, "   {:<24} {:>10} {:>10} {:>12}", "MPI function", "calls", "time s", "bytes");
+        let _ = writeln!(
+            out,
+            "   {:<24} {:>10} {:>10} {:>12}",
+            "MPI function", "calls", "time s", "bytes"
+        );
         let mut rows: Vec<_> = functions.into_iter().collect();
         rows.sort_by(|a, b| b.1.time_ns.cmp(&a.1.time_ns).then(a.0.cmp(b.0)));
         for (name, s) in rows {
-            let b = if s.sized_calls > 0 { bytes(s.bytes) } else { "-".into() };
-            let _ = writeln!(out, "   {:<24} {:>10} {:>10.3} {:>12}", name, s.calls, secs(s.time_ns), b);
+            let b = if s.sized_calls > 0 {
+                bytes(s.bytes)
+            } else {
+                "-".into()
+            };
+            let _ = writeln!(
+                out,
+                "   {:<24} {:>10} {:>10.3} {:>12}",
+                name,
+                s.calls,
+                secs(s.time_ns),
+                b
+            );
         }
     }
     let t = job.totals();
@@ -103,10 +132,18 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
 /// ranks whose return from it the daemon saw, MPI_Finalize over those that entered it.
 fn lifecycle_line(job: &Job) -> Option<String> {
     let over = |seen: fn(&RankRecord) -> bool, value: fn(&RankRecord) -> u64| {
-        Aggregate::of(job.ranks.values().filter(|r| seen(r)).map(|r| secs(value(r))))
+        Aggregate::of(
+            job.ranks
+                .values()
+                .filter(|r| seen(r))
+                .map(|r| secs(value(r))),
+        )
     };
     let init = over(|r| r.region.init_return_ns.is_some(), RankRecord::init_ns);
-    let finalize = over(|r| r.region.finalize_entry_ns.is_some(), RankRecord::finalize_ns);
+    let finalize = over(
+        |r| r.region.finalize_entry_ns.is_some(),
+        RankRecord::finalize_ns,
+    );
     let startup = match init.mean() {
         Some(mean) => format!("startup: MPI_Init {:.3} s max, {mean:.3} s mean", init.max),
         None if job.ranks.values().any(|r| r.region_span(u64::MAX).is_some()) => {
@@ -116,9 +153,14 @@ fn lifecycle_line(job: &Job) -> Option<String> {
     };
     let shutdown = match finalize.count {
         0 => String::new(),
-        n => format!("; shutdown: MPI_Finalize {:.3} s max over {n} ranks", finalize.max),
+        n => format!(
+            "; shutdown: MPI_Finalize {:.3} s max over {n} ranks",
+            finalize.max
+        ),
     };
-    Some(format!("{startup}{shutdown} (outside the region of interest the efficiencies use)"))
+    Some(format!(
+        "{startup}{shutdown} (outside the region of interest the efficiencies use)"
+    ))
 }
 
 #[cfg(test)]
@@ -142,9 +184,31 @@ mod tests {
             ended_ns: Some(2_000_000_000),
         });
         let mut functions = std::collections::BTreeMap::new();
-        functions.insert("MPI_Send".to_string(), CallStats { calls: 3, time_ns: 500_000_000, bytes: 3 << 20, sized_calls: 3 });
-        functions.insert("MPI_Init".to_string(), CallStats { calls: 1, time_ns: 300_000_000, ..Default::default() });
-        functions.insert("MPI_Finalize".to_string(), CallStats { calls: 1, time_ns: 100_000_000, ..Default::default() });
+        functions.insert(
+            "MPI_Send".to_string(),
+            CallStats {
+                calls: 3,
+                time_ns: 500_000_000,
+                bytes: 3 << 20,
+                sized_calls: 3,
+            },
+        );
+        functions.insert(
+            "MPI_Init".to_string(),
+            CallStats {
+                calls: 1,
+                time_ns: 300_000_000,
+                ..Default::default()
+            },
+        );
+        functions.insert(
+            "MPI_Finalize".to_string(),
+            CallStats {
+                calls: 1,
+                time_ns: 100_000_000,
+                ..Default::default()
+            },
+        );
         job.ranks.insert(
             0,
             RankRecord {
@@ -152,7 +216,12 @@ mod tests {
                 pid: 42,
                 first_seen_ns: 0,
                 ended_ns: Some(2_100_000_000),
-                totals: RankTotals { bursts: 4, burst_ns: 1_500_000_000, burst_oncpu_ns: 750_000_000, ..Default::default() },
+                totals: RankTotals {
+                    bursts: 4,
+                    burst_ns: 1_500_000_000,
+                    burst_oncpu_ns: 750_000_000,
+                    ..Default::default()
+                },
                 functions,
                 region: RegionMarks {
                     init_return_ns: Some(0),
@@ -163,9 +232,19 @@ mod tests {
         );
         let text = render(&job, 0, "no counters");
         assert!(text.contains("ended, 2.0 s"), "{text}");
-        assert!(text.contains("25.0%"), "MPI share 0.5 s of the 2 s region: {text}");
-        assert!(text.contains("startup: MPI_Init 0.300 s max") && text.contains("MPI_Finalize 0.100 s max over 1 ranks"), "{text}");
+        assert!(
+            text.contains("25.0%"),
+            "MPI share 0.5 s of the 2 s region: {text}"
+        );
+        assert!(
+            text.contains("startup: MPI_Init 0.300 s max")
+                && text.contains("MPI_Finalize 0.100 s max over 1 ranks"),
+            "{text}"
+        );
         assert!(text.contains("50.0%"), "on-CPU share: {text}");
-        assert!(text.contains("MPI_Send") && text.contains("3.0 MiB"), "{text}");
+        assert!(
+            text.contains("MPI_Send") && text.contains("3.0 MiB"),
+            "{text}"
+        );
     }
 }

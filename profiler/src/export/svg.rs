@@ -880,7 +880,14 @@ impl<'a> RankRows<'a> {
         bars: &BTreeMap<Paint, String>,
         items: &[LegendItem],
     ) -> String {
-        let RankRows { ranks, left, top, row_h, plot_h, .. } = *self;
+        let RankRows {
+            ranks,
+            left,
+            top,
+            row_h,
+            plot_h,
+            ..
+        } = *self;
         let legend_y = top + plot_h + 50.0;
         let mut legend_svg = String::new();
         let legend_h = legend(&mut legend_svg, items, left, legend_y);
@@ -958,7 +965,14 @@ fn timeline(
         .unwrap_or(t0)
         .max(t0 + 1);
     let frame = RankRows::new(&ranks);
-    let RankRows { left, right, top, row_h, bar_h, .. } = frame;
+    let RankRows {
+        left,
+        right,
+        top,
+        row_h,
+        bar_h,
+        ..
+    } = frame;
     let scale = Scale {
         lo: 0.0,
         hi: (t1 - t0) as f64 / 1e9,
@@ -1154,8 +1168,16 @@ pub fn render_html_with(
             features_line(&analysis.features),
         ],
         &[
-            Section { heading: "Clusters", caption: scatter_caption, content: scatter_svg },
-            Section { heading: "Timeline", caption: timeline_caption, content: timeline_svg },
+            Section {
+                heading: "Clusters",
+                caption: scatter_caption,
+                content: scatter_svg,
+            },
+            Section {
+                heading: "Timeline",
+                caption: timeline_caption,
+                content: timeline_svg,
+            },
             Section {
                 heading: "Phase table",
                 caption: String::new(),
@@ -1178,7 +1200,11 @@ fn page(job: &JobId, meta: &[String], sections: &[Section]) -> String {
     let mut html = String::new();
     let _ = writeln!(html, "<!DOCTYPE html>");
     let _ = writeln!(html, r#"<html lang="en"><head><meta charset="utf-8">"#);
-    let _ = writeln!(html, "<title>mpiburst phases: job {}</title>", escape(&job.0));
+    let _ = writeln!(
+        html,
+        "<title>mpiburst phases: job {}</title>",
+        escape(&job.0)
+    );
     let _ = writeln!(
         html,
         "<style>body{{font-family:sans-serif;margin:16px 24px;color:#222}}h1{{font-size:20px}}h2{{font-size:16px;margin-top:28px}}\
@@ -1208,7 +1234,13 @@ fn page(job: &JobId, meta: &[String], sections: &[Section]) -> String {
 fn sequences(window: &WindowView, options: &HtmlOptions) -> (String, String) {
     let ranks: Vec<u32> = window.sequences.iter().map(|s| s.rank).collect();
     let frame = RankRows::new(&ranks);
-    let longest = window.sequences.iter().map(|s| s.phases.len()).max().unwrap_or(0).max(1);
+    let longest = window
+        .sequences
+        .iter()
+        .map(|s| s.phases.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let rows = ranks.len().max(1);
     let columns = longest
         .min((frame.right - frame.left) as usize)
@@ -1220,12 +1252,18 @@ fn sequences(window: &WindowView, options: &HtmlOptions) -> (String, String) {
         // Column c holds positions [c·longest/columns, (c+1)·longest/columns).
         let cells: Vec<Option<ClusterId>> = (0..columns)
             .map(|c| {
-                let (a, b) = (c * longest / columns, ((c + 1) * longest / columns).min(sequence.phases.len()));
+                let (a, b) = (
+                    c * longest / columns,
+                    ((c + 1) * longest / columns).min(sequence.phases.len()),
+                );
                 let mut counts: BTreeMap<ClusterId, usize> = BTreeMap::new();
                 for &id in sequence.phases.get(a..b).unwrap_or_default() {
                     *counts.entry(id).or_default() += 1;
                 }
-                counts.into_iter().max_by(|x, y| x.1.cmp(&y.1).then(y.0.cmp(&x.0))).map(|(id, _)| id)
+                counts
+                    .into_iter()
+                    .max_by(|x, y| x.1.cmp(&y.1).then(y.0.cmp(&x.0)))
+                    .map(|(id, _)| id)
             })
             .collect();
         for (start, end) in runs(&cells) {
@@ -1240,7 +1278,11 @@ fn sequences(window: &WindowView, options: &HtmlOptions) -> (String, String) {
                 frame.bar_h
             );
             if tooltips {
-                let what = if id == NOISE { "noise".to_string() } else { format!("phase {id}") };
+                let what = if id == NOISE {
+                    "noise".to_string()
+                } else {
+                    format!("phase {id}")
+                };
                 let _ = writeln!(
                     out,
                     "><title>rank {} · {what} · bursts {}–{}</title></rect>",
@@ -1260,7 +1302,11 @@ fn sequences(window: &WindowView, options: &HtmlOptions) -> (String, String) {
         px_hi: frame.right,
         log: false,
     };
-    let items = cluster_legend("phase", window.phases.iter().map(|p| &p.stats), window.noise.as_ref());
+    let items = cluster_legend(
+        "phase",
+        window.phases.iter().map(|p| &p.stats),
+        window.noise.as_ref(),
+    );
     let svg = frame.svg(
         "sequences",
         &scale,
@@ -1289,20 +1335,26 @@ fn sequences(window: &WindowView, options: &HtmlOptions) -> (String, String) {
 /// (the daemon's snapshot carries them) and the phase tables `tables`. The scatter plot and the
 /// timeline are left out, and the page says so: they need the bursts themselves, which the API
 /// does not serve.
-pub fn render_live_html(job: &Job, snapshot: &PhasesSnapshot, tables: &str, daemon: &str) -> String {
+pub fn render_live_html(
+    job: &Job,
+    snapshot: &PhasesSnapshot,
+    tables: &str,
+    daemon: &str,
+) -> String {
     let m = &job.meta;
     let mut meta = vec![format!(
         "node {} · {} · {} of {} ranks on this node · live from the daemon at {daemon}",
-        m.node,
-        m.executable,
-        snapshot.ranks,
-        m.size
+        m.node, m.executable, snapshot.ranks, m.size
     )];
     let mut sections = Vec::new();
     if let Some(window) = &snapshot.last_window {
         meta.push(features_line(&window.features));
         let (svg, caption) = sequences(window, &HtmlOptions::default());
-        sections.push(Section { heading: "Phase sequences", caption, content: svg });
+        sections.push(Section {
+            heading: "Phase sequences",
+            caption,
+            content: svg,
+        });
     }
     sections.push(Section {
         heading: "Cluster scatter plot and timeline",
@@ -1838,12 +1890,27 @@ mod tests {
         let now = 1_700_000_002_400_000_000;
         let snapshot = crate::export::phases::synthetic_snapshot(250, now);
         let window = snapshot.last_window.as_ref().unwrap();
-        let tables = crate::export::phases::render_live_phases(&JobId("pmix:<a&b>".into()), &snapshot, now);
-        let html = render_live_html(&crate::store::Job::new(meta(4)), &snapshot, &tables, "127.0.0.1:9464");
-        assert!(!html.contains("<script") && html.matches("http").count() == 1, "no network: {html}");
-        assert!(html.contains("live from the daemon at 127.0.0.1:9464"), "{html}");
+        let tables =
+            crate::export::phases::render_live_phases(&JobId("pmix:<a&b>".into()), &snapshot, now);
+        let html = render_live_html(
+            &crate::store::Job::new(meta(4)),
+            &snapshot,
+            &tables,
+            "127.0.0.1:9464",
+        );
+        assert!(
+            !html.contains("<script") && html.matches("http").count() == 1,
+            "no network: {html}"
+        );
+        assert!(
+            html.contains("live from the daemon at 127.0.0.1:9464"),
+            "{html}"
+        );
         assert!(html.contains("Not drawn: they need every burst"), "{html}");
-        assert!(html.contains("== phases of job pmix:&lt;a&amp;b&gt; in the last clustered window"), "the tables, escaped");
+        assert!(
+            html.contains("== phases of job pmix:&lt;a&amp;b&gt; in the last clustered window"),
+            "the tables, escaped"
+        );
         let svgs = svgs(&html);
         assert_eq!(svgs.len(), 1);
         assert_eq!(svgs[0].attr("class"), Some("sequences"));
@@ -1851,10 +1918,21 @@ mod tests {
         let bars = groups(&svgs[0], "bursts", "rect");
         for phase in &window.phases {
             let id = phase.id.to_string();
-            assert_eq!(bars[&id], (cluster_colour(phase.id), phase.stats.bursts as usize), "phase {id}");
+            assert_eq!(
+                bars[&id],
+                (cluster_colour(phase.id), phase.stats.bursts as usize),
+                "phase {id}"
+            );
         }
         let drawn: usize = bars.values().map(|(_, n)| n).sum();
-        assert_eq!(drawn, window.sequences.iter().map(|s| s.phases.len()).sum::<usize>());
+        assert_eq!(
+            drawn,
+            window
+                .sequences
+                .iter()
+                .map(|s| s.phases.len())
+                .sum::<usize>()
+        );
         for r in 0..4 {
             assert!(html.contains(&format!(">rank {r}</text>")));
         }
@@ -1864,11 +1942,24 @@ mod tests {
     fn long_sequences_show_the_phase_of_most_bursts_per_column() {
         let snapshot = crate::export::phases::synthetic_snapshot(250, 1_700_000_002_400_000_000);
         let window = snapshot.last_window.as_ref().unwrap();
-        let longest = window.sequences.iter().map(|s| s.phases.len()).max().unwrap();
+        let longest = window
+            .sequences
+            .iter()
+            .map(|s| s.phases.len())
+            .max()
+            .unwrap();
         // 4 ranks × 10 columns.
-        let options = HtmlOptions { max_bars: 40, ..HtmlOptions::default() };
+        let options = HtmlOptions {
+            max_bars: 40,
+            ..HtmlOptions::default()
+        };
         let (svg, caption) = sequences(window, &options);
-        assert!(caption.contains(&format!("{longest} bursts per rank are more than 10 columns")), "{caption}");
+        assert!(
+            caption.contains(&format!(
+                "{longest} bursts per rank are more than 10 columns"
+            )),
+            "{caption}"
+        );
         let svg = parse_xml(&svg).unwrap();
         let bars = groups(&svg, "bursts", "rect");
         let drawn: usize = bars.values().map(|(_, n)| n).sum();

@@ -275,7 +275,7 @@ fn io_request_size(
         Some(io) => match bytes_calls(&io) {
             (_, 0) => Observation::NoData(format!("no {what} requests in the span")),
             (_, calls)
-                if calls < MIN_IO_REQUESTS || !(calls as f64 >= MIN_IO_REQUEST_RATE * io.seconds) =>
+                if calls < MIN_IO_REQUESTS || (calls as f64) < MIN_IO_REQUEST_RATE * io.seconds =>
             {
                 Observation::NoData(format!(
                     "{calls} {what} requests in {:.1} s: too few for their size to matter (at \
@@ -298,7 +298,11 @@ fn io_read_request_size(c: &JobContext) -> Observation {
     io_request_size(c, |io| (io.counts.read_bytes, io.counts.read_calls), "read")
 }
 fn io_write_request_size(c: &JobContext) -> Observation {
-    io_request_size(c, |io| (io.counts.write_bytes, io.counts.write_calls), "write")
+    io_request_size(
+        c,
+        |io| (io.counts.write_bytes, io.counts.write_calls),
+        "write",
+    )
 }
 fn io_open_rate(c: &JobContext) -> Observation {
     io_rate(c, |io| io.counts.opens)

@@ -81,7 +81,9 @@ impl RankSample {
     /// capture side provides them.
     pub fn lifetime(record: &RankRecord, now_ns: u64) -> RankSample {
         let t = &record.totals;
-        let runtime_ns = record.region_span(now_ns).map_or(0, |(start, end)| end - start);
+        let runtime_ns = record
+            .region_span(now_ns)
+            .map_or(0, |(start, end)| end - start);
         let mpi_ns = record.region_mpi_ns(now_ns).min(runtime_ns);
         RankSample {
             rank: record.rank,
@@ -128,7 +130,9 @@ impl RankSample {
             .map(|r| RankSample::lifetime(r, window.start_ns))
             .unwrap_or(zero);
         let a = RankSample::lifetime(after, window.end_ns);
-        let runtime_ns = after.region_span(window.end_ns).map_or(0, |(start, end)| window.overlap_ns(start, end));
+        let runtime_ns = after
+            .region_span(window.end_ns)
+            .map_or(0, |(start, end)| window.overlap_ns(start, end));
         // An MPI call in progress at the first snapshot counts up to the window start there and
         // in full once it completed, so the difference does not go backwards.
         let mpi_ns = a.mpi_ns.saturating_sub(b.mpi_ns).min(runtime_ns);
@@ -314,9 +318,23 @@ mod tests {
     }
 
     /// A rank that returned from MPI_Init at `init_return_ns`.
-    fn initialised(first_seen_ns: u64, init_return_ns: u64, ended_ns: Option<u64>, burst_ns: u64, mpi_ns: u64) -> RankRecord {
+    fn initialised(
+        first_seen_ns: u64,
+        init_return_ns: u64,
+        ended_ns: Option<u64>,
+        burst_ns: u64,
+        mpi_ns: u64,
+    ) -> RankRecord {
         let mut r = record(first_seen_ns, ended_ns, burst_ns, mpi_ns);
-        r.functions.insert("MPI_Init".to_string(), CallStats { calls: 1, time_ns: S, bytes: 0, sized_calls: 0 });
+        r.functions.insert(
+            "MPI_Init".to_string(),
+            CallStats {
+                calls: 1,
+                time_ns: S,
+                bytes: 0,
+                sized_calls: 0,
+            },
+        );
         r.region.init_return_ns = Some(init_return_ns);
         r
     }
@@ -325,15 +343,28 @@ mod tests {
     fn lifetime_is_the_region_of_interest() {
         // From MPI_Init's return to now; MPI_Init's own time is not MPI time of the region.
         let r = RankSample::lifetime(&initialised(10 * S, 12 * S, None, 3 * S, 2 * S), 20 * S);
-        assert_eq!((r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls), (8 * S, 6 * S, 2 * S, 11));
+        assert_eq!(
+            (r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls),
+            (8 * S, 6 * S, 2 * S, 11)
+        );
         // To MPI_Finalize's entry.
         let mut finalized = initialised(10 * S, 12 * S, Some(19 * S), 3 * S, 2 * S);
         finalized.region.finalize_entry_ns = Some(18 * S);
-        finalized.functions.insert("MPI_Finalize".to_string(), CallStats { calls: 1, time_ns: S / 2, ..Default::default() });
+        finalized.functions.insert(
+            "MPI_Finalize".to_string(),
+            CallStats {
+                calls: 1,
+                time_ns: S / 2,
+                ..Default::default()
+            },
+        );
         let f = RankSample::lifetime(&finalized, 20 * S);
         assert_eq!((f.runtime_ns, f.useful_ns, f.mpi_ns), (6 * S, 4 * S, 2 * S));
         // Exited without MPI_Finalize: to its exit.
-        let exited = RankSample::lifetime(&initialised(10 * S, 12 * S, Some(15 * S), 3 * S, 2 * S), 20 * S);
+        let exited = RankSample::lifetime(
+            &initialised(10 * S, 12 * S, Some(15 * S), 3 * S, 2 * S),
+            20 * S,
+        );
         assert_eq!((exited.runtime_ns, exited.useful_ns), (3 * S, S));
         // A call in progress counts as MPI time up to now.
         let mut waiting = initialised(10 * S, 12 * S, None, 3 * S, 2 * S);
@@ -344,7 +375,9 @@ mod tests {
         let mut starting = record(10 * S, None, 0, 0);
         starting.totals.bursts = 0;
         starting.functions.clear();
-        starting.functions.insert("MPI_Init".to_string(), CallStats::default());
+        starting
+            .functions
+            .insert("MPI_Init".to_string(), CallStats::default());
         assert_eq!(RankSample::lifetime(&starting, 20 * S).runtime_ns, 0);
         // Initialised before the daemon saw it: from then.
         let late = RankSample::lifetime(&record(10 * S, None, 3 * S, 2 * S), 20 * S);
@@ -357,7 +390,10 @@ mod tests {
         let after = initialised(5 * S, 6 * S, None, 8 * S, 4 * S);
         let w = Span::new(10 * S, 20 * S);
         let r = RankSample::window(Some(&before), &after, w).unwrap();
-        assert_eq!((r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls), (10 * S, 8 * S, 2 * S, 0));
+        assert_eq!(
+            (r.runtime_ns, r.useful_ns, r.mpi_ns, r.mpi_calls),
+            (10 * S, 8 * S, 2 * S, 0)
+        );
         // Appeared during the window: from its MPI_Init's return.
         let new = RankSample::window(None, &initialised(15 * S, 16 * S, None, S, S), w).unwrap();
         assert_eq!((new.runtime_ns, new.useful_ns), (4 * S, 3 * S));

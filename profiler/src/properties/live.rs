@@ -57,7 +57,13 @@ pub struct LiveEvaluator {
     cpus_seen: u32,
 }
 
-fn resources(after: &UsageTotals, before: Option<&UsageTotals>, cpus: u32, memory_available_bytes: u64, seconds: f64) -> ResourceUsage {
+fn resources(
+    after: &UsageTotals,
+    before: Option<&UsageTotals>,
+    cpus: u32,
+    memory_available_bytes: u64,
+    seconds: f64,
+) -> ResourceUsage {
     let before = before.copied().unwrap_or_default();
     ResourceUsage {
         seconds,
@@ -74,19 +80,34 @@ fn io(after: &UsageTotals, before: Option<&UsageTotals>, seconds: f64) -> Option
         Some(u) => u.io?,
         None => Default::default(),
     };
-    Some(IoStats { seconds, counts: after.io?.since(before) })
+    Some(IoStats {
+        seconds,
+        counts: after.io?.since(before),
+    })
 }
 
 /// A rank's instructions and cycles inside its bursts, from the kernel's counter sums.
 fn pmu(record: &RankRecord) -> Option<PmuCounters> {
     let [instructions, cycles] = record.totals.counter_sums?;
-    Some(PmuCounters { instructions, cycles, ref_cycles: None, llc_misses: None, branch_misses: None })
+    Some(PmuCounters {
+        instructions,
+        cycles,
+        ref_cycles: None,
+        llc_misses: None,
+        branch_misses: None,
+    })
 }
 
 impl LiveEvaluator {
     pub fn new(window_ns: u64, hardware_counters: bool) -> Self {
         assert!(window_ns > 0, "window length must be positive");
-        LiveEvaluator { window_ns, hardware_counters, mark: None, last_window: None, cpus_seen: 0 }
+        LiveEvaluator {
+            window_ns,
+            hardware_counters,
+            mark: None,
+            last_window: None,
+            cpus_seen: 0,
+        }
     }
 
     /// Evaluates the job now. `usage` is the job's kernel usage (None where it could not be
@@ -118,31 +139,64 @@ impl LiveEvaluator {
         let ended_before_mark = |m: &Mark| job.meta.ended_ns.is_some_and(|end| end < m.at_ns);
         match &self.mark {
             Some(m) if m.window < window && !ended_before_mark(m) => {
-                match self.evaluate_window(m, job, usage, memory_available_bytes, phases, now_ns, config) {
+                match self.evaluate_window(
+                    m,
+                    job,
+                    usage,
+                    memory_available_bytes,
+                    phases,
+                    now_ns,
+                    config,
+                ) {
                     Ok(properties) => {
-                        self.last_window =
-                            Some(WindowProperties { window: window - 1, aligned_end_ns: window * self.window_ns, properties })
+                        self.last_window = Some(WindowProperties {
+                            window: window - 1,
+                            aligned_end_ns: window * self.window_ns,
+                            properties,
+                        })
                     }
-                    Err(e) => tracing::warn!("job {}: window properties not evaluated: {e}", job.meta.id),
+                    Err(e) => {
+                        tracing::warn!("job {}: window properties not evaluated: {e}", job.meta.id)
+                    }
                 }
                 self.set_mark(window, job, usage, now_ns);
             }
             Some(_) => {}
             None => self.set_mark(window, job, usage, now_ns),
         }
-        LiveProperties { job: job_properties, window: self.last_window.clone() }
+        LiveProperties {
+            job: job_properties,
+            window: self.last_window.clone(),
+        }
     }
 
     /// The span's resource usage and file I/O: the usage since `before`, or since the job
     /// started.
-    fn set_usage(&self, input: &mut JobInput<'_>, after: &UsageTotals, before: Option<&UsageTotals>, memory_available_bytes: u64) {
+    fn set_usage(
+        &self,
+        input: &mut JobInput<'_>,
+        after: &UsageTotals,
+        before: Option<&UsageTotals>,
+        memory_available_bytes: u64,
+    ) {
         let seconds = (input.span.end_ns - input.span.start_ns) as f64 / 1e9;
-        input.resources = Some(resources(after, before, self.cpus_seen, memory_available_bytes, seconds));
+        input.resources = Some(resources(
+            after,
+            before,
+            self.cpus_seen,
+            memory_available_bytes,
+            seconds,
+        ));
         input.io = io(after, before, seconds);
     }
 
     fn set_mark(&mut self, window: u64, job: &Job, usage: Option<&UsageTotals>, now_ns: u64) {
-        self.mark = Some(Mark { window, at_ns: now_ns, ranks: job.ranks.clone(), usage: usage.copied() });
+        self.mark = Some(Mark {
+            window,
+            at_ns: now_ns,
+            ranks: job.ranks.clone(),
+            usage: usage.copied(),
+        });
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -218,7 +272,15 @@ mod tests {
         });
         for rank in 0..2 {
             let mut functions = BTreeMap::new();
-            functions.insert("MPI_Allreduce".to_string(), CallStats { calls: 1, time_ns: mpi[rank], bytes: 0, sized_calls: 0 });
+            functions.insert(
+                "MPI_Allreduce".to_string(),
+                CallStats {
+                    calls: 1,
+                    time_ns: mpi[rank],
+                    bytes: 0,
+                    sized_calls: 0,
+                },
+            );
             job.ranks.insert(
                 rank as u32,
                 RankRecord {
@@ -226,9 +288,17 @@ mod tests {
                     pid: 10 + rank as u32,
                     first_seen_ns: 100 * W,
                     ended_ns: None,
-                    totals: RankTotals { bursts: 1, burst_ns: useful[rank], burst_oncpu_ns: useful[rank], ..Default::default() },
+                    totals: RankTotals {
+                        bursts: 1,
+                        burst_ns: useful[rank],
+                        burst_oncpu_ns: useful[rank],
+                        ..Default::default()
+                    },
                     functions,
-                    region: RegionMarks { init_return_ns: Some(100 * W), ..Default::default() },
+                    region: RegionMarks {
+                        init_return_ns: Some(100 * W),
+                        ..Default::default()
+                    },
                 },
             );
         }
@@ -242,19 +312,47 @@ mod tests {
         let usage = |user_s: u64, write_bytes: u64| UsageTotals {
             user_ns: user_s * S,
             cpus: 2,
-            io: Some(crate::properties::IoCounts { write_bytes, write_calls: 1, ..Default::default() }),
+            io: Some(crate::properties::IoCounts {
+                write_bytes,
+                write_calls: 1,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         // First update: a mark, no window yet. Balanced so far.
         let start = 100 * W + S;
-        let first = e.update(&job([S, S], [0, 0]), Some(&usage(2, 10)), 1 << 30, None, start, &config);
+        let first = e.update(
+            &job([S, S], [0, 0]),
+            Some(&usage(2, 10)),
+            1 << 30,
+            None,
+            start,
+            &config,
+        );
         assert!(first.window.is_none());
         // Same window: still none.
-        assert!(e.update(&job([2 * S, 2 * S], [0, 0]), Some(&usage(4, 10)), 1 << 30, None, start + 10 * S, &config).window.is_none());
+        assert!(e
+            .update(
+                &job([2 * S, 2 * S], [0, 0]),
+                Some(&usage(4, 10)),
+                1 << 30,
+                None,
+                start + 10 * S,
+                &config
+            )
+            .window
+            .is_none());
         // After the boundary: rank 1 computed all of the 30 s since the mark, rank 0 3 s (27 s in
         // MPI).
         let now = 101 * W + S;
-        let live = e.update(&job([4 * S, 31 * S], [27 * S, 0]), Some(&usage(42, 1010)), 1 << 30, None, now, &config);
+        let live = e.update(
+            &job([4 * S, 31 * S], [27 * S, 0]),
+            Some(&usage(42, 1010)),
+            1 << 30,
+            None,
+            now,
+            &config,
+        );
         let w = live.window.expect("a complete window");
         assert_eq!((w.window, w.aligned_end_ns), (100, 101 * W));
         assert_eq!(w.properties.span, Span::new(start, now));
@@ -262,12 +360,24 @@ mod tests {
         assert!((lb - 0.55).abs() < 1e-12, "window LB {lb}");
         // Over the life (regions of 31 s): (4 + 31) / 2 / 31.
         let life_lb = live.job.get("load_balance").unwrap().value().unwrap();
-        assert!((life_lb - 35.0 / 62.0).abs() < 1e-12, "lifetime LB {life_lb}");
+        assert!(
+            (life_lb - 35.0 / 62.0).abs() < 1e-12,
+            "lifetime LB {life_lb}"
+        );
         // The window's I/O is the difference: 1000 bytes in 30 s.
-        let bw = w.properties.get("io_write_bandwidth_low").or(w.properties.get("io_write_bandwidth_high")).unwrap();
+        let bw = w
+            .properties
+            .get("io_write_bandwidth_low")
+            .or(w.properties.get("io_write_bandwidth_high"))
+            .unwrap();
         assert!((bw.value().unwrap() - 1000.0 / 30.0).abs() < 1e-9, "{bw:?}");
         // User time since the mark: 40 s on 2 CPUs over 30 s.
-        let user = w.properties.get("user_time_share").unwrap().value().unwrap();
+        let user = w
+            .properties
+            .get("user_time_share")
+            .unwrap()
+            .value()
+            .unwrap();
         assert!((user - 40.0 / 60.0).abs() < 1e-9, "{user}");
     }
 
@@ -275,7 +385,14 @@ mod tests {
     fn a_new_process_for_a_rank_starts_from_zero() {
         let config = PropertyConfig::default();
         let mut e = LiveEvaluator::new(W, false);
-        e.update(&job([10 * S, 10 * S], [0, 0]), None, 0, None, 100 * W + S, &config);
+        e.update(
+            &job([10 * S, 10 * S], [0, 0]),
+            None,
+            0,
+            None,
+            100 * W + S,
+            &config,
+        );
         // Rank 1 spent 20 s of the 30 s window in MPI; rank 0's new process returned from
         // MPI_Init 1 s before the end of the window.
         let mut restarted = job([S, 11 * S], [0, 20 * S]);
@@ -288,13 +405,35 @@ mod tests {
         // Rank 0's new process did 1 s, rank 1 did 10 s in the window.
         let lb = w.properties.get("load_balance").unwrap().value().unwrap();
         assert!((lb - 0.55).abs() < 1e-12, "{lb}");
-        assert!(w.properties.get("user_time_share").unwrap().reason().is_some(), "no usage: not measured");
+        assert!(
+            w.properties
+                .get("user_time_share")
+                .unwrap()
+                .reason()
+                .is_some(),
+            "no usage: not measured"
+        );
         // CPU time read, file I/O not counted (capture.file_io = false): the I/O properties say so.
-        let usage = UsageTotals { user_ns: S, cpus: 2, io: None, ..Default::default() };
-        let live = LiveEvaluator::new(W, false).update(&restarted, Some(&usage), 0, None, 101 * W + S, &config);
+        let usage = UsageTotals {
+            user_ns: S,
+            cpus: 2,
+            io: None,
+            ..Default::default()
+        };
+        let live = LiveEvaluator::new(W, false).update(
+            &restarted,
+            Some(&usage),
+            0,
+            None,
+            101 * W + S,
+            &config,
+        );
         assert!(live.job.get("user_time_share").unwrap().value().is_some());
         let io = live.job.get("io_open_rate").unwrap();
-        assert!(io.reason().is_some_and(|r| r.contains("not collected")), "{io:?}");
+        assert!(
+            io.reason().is_some_and(|r| r.contains("not collected")),
+            "{io:?}"
+        );
     }
 
     #[test]
@@ -308,14 +447,34 @@ mod tests {
             j
         };
         let mut e = LiveEvaluator::new(W, true);
-        e.update(&with_counters(1_000_000_000, 2_000_000_000), None, 0, None, 100 * W + S, &config);
-        let live = e.update(&with_counters(3_000_000_000, 5_000_000_000), None, 0, None, 101 * W + S, &config);
+        e.update(
+            &with_counters(1_000_000_000, 2_000_000_000),
+            None,
+            0,
+            None,
+            100 * W + S,
+            &config,
+        );
+        let live = e.update(
+            &with_counters(3_000_000_000, 5_000_000_000),
+            None,
+            0,
+            None,
+            101 * W + S,
+            &config,
+        );
         let cpi = |p: &JobProperties| p.get("cpi").unwrap().value().unwrap();
         assert!((cpi(&live.job) - 5.0 / 3.0).abs() < 1e-12);
         assert!((cpi(&live.window.unwrap().properties) - 1.5).abs() < 1e-12);
         // Software events in the slots are not instructions and cycles: not measured.
         let mut soft = LiveEvaluator::new(W, false);
         let live = soft.update(&with_counters(3, 5), None, 0, None, 100 * W + S, &config);
-        assert!(live.job.get("cpi").unwrap().reason().unwrap().contains("no PMU"));
+        assert!(live
+            .job
+            .get("cpi")
+            .unwrap()
+            .reason()
+            .unwrap()
+            .contains("no PMU"));
     }
 }

@@ -133,7 +133,11 @@ impl JobAggregates {
             useful_oncpu_seconds: Aggregate::of(ranks.iter().map(|r| secs(r.useful_oncpu_ns))),
             mpi_seconds: Aggregate::of(ranks.iter().map(|r| secs(r.mpi_ns))),
             runtime_seconds: Aggregate::of(ranks.iter().map(|r| secs(r.runtime_ns))),
-            compute_rate: Aggregate::of(ranks.iter().map(|r| r.useful_oncpu_ns as f64 / r.runtime_ns as f64)),
+            compute_rate: Aggregate::of(
+                ranks
+                    .iter()
+                    .map(|r| r.useful_oncpu_ns as f64 / r.runtime_ns as f64),
+            ),
             instructions,
             cycles,
             ranks_without_counters: ranks.iter().filter(|r| r.pmu.is_none()).count() as u64,
