@@ -13,7 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use mpiburst::{export::recording::Recording, store::Job};
+use mpiburst::{
+    export::{client::DaemonClient, recording::Recording},
+    store::Job,
+};
 
 /// Panics with what to do unless this process can load BPF programs (root). The tests that
 /// need it are `#[ignore]`d with that reason, and `cargo xtask test` runs them only as root; this
@@ -272,23 +275,18 @@ pub fn unix_minus_monotonic_ns() -> i128 {
     clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
 }
 
-/// A plain HTTP/1.0 GET on loopback, bounded by a 10 s timeout; returns the body.
+/// A client for the HTTP server at `addr` (HOST:PORT): the daemon's own, with its timeouts.
+fn client(addr: &str) -> DaemonClient {
+    DaemonClient::parse(addr)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("{addr} is not a HOST:PORT address"))
+}
+
+/// The body of a GET that must answer 200 (`path` percent-encoded already).
 pub fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream =
-        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "GET {path}: {head}"
-    );
-    body.to_string()
+    let body = client(addr).get(path).unwrap_or_else(|e| panic!("{e}"));
+    String::from_utf8(body).unwrap_or_else(|e| panic!("GET {path}: not UTF-8: {e}"))
 }
 
 /// GET a JSON document from a daemon.
@@ -417,20 +415,7 @@ impl Prometheus {
 
     /// GET /-/ready answers 200.
     fn ready(&self) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut stream) = std::net::TcpStream::connect(&self.addr) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        let mut head = [0u8; 12];
-        write!(
-            stream,
-            "GET /-/ready HTTP/1.0\r\nHost: {}\r\n\r\n",
-            self.addr
-        )
-        .is_ok()
-            && stream.read_exact(&mut head).is_ok()
-            && head.ends_with(b" 200")
+        client(&self.addr).get("/-/ready").is_ok()
     }
 
     /// The single value of an instant query, once it has one (bounded wait).
