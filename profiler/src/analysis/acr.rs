@@ -1,4 +1,5 @@
-//! Aggregative Cluster Refinement (thesis ch. 6, Algorithm 1) and the single-Eps alternative.
+//! Aggregative Cluster Refinement (González García (2013), ch. 6, Algorithm 1) and the single-Eps
+//! alternative.
 //!
 //! ACR runs DBSCAN with increasing Eps. After each run the region variants of one computation
 //! are merged ([`super::roles::merge_region_variants`], which also aligns and scores the
@@ -7,32 +8,34 @@
 //! the last Eps (or when nothing is left to refine) three post-processes run on the last
 //! alignment:
 //!
-//! 1. Sequence-based merge (`ProcessLastPartition`). The thesis merges imperfect clusters that
-//!    always appear together, i.e. in exactly the same aligned columns (ClusteringSuite finds
-//!    them by counting every subset of each column's clusters, which is exponential). We merge
-//!    one-directionally: an imperfect cluster that appears only in columns also holding another
-//!    imperfect cluster joins that host. This contains the thesis's case (identical column sets)
-//!    and also joins a sub-group that density split further, such as a slow rank's instances of a
-//!    phase falling into two clusters that each appear in only some of the phase's columns, which
-//!    the thesis's rule leaves as three clusters. Two different phases never qualify, because
-//!    each has columns without the other. It runs unconditionally; perfect clusters never share
-//!    a column with another cluster, so it only ever touches imperfect ones.
+//! 1. Sequence-based merge (`ProcessLastPartition`). González García (2013) merges imperfect
+//!    clusters that always appear together, i.e. in exactly the same aligned columns
+//!    (ClusteringSuite finds them by counting every subset of each column's clusters, which is
+//!    exponential). We merge one-directionally: an imperfect cluster that appears only in columns
+//!    also holding another imperfect cluster joins that host. This contains the case González
+//!    García (2013) merges (identical column sets) and also joins a sub-group that density split
+//!    further, such as a slow rank's instances of a phase falling into two clusters that each
+//!    appear in only some of the phase's columns, which the rule of González García (2013) leaves
+//!    as three clusters. Two different phases never qualify, because each has columns without the
+//!    other. It runs unconditionally; perfect clusters never share a column with another cluster,
+//!    so it only ever touches imperfect ones.
 //! 2. Rare clusters join the frequent cluster whose place they take in the sequences
 //!    ([`super::roles::join_rare_variants`]).
 //! 3. Column-majority absorption, again after the merges.
 //!
-//! Column-majority absorption (our addition, along the fix the thesis proposes in §10.5.2 for
-//! residual noise and over-aggregation: classify bursts on each iteration): in an aligned column
-//! where every rank has a burst and one cluster X holds more than half of the clustered bursts and
-//! at least half of all of them, the column's other bursts, noise or other clusters, join X: the
-//! alignment says they are those ranks' occurrences of X. It runs after every step, before
-//! clusters are frozen. Without it, one perturbed instance of a phase (an outlier that is noise,
-//! or that lands in another phase's cloud) keeps both phases below 100 % at every step; they are
-//! never frozen and are refined with ever larger Eps until they merge with their neighbours, the
-//! over-aggregation the thesis lists as ACR's main limitation. The same happens to a phase with
-//! one slower rank, whose instances form their own cluster until the final merge. Absorbed bursts
-//! in a cluster that is not frozen are re-clustered with it at the next step. With two ranks no
-//! cluster is ever a strict majority over another one, and the final merge does that work.
+//! Column-majority absorption (our addition, along the fix González García (2013) proposes in
+//! §10.5.2 for residual noise and over-aggregation: classify bursts on each iteration): in an
+//! aligned column where every rank has a burst and one cluster X holds more than half of the
+//! clustered bursts and at least half of all of them, the column's other bursts, noise or other
+//! clusters, join X: the alignment says they are those ranks' occurrences of X. It runs after
+//! every step, before clusters are frozen. Without it, one perturbed instance of a phase (an
+//! outlier that is noise, or that lands in another phase's cloud) keeps both phases below 100 % at
+//! every step; they are never frozen and are refined with ever larger Eps until they merge with
+//! their neighbours, the over-aggregation González García (2013) lists as ACR's main limitation.
+//! The same happens to a phase with one slower rank, whose instances form their own cluster until
+//! the final merge. Absorbed bursts in a cluster that is not frozen are re-clustered with it at
+//! the next step. With two ranks no cluster is ever a strict majority over another one, and the
+//! final merge does that work.
 
 //! Final ids are by decreasing total time (1 = most time), noise is 0.
 
@@ -101,12 +104,13 @@ pub struct ClusteringOutcome {
 ///
 /// With d sorted in decreasing order, n finite values, top = max(1, ⌊0.005·n⌋) and
 /// bottom = ⌊0.995·n⌋: the knee is the x in [top, bottom/2] where d lies furthest below the line
-/// from (0, d[top]) to (bottom/2, 0) (ClusteringSuite; the thesis draws the line from the
-/// untrimmed maximum). The `steps` values are then d at indices spaced evenly from the knee up to
-/// top, both included (the thesis spaces N − 1 intervals between x = 1 and the knee). Even index
-/// spacing makes each step turn roughly the same number of points into core points. The largest
-/// Eps is the trimmed top rather than x = 1 so that an outlier's k-dist never becomes an Eps
-/// (over-aggregation); fewer values come out when the curve has fewer distinct points.
+/// from (0, d[top]) to (bottom/2, 0) (ClusteringSuite; González García (2013) draws the line from
+/// the untrimmed maximum). The `steps` values are then d at indices spaced evenly from the knee up
+/// to top, both included (González García (2013) spaces N − 1 intervals between x = 1 and the
+/// knee). Even index spacing makes each step turn roughly the same number of points into core
+/// points. The largest Eps is the trimmed top rather than x = 1 so that an outlier's k-dist never
+/// becomes an Eps (over-aggregation); fewer values come out when the curve has fewer distinct
+/// points.
 pub fn epsilon_steps(k_distances: &[f64], steps: usize) -> Vec<f64> {
     let mut d: Vec<f64> = k_distances
         .iter()
@@ -143,22 +147,22 @@ pub fn epsilon_steps(k_distances: &[f64], steps: usize) -> Vec<f64> {
     eps
 }
 
-/// MinPoints when none is configured: a quarter of the ranks (the thesis: an SPMD phase must
-/// cover at least 25 % of the tasks), at least 2 (ClusteringSuite) because MinPoints 1 makes
-/// every point core, so DBSCAN degenerates to single linkage and noise disappears.
+/// MinPoints when none is configured: a quarter of the ranks (González García (2013): an SPMD
+/// phase must cover at least 25 % of the tasks), at least 2 (ClusteringSuite) because MinPoints 1
+/// makes every point core, so DBSCAN degenerates to single linkage and noise disappears.
 pub fn default_min_points(ranks: usize) -> usize {
     (ranks / 4).max(2)
 }
 
 /// The k of the k-dist curve the Eps list is taken from: MinPoints, but at least ⌈ln n⌉.
 ///
-/// The thesis uses k = MinPoints on cuts of 1–2 iterations, where a quarter of the ranks is a
-/// sizeable part of each phase's cloud. A window of many iterations holds far more points per
-/// phase, and with MinPoints 2 the k-dist is the nearest-neighbour distance: even its top lies
-/// below the radius at which a uniformly jittered cloud becomes connected, so every Eps of the
-/// list splits such a phase at random. A cloud of n points is connected (with high probability)
-/// once the radius holds about ln n neighbours per point (random geometric graphs), so the
-/// k-dist with k = ⌈ln n⌉ reaches that radius near its top, whatever the window length.
+/// González García (2013) uses k = MinPoints on cuts of 1–2 iterations, where a quarter of the
+/// ranks is a sizeable part of each phase's cloud. A window of many iterations holds far more
+/// points per phase, and with MinPoints 2 the k-dist is the nearest-neighbour distance: even its
+/// top lies below the radius at which a uniformly jittered cloud becomes connected, so every Eps
+/// of the list splits such a phase at random. A cloud of n points is connected (with high
+/// probability) once the radius holds about ln n neighbours per point (random geometric graphs),
+/// so the k-dist with k = ⌈ln n⌉ reaches that radius near its top, whatever the window length.
 pub fn kdist_neighbours(min_points: usize, points: usize) -> usize {
     min_points.max((points.max(1) as f64).ln().ceil() as usize)
 }
@@ -270,7 +274,7 @@ pub fn acr(
     }
 }
 
-/// Plain DBSCAN with one Eps (the thesis's chapters 4–5), scored and numbered like ACR.
+/// Plain DBSCAN with one Eps (González García (2013), chapters 4–5), scored and numbered like ACR.
 pub fn single_dbscan(
     points: &PointSet,
     sequences: &RankSequences,
@@ -310,8 +314,8 @@ fn step_report(eps: f64, labels: &[ClusterId], score: &SequenceScore) -> StepRep
 /// Maps each imperfect cluster that only ever appears in columns holding another imperfect
 /// cluster to the root of its chain of hosts. A cluster's host is, among the clusters present in
 /// all of its columns, the one ranked highest by (columns, hits, lower id); requiring the host to
-/// rank above the guest makes the host relation acyclic, and identical column sets (the thesis's
-/// "always appear together") resolve to one cluster.
+/// rank above the guest makes the host relation acyclic, and identical column sets (the "always
+/// appear together" of González García (2013)) resolve to one cluster.
 fn sequence_merge(
     score: &SequenceScore,
     frozen: &BTreeSet<ClusterId>,
@@ -526,7 +530,7 @@ mod tests {
             sequence_merge(&score, &BTreeSet::from([1])),
             BTreeMap::from([(3, 2), (4, 2)])
         );
-        // Identical column sets (the thesis's case): the lower id is kept.
+        // Identical column sets (the case of González García (2013)): the lower id is kept.
         let (_, _, score) = scored(&[vec![1, 5, 1, 5], vec![1, 6, 1, 6]]);
         assert_eq!(
             sequence_merge(&score, &BTreeSet::from([1])),

@@ -1,4 +1,4 @@
-//! Cluster Sequence Score (thesis ch. 5): how SPMD a clustering is.
+//! Cluster Sequence Score (González García (2013), ch. 5): how SPMD a clustering is.
 //!
 //! Each rank's bursts, in start-time order, give a sequence of cluster ids; the sequences are
 //! aligned ([`super::msa`]) and a cluster scores, over the aligned columns it appears in, the mean
@@ -15,8 +15,8 @@
 //!
 //! Substitution scores for the alignment: a cluster against itself scores 1 + its share of the
 //! analysed time, so that where two alignments compete the more important cluster lines up
-//! (the thesis's duration-weighted identity matrix); noise against noise scores 0, so noise
-//! never pulls sequences into place.
+//! (the duration-weighted identity matrix of González García (2013)); noise against noise scores
+//! 0, so noise never pulls sequences into place.
 
 use std::collections::BTreeMap;
 

@@ -6,11 +6,11 @@
 //! tens of thousands of bursts on top of each other, where a neighbour-list DBSCAN (even one with
 //! a k-d tree) becomes quadratic in the size of that phase.
 //!
-//! Semantics follow the thesis and ClusteringSuite: the neighbourhood includes the point itself,
-//! distances are compared with `<=`, and a point is core when its neighbourhood holds at least
-//! MinPoints points. A border point reachable from several clusters joins the cluster of its
-//! nearest core point (ties: the core point with the lower index); the classic expansion order
-//! would make that choice depend on the input order.
+//! Semantics follow González García (2013) and ClusteringSuite: the neighbourhood includes the
+//! point itself, distances are compared with `<=`, and a point is core when its neighbourhood
+//! holds at least MinPoints points. A border point reachable from several clusters joins the
+//! cluster of its nearest core point (ties: the core point with the lower index); the classic
+//! expansion order would make that choice depend on the input order.
 
 use super::grid::Grid;
 use super::kdtree::KdTree;

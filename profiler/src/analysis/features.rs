@@ -13,8 +13,8 @@ use crate::model::{Burst, CallSite};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FeatureSet {
-    /// [ln(instructions), IPC], each min–max normalised over the analysed bursts (the thesis's
-    /// "performance view"). Needs instructions and cycles on every analysed burst.
+    /// [ln(instructions), IPC], each min–max normalised over the analysed bursts (the "performance
+    /// view" of González García (2013)). Needs instructions and cycles on every analysed burst.
     InstructionsIpc,
     /// ln(on-CPU time), min–max normalised over all analysed bursts, clustered separately within
     /// each code region (start call site, end call site). The fallback without a PMU: the region
@@ -56,11 +56,12 @@ pub enum FeatureSelection {
 #[serde(rename_all = "snake_case")]
 pub enum DurationFilter {
     /// Keep at least this share of the total on-CPU time of the bursts: start from the largest
-    /// threshold whose bursts at or above it hold that share (the thesis's criterion, on wall
-    /// time there), then lower it to the top of the first gap below, see [`duration_filter`].
+    /// threshold whose bursts at or above it hold that share (the criterion of González García
+    /// (2013), on wall time there), then lower it to the top of the first gap below, see
+    /// [`duration_filter`].
     KeepTimeShare(f64),
-    /// Keep bursts of at least this many nanoseconds on a CPU (the thesis's manual
-    /// `duration_filter`).
+    /// Keep bursts of at least this many nanoseconds on a CPU (the manual `duration_filter` of
+    /// González García (2013)).
     MinDurationNs(u64),
 }
 

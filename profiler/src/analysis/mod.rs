@@ -1,10 +1,13 @@
 //! Analysis stage: duration filter, features, clustering (DBSCAN, Aggregative Cluster
-//! Refinement), Cluster Sequence Score and per-cluster statistics, after J. González García's
-//! thesis (reference 000). [`analyse`] runs all of it on one set of bursts; the pieces are public
-//! for tests, benchmarks and later stages.
+//! Refinement), Cluster Sequence Score and per-cluster statistics, after González García (2013):
+//! J. González García, *Application of clustering analysis and sequence analysis on the
+//! performance analysis of parallel applications*, PhD thesis, UPC/BSC, Barcelona 2013 (DBSCAN in
+//! chapters 4–5; Cluster Sequence Score in chapter 5, also PDCAT'09; Aggregative Cluster
+//! Refinement in chapter 6, also LSPP'12). [`analyse`] runs all of it on one set of bursts; the
+//! pieces are public for tests, benchmarks and later stages.
 //!
-//! Decisions the thesis leaves open (reference summary §6.5 and the issue), each documented in
-//! detail where it is implemented:
+//! Decisions González García (2013) leaves open, each documented in detail where it is
+//! implemented:
 //!
 //! * **Features** ([`features`]): [ln(instructions), IPC] when every analysed burst has counters,
 //!   else ln(on-CPU time) clustered separately within each code region; the result names the set
@@ -12,23 +15,24 @@
 //!   distance. The duration-only fallback normalises over all regions together, so Eps means the
 //!   same in every region. The region partition is not final: clusters of different regions that
 //!   are variants of one computation (pipeline and wavefront codes) become one phase ([`roles`]).
-//! * **Duration filter**: the thesis's 99 % criterion, then lowered to the next empty factor-2 gap
-//!   in the sorted durations so that it never cuts through a phase ([`features::duration_filter`]).
-//!   On on-CPU time, not wall time: on a busy node preemption spreads one phase's wall times over
-//!   several factors of 2 and fills the gap below it with preempted tiny bursts. A burst whose
-//!   on-CPU clock the kernel stopped is kept when its wall time passes and most of its code
-//!   region passes.
+//! * **Duration filter**: the 99 % criterion of González García (2013), then lowered to the next
+//!   empty factor-2 gap in the sorted durations so that it never cuts through a phase
+//!   ([`features::duration_filter`]). On on-CPU time, not wall time: on a busy node preemption
+//!   spreads one phase's wall times over several factors of 2 and fills the gap below it with
+//!   preempted tiny bursts. A burst whose on-CPU clock the kernel stopped is kept when its wall
+//!   time passes and most of its code region passes.
 //! * **DBSCAN** ([`dbscan`]): grid index (near-linear even for dense phases); the neighbourhood
 //!   includes the point; border points join the cluster of their nearest core point.
 //! * **MinPoints** ([`acr::default_min_points`]): ranks/4, at least 2 (ClusteringSuite's
-//!   clamp), as the thesis defines it, not from occurrences: a window holds iterations × ranks
-//!   bursts per phase, but a MinPoints that grows with the window would turn rare phases into
-//!   noise. MinPoints 1 would make DBSCAN single linkage without noise on 2–7 ranks.
+//!   clamp), as González García (2013) defines it, not from occurrences: a window holds iterations
+//!   × ranks bursts per phase, but a MinPoints that grows with the window would turn rare phases
+//!   into noise. MinPoints 1 would make DBSCAN single linkage without noise on 2–7 ranks.
 //! * **Eps list** ([`acr::epsilon_steps`], [`acr::kdist_neighbours`]): ClusteringSuite's knee on
 //!   the sorted k-dist curve; N values index-spaced from the knee up to the 0.5 %-trimmed top of
 //!   the curve, both included. The curve uses k = max(MinPoints, ⌈ln n⌉) rather than MinPoints:
 //!   with many iterations per window and MinPoints 2, the nearest-neighbour distances never reach
-//!   the radius at which a jittered phase is connected (the thesis clustered 1–2 iterations).
+//!   the radius at which a jittered phase is connected (González García (2013) clustered 1–2
+//!   iterations).
 //! * **ACR** ([`acr`]): after each step, clusters of different code regions that lie within Eps
 //!   of each other, share no rank and share their aligned columns join (region variants of one
 //!   computation, [`roles::merge_region_variants`]; they are aligned as one symbol so that the
@@ -36,11 +40,11 @@
 //!   join it (column-majority absorption, our addition against residual noise and
 //!   over-aggregation); then clusters scoring exactly 1 are frozen; the rest and all noise are
 //!   refined with the next Eps. At the end the sequence-based merge (a cluster appearing only in
-//!   another one's columns joins it, which contains the thesis's "always together") runs
-//!   unconditionally; then rare clusters (at most 1/8 of the columns of the most frequent one)
-//!   that take a frequent cluster's place in the sequences join it, because a phase recurs and
-//!   such a cluster is that phase in a perturbed iteration ([`roles::join_rare_variants`]); then
-//!   the absorption once more.
+//!   another one's columns joins it, which contains the "always together" of González García
+//!   (2013)) runs unconditionally; then rare clusters (at most 1/8 of the columns of the most
+//!   frequent one) that take a frequent cluster's place in the sequences join it, because a phase
+//!   recurs and such a cluster is that phase in a perturbed iteration
+//!   ([`roles::join_rare_variants`]); then the absorption once more.
 //! * **CSS** ([`css`], [`msa`]): one sequence per rank (all its threads' bursts by start time);
 //!   Eq. 5.2 divided by the number of ranks m, which counts ranks without bursts; noise is a symbol
 //!   in the sequences but has no weight in the global score, which is weighted by time over all
@@ -115,7 +119,8 @@ pub enum AnalysisError {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClusteringMethod {
-    /// Aggregative Cluster Refinement with up to `steps` Eps values (the thesis uses 10).
+    /// Aggregative Cluster Refinement with up to `steps` Eps values (González García (2013) uses
+    /// 10).
     Acr {
         steps: usize,
         min_points: Option<usize>,

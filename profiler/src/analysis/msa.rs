@@ -3,8 +3,8 @@
 //! 1. Identical sequences are aligned once: each distinct sequence is a leaf weighted by how many
 //!    ranks have it, so a perfectly SPMD window costs no alignment at all.
 //! 2. Guide tree: UPGMA over a 2-mer distance between the distinct sequences (shared counts of
-//!    consecutive symbol pairs, as in MUSCLE's first stage; Kalign2, which the thesis modified,
-//!    also uses a string-matching distance rather than alignments here). Pairwise
+//!    consecutive symbol pairs, as in MUSCLE's first stage; Kalign2, which González García (2013)
+//!    modified, also uses a string-matching distance rather than alignments here). Pairwise
 //!    Needleman–Wunsch distances would cost O(u²·L·band) for u distinct sequences of length L,
 //!    which dominates everything else for a few dozen ranks; the tree only orders the merges.
 //! 3. Profile alignment (Needleman–Wunsch on profiles) along the tree. Column score: the mean

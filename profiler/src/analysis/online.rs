@@ -1,8 +1,9 @@
-//! Online phase analysis of one running job (reference 000 §6.2, reference 004): the daemon
-//! pushes bursts as they arrive and ticks on a timer; this module windows them, classifies them
-//! against the current model, re-clusters with [`analyse`], keeps cluster ids stable with a
-//! [`Tracker`], and maintains a cumulative view of the whole job. Everything is bounded by
-//! [`OnlineParams`], independently of the job's length and burst rate.
+//! Online phase analysis of one running job (the analysis of González García (2013) over time
+//! windows, tracked after Llort et al. (2013)): the daemon pushes bursts as they arrive and ticks
+//! on a timer; this module windows them, classifies them against the current model, re-clusters
+//! with [`analyse`], keeps cluster ids stable with a [`Tracker`], and maintains a cumulative view
+//! of the whole job. Everything is bounded by [`OnlineParams`], independently of the job's length
+//! and burst rate.
 //!
 //! # Call pattern
 //!
@@ -24,19 +25,19 @@
 //!   not clustered alone either: its bursts are carried into the next window. A low-rate job is
 //!   thereby clustered over several windows, and a few stray bursts (the tail of a job, a window
 //!   cut by a pause) are not mistaken for a new structure.
-//! * **Provisional classification** (000 §6.2, ClusteringSuite's "cluster a sample, classify the
-//!   rest"): a pushed burst is compared with the core points of the last clustering in that
-//!   clustering's frozen normalisation (its feature set, min–max ranges and duration-filter
-//!   threshold). It takes the stable id of the nearest core point within Eps, else it is
-//!   provisional noise; shorter than the threshold, it is provisionally filtered. Eps is the
-//!   last (largest) Eps the clustering used, core points are the clustered points with MinPoints
-//!   neighbours within it. To keep a push O(1) the core points are thinned to a cover: a core
-//!   point closer than Eps/4 to an already kept one of the same cluster is dropped, so a burst
-//!   within ¾ Eps of any core point is always classified, one beyond Eps never is. Without a
-//!   model yet, every burst counts as provisional noise. Only one pushed burst in
-//!   [`OnlineParams::classify_every`] is classified (deterministically, by arrival count): the
-//!   classification only feeds the noise share and the live counts, which a sample estimates
-//!   well, and the daemon's budget is about 100 ns per burst for everything.
+//! * **Provisional classification** (ClusteringSuite's "cluster a sample, classify the rest",
+//!   option `-m` in González García (2013), Table B.2): a pushed burst is compared with the core
+//!   points of the last clustering in that clustering's frozen normalisation (its feature set,
+//!   min–max ranges and duration-filter threshold). It takes the stable id of the nearest core
+//!   point within Eps, else it is provisional noise; shorter than the threshold, it is
+//!   provisionally filtered. Eps is the last (largest) Eps the clustering used, core points are
+//!   the clustered points with MinPoints neighbours within it. To keep a push O(1) the core points
+//!   are thinned to a cover: a core point closer than Eps/4 to an already kept one of the same
+//!   cluster is dropped, so a burst within ¾ Eps of any core point is always classified, one
+//!   beyond Eps never is. Without a model yet, every burst counts as provisional noise. Only one
+//!   pushed burst in [`OnlineParams::classify_every`] is classified (deterministically, by arrival
+//!   count): the classification only feeds the noise share and the live counts, which a sample
+//!   estimates well, and the daemon's budget is about 100 ns per burst for everything.
 //! * **Re-clustering** happens when a window closes, and early when the provisional noise share
 //!   of the bursts classified since the model was built exceeds
 //!   [`OnlineParams::recluster_noise_share`] over at least

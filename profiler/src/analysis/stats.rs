@@ -1,4 +1,4 @@
-//! Per-cluster statistics (the thesis's characterisation tables 4.2 and 9.x).
+//! Per-cluster statistics (the characterisation tables 4.2 and 9.x of González García (2013)).
 
 use std::collections::BTreeMap;
 
@@ -46,9 +46,9 @@ pub struct ClusterStats {
     /// Load balance of the cluster's time: mean over the job's ranks of each rank's total time in
     /// the cluster, divided by the largest such total. Ranks that never run the cluster count as
     /// 0 in the mean, so a phase run by half of the ranks has at most 0.5. 1 when the cluster has
-    /// no time at all. Wall time, as in the thesis and in the job's POP load balance: a rank
-    /// descheduled inside the phase makes the others wait just as slower work would; the on-CPU
-    /// share property tells the two apart.
+    /// no time at all. Wall time, as in González García (2013) and in the job's POP load balance:
+    /// a rank descheduled inside the phase makes the others wait just as slower work would; the
+    /// on-CPU share property tells the two apart.
     pub lb_duration: f64,
     /// The same over instructions.
     pub lb_instructions: Option<f64>,

@@ -1,4 +1,7 @@
-//! End-to-end oracles from reference 000 §6.3 (E1–E3, E5), on synthetic SPMD jobs.
+//! End-to-end oracles after the evaluation of González García (2013), chapters 4–6, on synthetic
+//! SPMD jobs: E1 distinct phases give perfect clusters, E2 an imbalanced rank joins its phase, E3
+//! a phase alternating with the iteration's parity gives two alternating clusters (Table 4.4), E5
+//! a too small Eps scores lower (Table 5.1).
 
 use super::synthetic::{Phase, SyntheticJob};
 use super::*;

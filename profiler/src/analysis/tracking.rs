@@ -1,6 +1,6 @@
-//! Cluster tracking across time windows of one job and across runs of one application, after
-//! Llort, Servat, Giménez and Labarta, "On the usefulness of object tracking techniques in
-//! performance analysis" (reference 004).
+//! Cluster tracking across time windows of one job and across runs of one application, after Llort
+//! et al. (2013): G. Llort, H. Servat, J. Giménez and J. Labarta, "On the usefulness of object
+//! tracking techniques in performance analysis", SC 2013 ("the paper" below).
 //!
 //! A **frame** ([`Frame`]) is one clustering: a window of a running job, or a whole run. Its
 //! clusters ([`TrackedCluster`]) carry what the evaluators need and nothing else: a bounded
@@ -15,16 +15,16 @@
 //! The paper's combination order (§3), with every gap it leaves filled as follows.
 //!
 //! 1. **Displacement (E1, §3.1), both directions.** Each sampled burst of A is classified to the
-//!    B cluster holding its nearest sampled burst, and vice versa. *004 leaves "nearest cluster"
-//!    open; we use the nearest member (of a sample of at most [`TrackingParams::sample_points`]
-//!    per cluster), not the centroid, because density clusters are not round (a cluster stretched
-//!    along the instruction axis is imbalance, §2).* Distances are Euclidean in the raw feature
-//!    space (ln instructions and IPC, or ln on-CPU time) min–max normalised jointly over **both**
-//!    frames, which is §2's "scale adjusted to the minimum and maximum values seen along all
-//!    experiments". With the per-region fallback feature set, a burst is only compared with bursts
-//!    of the same code region, as in the clustering. Rows are normalised to shares and cells below
-//!    [`TrackingParams::outlier_share`] (5 %, §3) are dropped. A pair is related when either
-//!    direction keeps it ("reciprocally").
+//!    B cluster holding its nearest sampled burst, and vice versa. *The paper leaves "nearest
+//!    cluster" open; we use the nearest member (of a sample of at most
+//!    [`TrackingParams::sample_points`] per cluster), not the centroid, because density clusters
+//!    are not round (a cluster stretched along the instruction axis is imbalance, §2).* Distances
+//!    are Euclidean in the raw feature space (ln instructions and IPC, or ln on-CPU time) min–max
+//!    normalised jointly over **both** frames, which is §2's "scale adjusted to the minimum and
+//!    maximum values seen along all experiments". With the per-region fallback feature set, a
+//!    burst is only compared with bursts of the same code region, as in the clustering. Rows are
+//!    normalised to shares and cells below [`TrackingParams::outlier_share`] (5 %, §3) are
+//!    dropped. A pair is related when either direction keeps it ("reciprocally").
 //! 2. **SPMD simultaneity (E2, §3.2).** Within a frame, cluster j is simultaneous with i when it
 //!    occupies at least `outlier_share` of the aligned columns i occupies, using the same
 //!    progressive alignment as the Cluster Sequence Score (the paper's "global sequence
@@ -32,10 +32,11 @@
 //!    when that frame's global sequence score is at least [`TrackingParams::spmd_min_score`].
 //!    E1 relations are expanded once (not transitively): A_i ≡ B_j and B_j ~ B_k add A_i ≡ B_k.
 //! 3. **Call sites (E3, §3.3)** prune: a relation whose two clusters run no code region (start
-//!    call site, end call site, in module+offset form) in common is dropped. *004 uses source
-//!    lines; our regions are stricter (both delimiting call sites).* Pruning is skipped for a
-//!    pair when one cluster has no resolved call site, and for the whole pair of frames when they
-//!    share no resolved region at all (a different build: offsets differ), which the result says.
+//!    call site, end call site, in module+offset form) in common is dropped. *The paper uses
+//!    source lines; our regions are stricter (both delimiting call sites).* Pruning is skipped
+//!    for a pair when one cluster has no resolved call site, and for the whole pair of frames when
+//!    they share no resolved region at all (a different build: offsets differ), which the result
+//!    says.
 //! 4. **Grouping (§3):** connected components of the bipartite relation graph. 1:1 components
 //!    are the **pivots** of the sequence evaluator.
 //! 5. **Sequence (E4, §3.4)** splits wide relations. *The paper aligns the two frames' sequences
@@ -58,34 +59,37 @@
 //!    cluster of the other frame that shares code with it and whose E4 is at least
 //!    `outlier_share` (or uninformative), preferring pairs where both are unmatched, then larger
 //!    shared code, then larger E4, then smaller distance. This is what makes a phase whose work
-//!    changed a lot (a compiler change, T4; a doubled phase, T5) keep its identity.
+//!    changed a lot (a compiler change, as in the paper's §4.1; a doubled phase) keep its
+//!    identity.
 //!
 //! # Stable identities within a job ([`Tracker`])
 //!
-//! Frames are windows; each new frame is related to the clusters of the previous one (004 §3:
-//! consecutive frames). Ids are u32 from 1, never reused for another cluster; 0 is noise. Within
-//! each relation (a group of old clusters ≡ a group of new ones), ids are handed on in this
-//! order, which 004 leaves open (its §5.2 suggestion is "keep the oldest/biggest id"):
+//! Frames are windows; each new frame is related to the clusters of the previous one (the paper's
+//! §3: consecutive frames). Ids are u32 from 1, never reused for another cluster; 0 is noise.
+//! Within each relation (a group of old clusters ≡ a group of new ones), ids are handed on in this
+//! order, which the paper leaves open (the obvious rule would be "keep the oldest/biggest id"):
 //!
 //! 1. **Continuations.** An old and a new cluster whose centroids are within
 //!    [`TrackingParams::move_threshold`] in raw log space (|Δ ln instructions|, |Δ ln IPC| or
 //!    |Δ ln on-CPU time|, the largest) *stayed*: they are paired first, by E1 affinity (both
-//!    directions summed), then by the smaller move. An unchanged phase is always such a pair,
+//!    directions summed), then by the smaller move; when several old clusters stayed where one
+//!    new cluster is, the oldest id continues it (a phase that shed a part for a window and
+//!    takes it back keeps its own id). An unchanged phase is always such a pair,
 //!    so it keeps its id whatever else splits off it or merges into it, as long as the
 //!    clustering keeps it a cluster of its own (two phases the clustering puts in one cluster
 //!    can only have one id: that is a merge, undone by rule 5 when they separate again).
 //! 2. **Moves.** Old clusters with no continuation and new clusters near no old one are then
 //!    paired by the time they hold (the bulk of a phase continues it, not a fragment that
 //!    happens to lie between its old and new place). The id is kept and a **moved** event
-//!    records the distance (004's objects "move"; its T5 expectation: same id, the change is a
-//!    trend, not a new region).
+//!    records the distance (the paper's objects "move"; a phase whose work doubled keeps its id:
+//!    the change is a trend, not a new region).
 //! 3. **Split.** Other new clusters of the relation split off the old cluster most of their
 //!    bursts are nearest to (E1 from B to A).
 //! 4. **Merge.** Other old clusters of the relation merge into the new cluster most of their
 //!    bursts are nearest to (E1 from A to B); their ids retire but stay dormant.
 //! 5. A new cluster left without an id (an unrelated one, or a split part) **revives** a
-//!    dormant id if it relates 1:1 to that dormant cluster and stayed where it was; this is the
-//!    rolling reference of the summary's §5.2, which keeps the id of a phase that skips a
+//!    dormant id if it relates 1:1 to that dormant cluster and stayed where it was; this is a
+//!    rolling reference (our addition), which keeps the id of a phase that skips a
 //!    window, and it restores the ids of two phases that the clustering merged for a while.
 //!    Otherwise it gets a new id (an unrelated one **appears**).
 //! 6. An old cluster without relation becomes dormant when a *closed* window lacks it, and
@@ -95,10 +99,10 @@
 //!    phase yet.
 //!
 //! A split (merge) is reported when at least two parts (parents) are relevant and each holds
-//! at least `outlier_share` of its side of the relation's time: 004's 5 % rule for a split
+//! at least `outlier_share` of its side of the relation's time: the paper's 5 % rule for a split
 //! row, so a fragment of a few bursts that density clustering cut off a phase makes no split.
 //!
-//! 004 tracks only "relevant" objects, those holding most of the time (§4). We track every
+//! The paper tracks only "relevant" objects, those holding most of the time (§4). We track every
 //! cluster, but only clusters holding at least [`TrackingParams::relevant_time_share`] of their
 //! frame's time make events: an appear or vanish of a minor cluster, a split with fewer than two
 //! relevant parts, a merge of fewer than two relevant clusters or a move of a minor cluster is
@@ -113,14 +117,14 @@
 //!
 //! The same relation pipeline on two [`RunSignature`]s of the same application, plus:
 //!
-//! * **Instruction scaling (§2.2).** 004 weights process-correlated metrics (instructions) by
+//! * **Instruction scaling (§2).** The paper weights process-correlated metrics (instructions) by
 //!   the number of processes, which is right for strong scaling and wrong for weak scaling. In
 //!   log space the weighting is a shift of ln(ranks_B / ranks_A) of the first feature
 //!   (ln instructions, or ln on-CPU time). When the rank counts differ we evaluate both
 //!   hypotheses and keep the one with the smaller mean nearest-neighbour distance between the two
 //!   frames' samples; the result says which ([`InstructionScaling`]).
 //! * **Trends per matched phase** ([`PhaseTrend`]): for each side, bursts, time, time share,
-//!   mean burst duration, mean instructions (raw and × ranks, the scaled value of §2.2) and IPC
+//!   mean burst duration, mean instructions (raw and × ranks, the scaled value of §2) and IPC
 //!   as Σ instructions ÷ Σ cycles over the relation's clusters; changes are relative (B ÷ A − 1)
 //!   except the time share, whose change is the difference of shares.
 //! * **Coverage** (Table 2): relations that contain a relevant cluster ÷ the larger number of
@@ -158,7 +162,8 @@ pub enum TrackingError {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrackingParams {
-    /// Cells of every evaluator matrix below this share are outliers (0.05, 004 §3).
+    /// Cells of every evaluator matrix below this share are outliers (0.05, Llort et al. (2013),
+    /// §3).
     pub outlier_share: f64,
     /// Sampled bursts per cluster for cross-classification and in signatures (64).
     pub sample_points: usize,
@@ -486,7 +491,7 @@ fn simultaneity(labels: &[ClusterId], prepared: &Prepared) -> Vec<Simultaneity> 
 // The relation pipeline.
 // ---------------------------------------------------------------------------------------------
 
-/// How the first feature of B is weighted before comparing two runs (004 §2.2).
+/// How the first feature of B is weighted before comparing two runs (Llort et al. (2013), §2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InstructionScaling {
@@ -1281,7 +1286,8 @@ impl Tracker {
                     .then(|| centroid_move(frame.features, &old(i).centroid, &new(j).centroid, 0.0))
             };
             // A part of a split or merge counts when it is relevant and holds at least the
-            // outlier share of its side of the relation (004's 5 % rule for a split row).
+            // outlier share of its side of the relation (the 5 % rule of Llort et al. (2013) for a
+            // split row).
             let time_a: u64 = relation.a.iter().map(|&i| old(i).time_ns).sum();
             let time_b: u64 = relation.b.iter().map(|&j| new(j).time_ns).sum();
             let significant_old = |i: u32| {
@@ -1316,10 +1322,20 @@ impl Tracker {
                     .then(x.1.total_cmp(&y.1))
                     .then((x.2, x.3).cmp(&(y.2, y.3)))
             });
-            for (_, _, i, j) in pairs {
+            for &(_, _, i, j) in &pairs {
                 if !heir_of.contains_key(&i) && !taken.contains(&j) {
                     heir_of.insert(i, j);
                     taken.insert(j);
+                }
+            }
+            // Of the old clusters that stayed where a new one is, the oldest id continues it (ids
+            // grow with time): a phase that shed a part for a window and takes it back keeps its
+            // own id, and the part's id merges into it.
+            for &(_, _, i, j) in &pairs {
+                let heir = heir_of.iter().find(|&(_, &h)| h == j).map(|(&old, _)| old);
+                if let Some(heir) = heir.filter(|&heir| i < heir && !heir_of.contains_key(&i)) {
+                    heir_of.remove(&heir);
+                    heir_of.insert(i, j);
                 }
             }
             // 2. Moves: old clusters without a continuation and new clusters near no old one
@@ -1704,7 +1720,7 @@ pub struct PhaseMetrics {
     pub time_share: f64,
     pub duration_mean_ns: f64,
     pub instructions_mean: Option<f64>,
-    /// Mean instructions × ranks (004 §2.2's process-weighted value).
+    /// Mean instructions × ranks (the process-weighted value of Llort et al. (2013), §2).
     pub instructions_scaled: Option<f64>,
     /// Σ instructions ÷ Σ cycles.
     pub ipc: Option<f64>,
@@ -1838,8 +1854,8 @@ pub struct RunMatch {
     pub phases: Vec<PhaseMatch>,
     pub unmatched_a: Vec<u32>,
     pub unmatched_b: Vec<u32>,
-    /// 004's coverage: relations holding a relevant cluster ÷ the larger count of relevant
-    /// clusters.
+    /// The coverage of Llort et al. (2013): relations holding a relevant cluster ÷ the larger
+    /// count of relevant clusters.
     pub coverage: f64,
 }
 
@@ -1958,7 +1974,8 @@ mod tests {
     use crate::analysis::synthetic::{Phase, SyntheticJob};
     use crate::analysis::{analyse, AnalysisParams};
 
-    /// E1's loop (reference 000 §6.3): 10⁶, 5·10⁶ and 2·10⁷ instructions at IPC 2.0, 0.6, 1.2.
+    /// E1's loop (`e1_job` of the analysis tests): 10⁶, 5·10⁶ and 2·10⁷ instructions at IPC 2.0,
+    /// 0.6, 1.2.
     fn job(ranks: u32, phases: &[(f64, f64)], seed: u64) -> SyntheticJob {
         SyntheticJob {
             ranks,
@@ -2067,10 +2084,10 @@ mod tests {
 
     #[test]
     fn a_long_move_is_resolved_by_call_sites_and_sequence() {
-        // 004 T4 (a compiler change): phase 0 now retires 16× the instructions at half the IPC,
-        // which puts it next to phase 2 and far from where it was. Displacement alone relates it
-        // to phase 2; pruning by call site removes that, and the rescue by shared code and
-        // sequence position finds it.
+        // A compiler change (Llort et al. (2013), §4.1): phase 0 now retires 16× the instructions
+        // at half the IPC, which puts it next to phase 2 and far from where it was. Displacement
+        // alone relates it to phase 2; pruning by call site removes that, and the rescue by shared
+        // code and sequence position finds it.
         let moved = [(1.6e7, 1.0), (5e6, 0.6), (2e7, 1.2)];
         let a = signature(&job(4, &E1, 5));
         let b = signature(&job(4, &moved, 6));
@@ -2171,7 +2188,8 @@ mod tests {
 
     #[test]
     fn fig5_sequence_pivots() {
-        // 004 Fig. 5: A = 1 2 3 1 2 3, B = 2 3 4 2 3 4, pivot 1 → 2: then 2 → 3 and 3 → 4.
+        // Llort et al. (2013), Fig. 5: A = 1 2 3 1 2 3, B = 2 3 4 2 3 4, pivot 1 → 2: then 2 → 3
+        // and 3 → 4.
         let a = sequence_frame(vec![vec![1, 2, 3, 1, 2, 3]]);
         let b = sequence_frame(vec![vec![2, 3, 4, 2, 3, 4]]);
         let ca = contexts(&a, &BTreeMap::from([(1, 0)]), 16);
@@ -2184,9 +2202,9 @@ mod tests {
 
     #[test]
     fn sequence_splits_a_wide_relation() {
-        // §3.1's A11/A12 → B12/B15 case: displacement relates everything to everything (all
-        // clusters sit on one point), and code does not separate 2 and 3 from 20 and 30 (shared
-        // regions), but the sequence with pivot 1 ≡ 10 does.
+        // The A11/A12 → B12/B15 case of Llort et al. (2013), §3.1: displacement relates everything
+        // to everything (all clusters sit on one point), and code does not separate 2 and 3 from
+        // 20 and 30 (shared regions), but the sequence with pivot 1 ≡ 10 does.
         let mut a = sequence_frame(vec![vec![1, 2, 3, 1, 2, 3]; 2]);
         let mut b = sequence_frame(vec![vec![10, 20, 30, 10, 20, 30]; 2]);
         let region = |frame: &Frame, id: u32| frame.cluster(id).unwrap().regions.clone();

@@ -13,7 +13,8 @@ const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
 const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
-/// perf_event_attr.flags bits: count user space only, like the thesis' PAPI counters.
+/// perf_event_attr.flags bits: count user space only, like the PAPI counters of González García
+/// (2013).
 const EXCLUDE_KERNEL: u64 = 1 << 5;
 const EXCLUDE_HV: u64 = 1 << 6;
 

@@ -1,5 +1,6 @@
-//! The two pictures people read a phase analysis from (reference 000, §0 point 7), as one
-//! self-contained HTML file with inline SVG (no script, nothing fetched from the network):
+//! The two pictures people read a phase analysis from (among the outputs of González García
+//! (2013), App. B.2), as one self-contained HTML file with inline SVG (no script, nothing fetched
+//! from the network):
 //!
 //! * the **cluster scatter plot**: every analysed burst as a dot coloured by its cluster, in the
 //!   space it was clustered in: IPC over instructions (log) with hardware counters, or on-CPU time

@@ -391,8 +391,8 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                             F1,
                             0.5,
                             1.0,
-                            "reference 002 §8.4: 0.5 s/s of compute rate, the thesis's 0.5 × peak \
-                             (hardware heuristic) in this work metric",
+                            "assumption: 0.5 s/s of compute rate, the 0.5 × peak of Guillén (2015) \
+                             (hardware heuristic, Table 7.12) in this work metric",
                         )
                         .recommend(
                             "The ranks on this node do very different amounts of computation per \
@@ -495,7 +495,7 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                     Rank,
                     cpi,
                 )
-                .severity(F1, 1.6, 1.0, "thesis Table 7.12 (statistics heuristic)")
+                .severity(F1, 1.6, 1.0, "Guillén (2015), Table 7.12 (statistics heuristic)")
                 .pmu()
                 .recommend(
                     "Instructions take many cycles: the computation stalls. Its refinements \
@@ -516,8 +516,9 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                             F1,
                             0.0003,
                             1.0,
-                            "thesis Table 7.12 (statistics); used as F1 (higher is worse) although \
-                             the thesis prints F2 for this ratio it calls 'high is bad' (§3.3.15)",
+                            "Guillén (2015), Table 7.12 (statistics); used as F1 (higher is worse) \
+                             although Guillén (2015) prints F2 for this ratio it calls 'high is \
+                             bad' (§3.3.15)",
                         )
                         .pmu()
                         .recommend(
@@ -541,7 +542,7 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                             F1,
                             0.005,
                             1.0,
-                            "assumption (the thesis gives none): 0.005 mispredictions per \
+                            "assumption (Guillén (2015) gives none): 0.005 mispredictions per \
                              instruction at about 20 cycles each cost about 0.1 CPI",
                         )
                         .pmu()
@@ -558,7 +559,7 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                 PropertyDef::new(
                     "core_frequency",
                     "cycles ÷ reference cycles × nominal frequency inside CPU bursts, per rank \
-                     (no severity: all values are collected, thesis §3.3.7)",
+                     (no severity: all values are collected, Guillén (2015), §3.3.7)",
                     "hertz",
                     Rank,
                     core_frequency,
@@ -578,7 +579,12 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                     Job,
                     memory_used_share,
                 )
-                .severity(F1, 0.5, 1.0, "thesis Table 7.12: 0.5 × the available memory (hardware heuristic)")
+                .severity(
+                    F1,
+                    0.5,
+                    1.0,
+                    "Guillén (2015), Table 7.12: 0.5 × the available memory (hardware heuristic)",
+                )
                 .recommend(
                     "The job uses more than half of the memory available to it on this node: risk \
                      of swapping or of the out-of-memory killer, and of fewer ranks per node than \
@@ -599,7 +605,8 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                     F2,
                     0.8,
                     1.0,
-                    "thesis Table 7.12: %user 80 % (statistics); Eq. 3.55 is F2 with p = 1",
+                    "Guillén (2015), Table 7.12: %user 80 % (statistics); Eq. 3.55 is F2 with \
+                     p = 1",
                 )
                 .recommend(
                     "The job's CPUs spend little time running the application in user mode: ranks \
@@ -617,7 +624,12 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                     Job,
                     system_time_share,
                 )
-                .severity(Proportional, 0.2, 1.0, "thesis Table 7.12: %system 20 % (statistics); Eq. 3.57")
+                .severity(
+                    Proportional,
+                    0.2,
+                    1.0,
+                    "Guillén (2015), Table 7.12: %system 20 % (statistics); Eq. 3.57",
+                )
                 .recommend(
                     "The ranks spend much time in the kernel: frequent system calls (small file I/O \
                      requests, MPI progress over TCP sockets, sched_yield polling), page faults from \
@@ -635,7 +647,7 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
     vec![pop, pop_ranks, structure, compute, resources, io]
 }
 
-/// I/O after thesis §3.1.33–§3.1.38 and §7.7: a high bandwidth calls for an in-depth I/O
+/// I/O after Guillén (2015), §3.1.33–§3.1.38 and §7.7: a high bandwidth calls for an in-depth I/O
 /// analysis; at or below the threshold the mean request size is checked. The bandwidth branches
 /// on the threshold, so it is a replica pair (`_high`: x > t, `_low`: x ≤ t) sharing id, value
 /// and severity; exactly one of them opens its subtree. Opens and closes are separate roots.
@@ -643,13 +655,14 @@ fn io_roots() -> Vec<Node<JobContext>> {
     use Formula::*;
     use Scope::*;
     const BW_HIGH_NOTE: &str =
-        "thesis Table 7.11: 1.1 GiB/s for reads (statistics heuristic, at the GPFS level)";
-    const BW_WRITE_NOTE: &str = "1.1 GiB/s as for reads; the thesis prints 1.1 MiB/s (Table 7.11), which \
-                                 would send every writer above 1.1 MiB/s to the in-depth branch and \
-                                 skip the request-size check";
+        "Guillén (2015), Table 7.11: 1.1 GiB/s for reads (statistics heuristic, at the GPFS level)";
+    const BW_WRITE_NOTE: &str = "1.1 GiB/s as for reads; Guillén (2015) prints 1.1 MiB/s \
+                                 (Table 7.11), which would send every writer above 1.1 MiB/s to \
+                                 the in-depth branch and skip the request-size check";
     const SIZE_NOTE: &str =
-        "thesis Table 7.12: 2 MiB (performance heuristic: larger requests gain less than 5 %)";
-    const META_NOTE: &str = "assumption (the thesis gives none): 100 per second";
+        "Guillén (2015), Table 7.12: 2 MiB (performance heuristic: larger requests gain less \
+         than 5 %)";
+    const META_NOTE: &str = "assumption (Guillén (2015) gives none): 100 per second";
     let bandwidth = |name: &'static str,
                      id: &'static str,
                      what: &'static str,
@@ -819,7 +832,12 @@ fn phase_strategy() -> Strategy<ClusterStats> {
                     Phase,
                     phase_ipc,
                 )
-                .severity(F2, 0.625, 1.0, "1/1.6: the thesis's CPI threshold (Table 7.12) as IPC")
+                .severity(
+                    F2,
+                    0.625,
+                    1.0,
+                    "1/1.6: the CPI threshold of Guillén (2015), Table 7.12, as IPC",
+                )
                 .pmu()
                 .recommend(
                     "This phase retires few instructions per cycle: it stalls on memory, dependencies \

@@ -196,14 +196,15 @@ impl PropertyConfig {
     pub fn default_toml() -> String {
         let infos = catalogue();
         let mut out = String::from(
-            "# mpiburst property thresholds and exponents (reference 002, PerSyst). Every entry is\n\
+            "# mpiburst property thresholds and exponents (Guillén (2015), PerSyst). Every entry is\n\
              # optional; shown here with its default. x = property value, t = threshold, p = exponent:\n\
              #   F1 (higher is worse, Eq. 3.1): severity 0 for x <= t, (x/t - 1)^p up to x = 2t, then 1.\n\
              #   F2 (lower is worse, Eq. 3.2): severity 1 - (x/t)^p for x < t, else 0.\n\
              #   proportional (Eq. 3.57/3.59): severity min((x/t)^p, 1).\n\
              # A recommendation is given when a property's condition holds and its severity is above\n\
              # 0; a child property is evaluated only when its parent's condition holds. Thresholds\n\
-             # and exponents must be finite and above 0. The thesis publishes no exponents: all are 1.\n\n",
+             # and exponents must be finite and above 0. Guillén (2015) publishes no exponents: all\n\
+             # are 1.\n\n",
         );
         let _ = writeln!(
             out,

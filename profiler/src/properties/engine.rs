@@ -1,4 +1,4 @@
-//! The property model and the strategy engine (reference 002 §3.1–§3.2): a property has a value,
+//! The property model and the strategy engine (Guillén (2015), §3.1–§3.2): a property has a value,
 //! a threshold t, an exponent p, a severity formula, a severity in [0, 1] and a condition.
 //! Properties form trees ("strategies"): roots are always evaluated, a child only when its
 //! parent's condition holds.
@@ -22,12 +22,12 @@ pub enum Formula {
     /// 1 − (x/t)^p. Zero from t up, 1 only at x = 0. A negative x counts as 0.
     #[serde(rename = "F2")]
     F2,
-    /// The thesis's simplified SAR formulas for %system and %iowait (Eq. 3.57, 3.59),
+    /// The simplified SAR formulas of Guillén (2015) for %system and %iowait (Eq. 3.57, 3.59),
     /// generalised with the exponent and clamped: clamp((x/t)^p, 0, 1). Saturates at t.
     #[serde(rename = "proportional")]
     Proportional,
-    /// No severity (the thesis's core frequency, "all values are collected"): severity 0, no
-    /// threshold, no exponent.
+    /// No severity (the core frequency of Guillén (2015), "all values are collected"): severity 0,
+    /// no threshold, no exponent.
     #[serde(rename = "informational")]
     Informational,
 }
@@ -248,7 +248,7 @@ pub struct Evaluation {
     /// The value; for a per-rank property, the mean over the ranks.
     pub value: f64,
     /// The severity in [0, 1]; for a per-rank property, the mean of the ranks' severities
-    /// (the thesis's average severity over devices, Appendix A).
+    /// (the average severity over devices of Guillén (2015), Appendix A).
     pub severity: f64,
     /// The condition; for a per-rank property, whether it holds for at least one rank.
     pub condition: bool,
@@ -522,7 +522,8 @@ mod tests {
         (a - b).abs() < 1e-12
     }
 
-    /// Reference 002 §8.6 V1, every number.
+    /// Worked examples of the severity formulas of Guillén (2015): F1 and F2 (Eq. 3.1, 3.2) with
+    /// p = 1 and 2, and the SAR forms for %user, %system and %iowait (Eq. 3.55, 3.57, 3.59).
     #[test]
     fn v1_severity_formulas() {
         let f1 = |x, p| Formula::F1.severity(x, s(1.6, p));
@@ -597,8 +598,8 @@ mod tests {
         }
     }
 
-    /// Reference 002 §8.6 V15, first half: children are not evaluated and emit nothing when the
-    /// parent's condition is false.
+    /// Strategy gating (Guillén (2015), §3.1–§3.2), first half: children are not evaluated and
+    /// emit nothing when the parent's condition is false.
     #[test]
     fn v15_children_only_when_the_parent_condition_holds() {
         let config = PropertyConfig::default();
@@ -676,8 +677,9 @@ mod tests {
         }
     }
 
-    /// Reference 002 §8.6 V15, second half: of the memory-bound / compute-bound replicas exactly
-    /// one holds for any value, and they share id, threshold and value.
+    /// Strategy gating, second half: of the memory-bound / compute-bound replicas (the branching
+    /// of Guillén (2015), §3.2) exactly one holds for any value, and they share id, threshold and
+    /// value.
     #[test]
     fn v15_replicas_exactly_one_holds() {
         let config = PropertyConfig::default();

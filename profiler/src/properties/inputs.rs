@@ -171,7 +171,7 @@ pub struct ResourceUsage {
 
 /// File I/O counts of a job's processes from the syscall tracepoints (read/pread/readv…,
 /// write/pwrite/writev…, open/openat…, close): cumulative, or over a span in [`IoStats`]. Bytes
-/// are what the calls returned. This is the syscall level, not the file system's (the thesis
+/// are what the calls returned. This is the syscall level, not the file system's (Guillén (2015)
 /// measured GPFS with mmpmon).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoCounts {

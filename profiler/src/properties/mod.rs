@@ -1,15 +1,16 @@
-//! Properties: the PerSyst property model (reference 002, Guillén 2015) with POP efficiencies,
-//! evaluated per job on this node and per phase (burst cluster). A pure library: it reads the
-//! store's totals, the analysis and the kernel's usage counts, and returns values, severities and
-//! recommendations that the exports turn into metrics.
+//! Properties: the PerSyst property model (Guillén (2015): C. Guillén, *Knowledge-based
+//! Performance Monitoring for Large Scale HPC Architectures*, PhD thesis, TU München, 2015) with
+//! POP efficiencies, evaluated per job on this node and per phase (burst cluster). A pure library:
+//! it reads the store's totals, the analysis and the kernel's usage counts, and returns values,
+//! severities and recommendations that the exports turn into metrics.
 //!
 //! # Model ([`engine`])
 //!
 //! A property has a value x, a threshold t, an exponent p, a severity formula — F1 "higher is
 //! worse", s = clamp((x/t − 1)^p) (Eq. 3.1); F2 "lower is worse", s = max(0, 1 − (x/t)^p)
-//! (Eq. 3.2); the thesis's proportional SAR form clamp((x/t)^p) (Eq. 3.57/3.59); or none — a
-//! severity in [0, 1] and a condition (by default severity > 0). Strategies are trees: roots are
-//! always evaluated, children only when the parent's condition holds; gated children are not
+//! (Eq. 3.2); the proportional SAR form of Guillén (2015) clamp((x/t)^p) (Eq. 3.57/3.59); or none
+//! — a severity in [0, 1] and a condition (by default severity > 0). Strategies are trees: roots
+//! are always evaluated, children only when the parent's condition holds; gated children are not
 //! evaluated and produce no result. A property whose source is missing (no PMU, usage not
 //! collected) says "not measured (…)" and so do its children, never a number. A recommendation
 //! applies when the condition holds and the severity is above 0. A property that must branch on
@@ -88,9 +89,9 @@
 //! `phase_spmd_score` (F2, 1.0: severity 1 − score, fires whenever the score is below 1).
 //!
 //! Per-rank properties report, besides quantiles ([`quantiles`]: minimum, deciles, maximum by
-//! default, with the thesis's percentile definition) of values and severities, their mean value
-//! and mean severity (the thesis's average severity over devices); their condition holds when it
-//! holds for at least one rank.
+//! default, with the percentile definition of Guillén (2015)) of values and severities, their mean
+//! value and mean severity (the average severity over devices of Guillén (2015)); their condition
+//! holds when it holds for at least one rank.
 
 pub mod catalogue;
 pub mod config;

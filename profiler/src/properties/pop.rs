@@ -105,7 +105,7 @@ pub struct JobAggregates {
     pub runtime_seconds: Aggregate,
     /// Per-rank compute rate: on-CPU seconds inside bursts per second of run time (ranks with
     /// run time only). Per node, `sum / count` is the node average whose max − min over nodes is
-    /// the inter-node imbalance (reference 002 Eq. 3.10, with this work metric).
+    /// the inter-node imbalance (Guillén (2015), Eq. 3.10, with this work metric).
     pub compute_rate: Aggregate,
     /// Per-rank instructions and cycles inside bursts: `None` unless every rank has counters.
     pub instructions: Option<Aggregate>,

@@ -1,9 +1,9 @@
-//! Quantiles over devices (ranks) with the percentile definition of reference 002 §5.1 (summary
-//! §4.2): with the N values sorted as x(1) ≤ … ≤ x(N), the k-th of n quantiles sits at position
-//! h = N·k/n of the cdf; P_0 = x(1); if h < 1, P = x(1); else, with f = ⌊h⌋,
+//! Quantiles over devices (ranks) with the percentile definition of Guillén (2015), §5.1, in this
+//! precise form: with the N values sorted as x(1) ≤ … ≤ x(N), the k-th of n quantiles sits at
+//! position h = N·k/n of the cdf; P_0 = x(1); if h < 1, P = x(1); else, with f = ⌊h⌋,
 //! P = x(f) + (h − f)·(x(f+1) − x(f)) and x(N+1) := x(N). So P_n = x(N), the maximum. With n = 10
-//! these are the thesis's 11 values (minimum, deciles 1–9, maximum); together with the average
-//! and the count they are its 13 numbers per property, job and interval.
+//! these are the 11 values of Guillén (2015) (minimum, deciles 1–9, maximum); together with the
+//! average and the count they are its 13 numbers per property, job and interval.
 //!
 //! h is computed in integers (N·k, divided by n with remainder), so positions such as 1.6 are
 //! exact.
@@ -44,7 +44,7 @@ pub fn quantiles(values: &[f64], n: u32) -> Vec<f64> {
 
 /// A distribution over devices: n + 1 quantiles (the first is the minimum, the last the
 /// maximum), average, sum and count. Averages, sums and counts merge exactly across nodes;
-/// quantiles do not (reference 002 §5.1).
+/// quantiles do not (Guillén (2015), §5.1).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub count: u64,
@@ -85,7 +85,8 @@ mod tests {
         a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9)
     }
 
-    /// Reference 002 §8.6 V2.
+    /// Worked examples of the decile definition: five 1s and five 10s split at the median, and the
+    /// ramp 1..16.
     #[test]
     fn v2_decile_definition() {
         let split: Vec<f64> = [1.0; 5].into_iter().chain([10.0; 5]).collect();

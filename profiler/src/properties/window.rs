@@ -1,5 +1,5 @@
 //! Spans of time the properties are evaluated over, and windows aligned to Unix time so that the
-//! windows of every node coincide (reference 002 §4.4, Eq. 4.1: TS ≡ TC − UT (mod TC)). Aligned
+//! windows of every node coincide (Guillén (2015), §4.4, Eq. 4.1: TS ≡ TC − UT (mod TC)). Aligned
 //! windows are what makes per-window values of different nodes comparable and mergeable.
 
 use serde::{Deserialize, Serialize};
@@ -65,7 +65,8 @@ impl Span {
 mod tests {
     use super::*;
 
-    /// Reference 002 §8.6 V14.
+    /// Worked examples of Eq. 4.1 of Guillén (2015): TC = 600 s and UT = 10⁹ s give TS = 200 s;
+    /// UT ≡ 0 (mod TC) gives TS = TC.
     #[test]
     fn v14_epoch_alignment() {
         assert_eq!(time_to_next_window(1_000_000_000, 600), 200);

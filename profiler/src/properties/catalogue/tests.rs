@@ -57,8 +57,8 @@ fn rank_record(rank: u32, burst_ns: u64, mpi_ns: u64) -> RankRecord {
     }
 }
 
-/// Reference 002 §8.6 V6 on two ranks: rank 0 does 10 % of rank 1's work, then both meet in
-/// MPI_Barrier; 10 s of run time.
+/// The intra-node imbalance experiment of Guillén (2015), §7.6.5 (APART Test Suite), on two ranks:
+/// rank 0 does 10 % of rank 1's work, then both meet in MPI_Barrier; 10 s of run time.
 fn ats_job() -> Job {
     let mut job = Job::new(meta());
     job.ranks.insert(0, rank_record(0, S, 9 * S));
@@ -162,7 +162,7 @@ fn two_ranks_one_doing_a_tenth_of_the_work() {
     assert!(lb.recommendation().unwrap().contains("Balance the work"));
 
     // Its refinement: compute rates 0.1 and 1.0 s/s, max − min = 0.9; F1 at t = 0.5 gives 0.8
-    // (the V6 expectation).
+    // (the expected outcome).
     let imbalance = props.get("intra_node_imbalance").unwrap();
     assert_eq!(imbalance.parent.as_deref(), Some("load_balance"));
     assert!(close(imbalance.value().unwrap(), 0.9));
@@ -305,7 +305,10 @@ fn small_io_requests_get_the_consolidation_recommendation() {
                 "io_write_bandwidth_low"
             })
         );
-        assert!(close(p.severity().unwrap(), 0.96875), "V9: F2, t = 2 MiB");
+        assert!(
+            close(p.severity().unwrap(), 0.96875),
+            "64 KiB: F2, t = 2 MiB"
+        );
         assert!(p.fires());
         assert!(p
             .recommendation()
