@@ -217,6 +217,10 @@ impl Drop for Daemon {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        // A failed test shows what the daemon said: a failed request may be a daemon-side error.
+        if thread::panicking() {
+            eprintln!("the daemon's log:\n{}", self.log_text());
+        }
     }
 }
 
