@@ -15,6 +15,7 @@ use std::{
 
 use mpiburst::{
     export::{client::DaemonClient, recording::Recording},
+    model::is_lifecycle_function,
     store::Job,
 };
 
@@ -520,9 +521,7 @@ pub fn region_useful_seconds(rank: &serde_json::Value) -> f64 {
         .as_object()
         .unwrap()
         .iter()
-        .filter(|(name, _)| {
-            !["MPI_Init", "MPI_Init_thread", "MPI_Finalize"].contains(&name.as_str())
-        })
+        .filter(|(name, _)| !is_lifecycle_function(name))
         .map(|(_, f)| f["time_ns"].as_u64().unwrap())
         .sum();
     (end - start - mpi) as f64 / 1e9
