@@ -601,7 +601,12 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
         unchanged.is_subset(&last),
         "unchanged phases {unchanged:?} must keep their ids: last window {last:?}"
     );
-    assert_eq!(last.len(), 3, "three phases at the end: {last:?}");
+    assert_eq!(
+        last.len(),
+        3,
+        "three phases at the end: {last:?}; last window: {}",
+        snapshot["last_window"]
+    );
 
     // The live report shows that window, by its Unix-aligned times, and the same three phases.
     eprintln!("{live}");

@@ -167,22 +167,29 @@ pub fn kdist_neighbours(min_points: usize, points: usize) -> usize {
     min_points.max((points.max(1) as f64).ln().ceil() as usize)
 }
 
-/// ACR with up to `steps` Eps values.
+/// ACR with up to `steps` Eps values, none below `min_eps`: the k-dist curve of quiet, tight
+/// phases yields Eps values below the differences that tell phases apart, and a value below
+/// `min_eps` is raised to it (equal values run once).
 pub fn acr(
     points: &PointSet,
     sequences: &RankSequences,
     steps: usize,
     min_points: usize,
+    min_eps: f64,
 ) -> ClusteringOutcome {
     assert_eq!(
         points.len(),
         sequences.points(),
         "one rank position per point"
     );
-    let eps_list = epsilon_steps(
+    let mut eps_list: Vec<f64> = epsilon_steps(
         &k_distances(points, kdist_neighbours(min_points, points.len())),
         steps,
-    );
+    )
+    .into_iter()
+    .map(|eps| eps.max(min_eps))
+    .collect();
+    eps_list.dedup();
     let n = points.len();
     let mut labels = vec![NOISE; n];
     let mut frozen: BTreeSet<ClusterId> = BTreeSet::new();

@@ -220,6 +220,22 @@ pub struct FeatureReport {
     pub ranges: Vec<FeatureRange>,
 }
 
+impl FeatureReport {
+    /// The normalised distance that a relative difference `ratio` (0.05 = 5 %) makes along the
+    /// narrowest logarithmic feature: ln(1 + ratio) over the widest ln range. 0 when no ln
+    /// feature has a range.
+    pub fn normalised_ratio(&self, ratio: f64) -> f64 {
+        self.ranges
+            .iter()
+            .filter(|r| r.name.starts_with("ln_") && r.max > r.min)
+            .map(|r| ratio.ln_1p() / (r.max - r.min))
+            .fold(None, |least: Option<f64>, d| {
+                Some(least.map_or(d, |l| l.min(d)))
+            })
+            .unwrap_or(0.0)
+    }
+}
+
 /// The analysed bursts as points.
 #[derive(Clone, Debug)]
 pub struct Features {

@@ -1956,6 +1956,7 @@ mod tests {
                     clustering: crate::analysis::ClusteringMethod::Acr {
                         steps: 0,
                         min_points: None,
+                        resolution: 0.05,
                     },
                     ..AnalysisParams::default()
                 },

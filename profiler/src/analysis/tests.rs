@@ -31,6 +31,18 @@ fn analyse_job(job: &SyntheticJob) -> (Vec<Burst>, Analysis) {
     (bursts, analysis)
 }
 
+/// ACR without the resolution floor on Eps.
+fn thesis_acr() -> AnalysisParams {
+    AnalysisParams {
+        clustering: ClusteringMethod::Acr {
+            steps: 10,
+            min_points: None,
+            resolution: 0.0,
+        },
+        ..AnalysisParams::default()
+    }
+}
+
 /// The phase (index into the job's phases) of a cluster, from the region its bursts run: phase k
 /// starts at the collective at offset 0x1000·k.
 fn phases_of(cluster: &ClusterStats) -> Vec<u64> {
@@ -232,7 +244,8 @@ fn e5_a_too_small_eps_scores_lower_than_acr() {
     let mut job = e1_job(8, true);
     job.phases[1].jitter = 0.3;
     let bursts = job.bursts();
-    let refined = analyse(&bursts, 8, &AnalysisParams::default()).unwrap();
+    // ACR as González García (2013) runs it, from the smallest k-dist Eps.
+    let refined = analyse(&bursts, 8, &thesis_acr()).unwrap();
     let smallest_eps = refined.clustering.steps[0].eps;
     let params = AnalysisParams {
         clustering: ClusteringMethod::Dbscan {
@@ -266,7 +279,8 @@ fn a_phase_of_a_rank_subgroup_scores_its_share_of_ranks() {
         run_by: Some(2),
         ..Phase::new(4e7, 0.4, 0.03)
     });
-    let (_, analysis) = analyse_job(&job);
+    // All ten Eps values of González García (2013) run: none is raised to the resolution.
+    let analysis = analyse(&job.bursts(), job.ranks, &thesis_acr()).unwrap();
     assert_eq!(analysis.clusters.len(), 4);
     let subgroup: Vec<&ClusterStats> = analysis
         .clusters
@@ -491,4 +505,21 @@ fn empty_input_gives_an_empty_analysis() {
     assert!(analysis.clusters.is_empty() && analysis.noise.is_none() && analysis.labels.is_empty());
     assert_eq!(analysis.global_score, 0.0);
     serde_json::from_str::<Analysis>(&serde_json::to_string(&analysis).unwrap()).unwrap();
+}
+
+#[test]
+fn a_phase_that_drifts_by_one_percent_stays_one_phase() {
+    // Quiet phases (0.1 % jitter) with phase 1 running 1 % slower in the second half of the
+    // window: the k-dist Eps values lie below 1 %, so ACR from them freezes both halves as two
+    // perfectly SPMD clusters; the 5 % resolution keeps one phase.
+    let mut job = e1_job(4, false);
+    for phase in &mut job.phases {
+        phase.jitter = 0.001;
+    }
+    job.phases[1].slowed = (25..50).map(|iteration| (iteration, 1.01)).collect();
+    let bursts = job.bursts();
+    let thesis = analyse(&bursts, job.ranks, &thesis_acr()).unwrap();
+    assert_eq!(thesis.clusters.len(), 4, "{:?}", thesis.clustering);
+    let (_, analysis) = analyse_job(&job);
+    assert_perfect_phases(&analysis, &[2, 1, 0], "one phase per computation");
 }
