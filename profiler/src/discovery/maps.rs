@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::model::CallSite;
 
+use super::elf::build_id;
 use super::error::DiscoveryError;
-use super::libraries::build_id;
 
 /// One line of `/proc/<pid>/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,7 +171,7 @@ fn module_id(pid: u32, path: &Path, deleted: bool) -> Arc<str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::libraries::DynamicSymbols;
+    use crate::discovery::elf::DynamicSymbols;
 
     #[test]
     fn parses_file_anonymous_and_deleted_lines() {
