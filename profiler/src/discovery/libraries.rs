@@ -197,15 +197,12 @@ pub fn process_libraries(pid: u32) -> Result<Vec<MpiLibrary>, DiscoveryError> {
 /// The MPI libraries mapped by any running process, each file once. Processes that exit or
 /// cannot be read during the scan are skipped.
 pub fn all_process_libraries() -> Vec<MpiLibrary> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let Ok(processes) = procfs::process::all_processes() else {
         return Vec::new();
     };
     let mut seen = HashSet::new();
     let mut libraries = Vec::new();
-    for pid in entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-    {
+    for pid in processes.flatten().map(|p| p.pid as u32) {
         match process_libraries(pid) {
             Ok(libs) => {
                 libraries.extend(libs.into_iter().filter(|l| seen.insert((l.dev, l.inode))))
