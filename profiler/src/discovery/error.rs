@@ -1,5 +1,7 @@
 use std::path::PathBuf;
 
+use procfs::{process::Process, ProcError};
+
 /// Everything that can go wrong while finding MPI libraries, their probe points and the identity
 /// of MPI processes. Each message names the cause and what the operator can do about it.
 #[derive(Debug, thiserror::Error)]
@@ -94,15 +96,32 @@ pub enum DiscoveryError {
 }
 
 impl DiscoveryError {
-    /// Reading a file under /proc/<pid> fails with ENOENT or ESRCH once the process has gone;
-    /// that is a normal race for a profiler, unlike a permission problem the operator must fix.
-    pub(crate) fn proc_read(pid: u32, path: PathBuf, source: std::io::Error) -> Self {
-        let gone = source.kind() == std::io::ErrorKind::NotFound
-            || source.raw_os_error() == Some(libc::ESRCH);
-        if gone {
-            DiscoveryError::ProcessGone { pid, path }
-        } else {
-            DiscoveryError::ProcRead { pid, path, source }
+    /// Classifies a failed read of `path` (a file of process `pid` under /proc) through procfs.
+    /// ENOENT or ESRCH mean the process has gone, a normal race for a profiler, unlike a
+    /// permission problem the operator must fix.
+    pub(crate) fn procfs(pid: u32, path: impl Into<PathBuf>, error: ProcError) -> Self {
+        let path = path.into();
+        match error {
+            ProcError::NotFound(_) => DiscoveryError::ProcessGone { pid, path },
+            ProcError::PermissionDenied(_) => DiscoveryError::ProcRead {
+                pid,
+                path,
+                source: std::io::ErrorKind::PermissionDenied.into(),
+            },
+            ProcError::Io(source, _) => DiscoveryError::ProcRead { pid, path, source },
+            // procfs reports a read that fails midway as incomplete data; that is how reading
+            // /proc/<pid>/maps fails once the process has been reaped.
+            ProcError::Incomplete(_)
+                if matches!(Process::new(pid as i32), Err(ProcError::NotFound(_))) =>
+            {
+                DiscoveryError::ProcessGone { pid, path }
+            }
+            ProcError::Incomplete(_) | ProcError::Other(_) | ProcError::InternalError(_) => {
+                DiscoveryError::ProcFormat {
+                    path,
+                    detail: error.to_string(),
+                }
+            }
         }
     }
 }

@@ -2,13 +2,17 @@
 //! the same in every process and on every node running the same binary, unlike the address.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use procfs::process::{MMapPath, MemoryMap, Process};
+
 use crate::model::CallSite;
 
+use super::elf::build_id;
 use super::error::DiscoveryError;
-use super::libraries::build_id;
 
 /// One line of `/proc/<pid>/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,49 +29,35 @@ pub struct Mapping {
     pub deleted: bool,
 }
 
-/// Reads and parses `/proc/<pid>/maps`.
+/// Reads `/proc/<pid>/maps`.
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>, DiscoveryError> {
-    let path = PathBuf::from(format!("/proc/{pid}/maps"));
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| DiscoveryError::proc_read(pid, path.clone(), e))?;
-    text.lines()
-        .map(|line| {
-            parse_line(line).ok_or_else(|| DiscoveryError::ProcFormat {
-                path: path.clone(),
-                detail: format!("malformed line {line:?}"),
-            })
-        })
-        .collect()
+    let maps = Process::new(pid as i32)
+        .and_then(|process| process.maps())
+        .map_err(|e| DiscoveryError::procfs(pid, format!("/proc/{pid}/maps"), e))?;
+    Ok(maps.into_iter().map(Mapping::from).collect())
 }
 
-fn parse_line(line: &str) -> Option<Mapping> {
-    // Fields are separated by single spaces except before the path, which the kernel pads; the
-    // path itself may contain spaces, so it is the rest of the line rather than a field.
-    let mut rest = line;
-    let mut field = || {
-        let (f, r) = rest.split_once(' ').unwrap_or((rest, ""));
-        rest = r;
-        f
-    };
-    let (start, end) = field().split_once('-')?;
-    let _perms = field();
-    let offset = field();
-    let _dev = field();
-    let inode = field();
-    let name = rest.trim_start();
-    let (name, deleted) = match name.strip_suffix(" (deleted)") {
-        Some(n) => (n, true),
-        None => (name, false),
-    };
-    let inode: u64 = inode.parse().ok()?;
-    Some(Mapping {
-        start: u64::from_str_radix(start, 16).ok()?,
-        end: u64::from_str_radix(end, 16).ok()?,
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        inode,
-        path: (inode != 0 && name.starts_with('/')).then(|| PathBuf::from(name)),
-        deleted,
-    })
+impl From<MemoryMap> for Mapping {
+    fn from(map: MemoryMap) -> Self {
+        // procfs keeps the kernel's " (deleted)" mark as part of the path.
+        let (path, deleted) = match map.pathname {
+            MMapPath::Path(path) if map.inode != 0 && path.is_absolute() => {
+                match path.as_os_str().as_bytes().strip_suffix(b" (deleted)") {
+                    Some(name) => (Some(PathBuf::from(OsStr::from_bytes(name))), true),
+                    None => (Some(path), false),
+                }
+            }
+            _ => (None, false),
+        };
+        Mapping {
+            start: map.address.0,
+            end: map.address.1,
+            offset: map.offset,
+            inode: map.inode,
+            path,
+            deleted,
+        }
+    }
 }
 
 /// A mapping reduced to what resolution needs; the module id is computed once per file.
@@ -155,7 +145,8 @@ impl AddressResolver {
 
 fn module_id(pid: u32, path: &Path, deleted: bool) -> Arc<str> {
     // The path is the one the process sees; through /proc/<pid>/root it also names the right file
-    // for a process in another mount namespace (a container).
+    // for a process in another mount namespace (a container). It is built here because procfs
+    // offers only the link's target (`Process::root`), which does not lead into that namespace.
     if !deleted {
         let in_process_root =
             Path::new(&format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
@@ -171,7 +162,16 @@ fn module_id(pid: u32, path: &Path, deleted: bool) -> Arc<str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::libraries::DynamicSymbols;
+    use crate::discovery::elf::DynamicSymbols;
+    use procfs::process::MemoryMaps;
+    use procfs::FromBufRead;
+
+    /// One line of a maps file as `read_maps` turns it into a [`Mapping`].
+    fn parse_line(line: &str) -> Option<Mapping> {
+        let maps = MemoryMaps::from_buf_read(line.as_bytes()).ok()?;
+        let [map] = <[MemoryMap; 1]>::try_from(maps.0).ok()?;
+        Some(Mapping::from(map))
+    }
 
     #[test]
     fn parses_file_anonymous_and_deleted_lines() {

@@ -2,17 +2,21 @@
 //! points capture attaches to), which job, rank and node a traced process is, and which code
 //! location (module build-id or path, file offset) a traced address is.
 
+mod elf;
 mod error;
+mod ld_cache;
 mod libraries;
 mod maps;
+mod probes;
 mod process;
 #[cfg(test)]
 mod test_support;
 
+pub use elf::build_id;
 pub use error::DiscoveryError;
 pub use libraries::{
-    all_process_libraries, build_id, discover_libraries, openmpi_datatype_size_offset,
-    probe_points, process_libraries, Binding, MpiFlavor, MpiLibrary, ProbePoint, ProbePoints,
+    all_process_libraries, discover_libraries, process_libraries, Binding, MpiFlavor, MpiLibrary,
 };
 pub use maps::{read_maps, AddressResolver, Mapping};
+pub use probes::{openmpi_datatype_size_offset, probe_points, ProbePoint, ProbePoints};
 pub use process::{hostname, identify, in_cgroup, IdentitySource, ProcessIdentity};

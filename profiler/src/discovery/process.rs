@@ -2,8 +2,10 @@
 //! launched it (Open MPI's mpirun, MPICH's Hydra, Slurm's srun, a singleton).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
 
+use procfs::process::{all_processes, Process, Stat};
+use procfs::ProcessCGroups;
 use serde::{Deserialize, Serialize};
 
 use crate::model::JobId;
@@ -100,21 +102,21 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
 /// True when one of the process's cgroups (any hierarchy of /proc/PID/cgroup) is `scope` or
 /// below it. A process that is gone is in no cgroup.
 pub fn in_cgroup(pid: u32, scope: &str) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .is_ok_and(|text| cgroup_lines_match(&text, scope))
+    Process::new(pid as i32)
+        .and_then(|process| process.cgroups())
+        .is_ok_and(|cgroups| cgroups_match(&cgroups, scope))
 }
 
-fn cgroup_lines_match(text: &str, scope: &str) -> bool {
+fn cgroups_match(cgroups: &ProcessCGroups, scope: &str) -> bool {
     let scope = scope.trim_end_matches('/');
-    text.lines()
-        .filter_map(|l| l.splitn(3, ':').nth(2))
-        .any(|path| {
-            scope.is_empty()
-                || path == scope
-                || path
-                    .strip_prefix(scope)
-                    .is_some_and(|rest| rest.starts_with('/'))
-        })
+    cgroups.into_iter().any(|cgroup| {
+        let path = cgroup.pathname.as_str();
+        scope.is_empty()
+            || path == scope
+            || path
+                .strip_prefix(scope)
+                .is_some_and(|rest| rest.starts_with('/'))
+    })
 }
 
 /// This machine's host name, the default node name.
@@ -128,9 +130,9 @@ pub fn hostname() -> Result<String, DiscoveryError> {
 }
 
 /// The launcher variables of a process's environment, and nothing else: the environment of a
-/// user's process may hold credentials, so each variable is matched against this allow-list as
-/// it is parsed and every other one is dropped unseen. There is deliberately no field that could
-/// hold an arbitrary variable.
+/// user's process may hold credentials, so each variable is matched against this allow-list and
+/// every other one is dropped unseen, together with procfs's copy of the environment. There is
+/// deliberately no field that could hold an arbitrary variable.
 #[derive(Debug, Default)]
 struct LaunchEnv {
     ompi_rank: Option<u32>,
@@ -149,20 +151,17 @@ struct LaunchEnv {
 
 impl LaunchEnv {
     fn read(pid: u32) -> Result<Self, DiscoveryError> {
-        let path = PathBuf::from(format!("/proc/{pid}/environ"));
-        let raw = std::fs::read(&path).map_err(|e| DiscoveryError::proc_read(pid, path, e))?;
+        let environ = Process::new(pid as i32)
+            .and_then(|process| process.environ())
+            .map_err(|e| DiscoveryError::procfs(pid, format!("/proc/{pid}/environ"), e))?;
         let mut env = LaunchEnv::default();
-        for entry in raw.split(|&b| b == 0) {
-            env.keep(entry);
+        for (name, value) in &environ {
+            env.keep(name.as_bytes(), value.as_bytes());
         }
         Ok(env)
     }
 
-    fn keep(&mut self, entry: &[u8]) {
-        let Some(eq) = entry.iter().position(|&b| b == b'=') else {
-            return;
-        };
-        let (name, value) = (&entry[..eq], &entry[eq + 1..]);
+    fn keep(&mut self, name: &[u8], value: &[u8]) {
         let text = || {
             std::str::from_utf8(value)
                 .ok()
@@ -237,34 +236,22 @@ struct ProcStat {
     start_time: u64,
 }
 
+impl From<Stat> for ProcStat {
+    fn from(stat: Stat) -> Self {
+        ProcStat {
+            pid: stat.pid as u32,
+            comm: stat.comm,
+            ppid: stat.ppid as u32,
+            start_time: stat.starttime,
+        }
+    }
+}
+
 fn read_stat(pid: u32) -> Result<ProcStat, DiscoveryError> {
-    let path = PathBuf::from(format!("/proc/{pid}/stat"));
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| DiscoveryError::proc_read(pid, path.clone(), e))?;
-    let malformed = || DiscoveryError::ProcFormat {
-        path: path.clone(),
-        detail: format!("{text:?}"),
-    };
-    // comm may contain spaces and parentheses, so it ends at the last ')'.
-    let (open, close) = (
-        text.find('(').ok_or_else(malformed)?,
-        text.rfind(')').ok_or_else(malformed)?,
-    );
-    let comm = text.get(open + 1..close).ok_or_else(malformed)?.to_string();
-    // Fields after comm, counted from 3 (state) as in proc(5): ppid is 4, starttime 22.
-    let fields: Vec<&str> = text[close + 1..].split_whitespace().collect();
-    let field = |n: usize| {
-        fields
-            .get(n - 3)
-            .and_then(|f| f.parse().ok())
-            .ok_or_else(malformed)
-    };
-    Ok(ProcStat {
-        pid,
-        comm,
-        ppid: field(4)? as u32,
-        start_time: field(22)?,
-    })
+    Process::new(pid as i32)
+        .and_then(|process| process.stat())
+        .map(ProcStat::from)
+        .map_err(|e| DiscoveryError::procfs(pid, format!("/proc/{pid}/stat"), e))
 }
 
 /// The outermost known launcher above a process: on the launching node that is mpirun or
@@ -304,15 +291,11 @@ fn job_members(root: &ProcStat) -> Result<Vec<ProcStat>, DiscoveryError> {
         members.push(root.clone());
     } else {
         let mut children: HashMap<u32, Vec<ProcStat>> = HashMap::new();
-        let entries = std::fs::read_dir("/proc")
-            .map_err(|e| DiscoveryError::proc_read(root.pid, "/proc".into(), e))?;
-        for pid in entries
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        {
-            if let Ok(stat) = read_stat(pid) {
-                children.entry(stat.ppid).or_default().push(stat);
-            }
+        let processes =
+            all_processes().map_err(|e| DiscoveryError::procfs(root.pid, "/proc", e))?;
+        for stat in processes.flatten().filter_map(|p| p.stat().ok()) {
+            let stat = ProcStat::from(stat);
+            children.entry(stat.ppid).or_default().push(stat);
         }
         let mut pending = vec![root.pid];
         while let Some(parent) = pending.pop() {
@@ -333,15 +316,24 @@ fn job_members(root: &ProcStat) -> Result<Vec<ProcStat>, DiscoveryError> {
 mod tests {
     use super::*;
     use crate::discovery::test_support::Spawned;
+    use procfs::FromBufRead;
     use std::collections::BTreeSet;
     use std::process::Command;
 
+    /// Whether the cgroups listed in `text` (a /proc/PID/cgroup file) include `scope`.
+    fn cgroup_lines_match(text: &str, scope: &str) -> bool {
+        cgroups_match(
+            &ProcessCGroups::from_buf_read(text.as_bytes()).unwrap(),
+            scope,
+        )
+    }
+
     /// The processes named `comm` below `root`.
     fn descendants(root: u32, comm: &str) -> Vec<u32> {
-        let mut all: Vec<ProcStat> = std::fs::read_dir("/proc")
+        let mut all: Vec<ProcStat> = all_processes()
             .unwrap()
             .flatten()
-            .filter_map(|e| read_stat(e.file_name().to_str()?.parse().ok()?).ok())
+            .filter_map(|p| Some(ProcStat::from(p.stat().ok()?)))
             .collect();
         let mut tree = BTreeSet::from([root]);
         loop {
@@ -364,7 +356,9 @@ mod tests {
     /// new environment, and a process read in between looks as if it had none.
     fn started(pid: u32, comm: &str) -> bool {
         read_stat(pid).is_ok_and(|s| s.comm == comm)
-            && std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| !e.is_empty())
+            && Process::new(pid as i32)
+                .and_then(|p| p.environ())
+                .is_ok_and(|e| !e.is_empty())
     }
 
     fn wait_for_ranks(launch: &Spawned, comm: &str, n: usize) -> Vec<u32> {

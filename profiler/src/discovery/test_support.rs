@@ -1,11 +1,26 @@
-//! Real processes for the discovery tests, and the MPI installation they run against.
+//! Real processes for the discovery tests, the MPI installation they run against, and the
+//! system tools that give the ground truth.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const OPENMPI_C: &str = "/usr/lib/x86_64-linux-gnu/libmpi.so.40";
+pub const OPENMPI_MPIFH: &str = "/usr/lib/x86_64-linux-gnu/libmpi_mpifh.so.40";
+pub const OPENMPI_F08: &str = "/usr/lib/x86_64-linux-gnu/libmpi_usempif08.so.40";
+pub const OPENMPI_TKR: &str = "/usr/lib/x86_64-linux-gnu/libmpi_usempi_ignore_tkr.so.40";
 pub const MPICH_C: &str = "/usr/lib/x86_64-linux-gnu/libmpich.so.12";
+pub const MPICH_FORT: &str = "/usr/lib/x86_64-linux-gnu/libmpichfort.so.12";
+
+/// Runs a tool that gives the ground truth (binutils, ldconfig) and returns its output.
+pub fn tool(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?} failed");
+    String::from_utf8(out.stdout).unwrap()
+}
 
 /// A started process tree that is terminated and reaped when dropped, also when a test fails.
 pub struct Spawned {

@@ -1,0 +1,178 @@
+//! ELF reading: a file's GNU build-id, and its dynamic symbols with the loadable segments that
+//! turn a symbol's address into a file offset.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use object::read::ReadCache;
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use super::error::DiscoveryError;
+
+/// Upper bound on cached build-ids; a node maps a few thousand distinct files at most, and the
+/// bound keeps a long-running daemon's memory independent of how many binaries it has seen.
+const BUILD_ID_CACHE_LIMIT: usize = 8192;
+
+/// The GNU build-id of an ELF file in hex, or `None` if it has none. Cached by file identity and
+/// modification time, so a file reached through several paths is read once and a file replaced in
+/// place is read again.
+pub fn build_id(path: &Path) -> Result<Option<String>, DiscoveryError> {
+    type Key = (u64, u64, i64, i64);
+    static CACHE: OnceLock<Mutex<HashMap<Key, Option<String>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let meta = std::fs::metadata(path).map_err(|source| DiscoveryError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let key = (meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec());
+    if let Some(id) = cache.lock().expect("build-id cache poisoned").get(&key) {
+        return Ok(id.clone());
+    }
+    let id = with_elf(path, |elf| {
+        Ok(elf
+            .build_id()?
+            .map(|bytes| bytes.iter().map(|b| format!("{b:02x}")).collect()))
+    })?;
+    let mut cache = cache.lock().expect("build-id cache poisoned");
+    if cache.len() >= BUILD_ID_CACHE_LIMIT {
+        cache.clear();
+    }
+    cache.insert(key, id.clone());
+    Ok(id)
+}
+
+fn with_elf<T>(
+    path: &Path,
+    read: impl FnOnce(&object::File<'_, &ReadCache<File>>) -> Result<T, object::Error>,
+) -> Result<T, DiscoveryError> {
+    let file = File::open(path).map_err(|source| DiscoveryError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // ReadCache reads only the parts parsed (headers, dynamic symbols, notes), not the whole
+    // file; libmpich alone is 40 MB.
+    let cache = ReadCache::new(file);
+    object::File::parse(&cache)
+        .and_then(|elf| read(&elf))
+        .map_err(|source| DiscoveryError::Elf {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// The dynamic symbol table of a library (stripped libraries keep only this one) and its loadable
+/// segments, which turn a symbol's address into a file offset.
+pub(crate) struct DynamicSymbols {
+    path: PathBuf,
+    defined: HashMap<String, DefinedSymbol>,
+    imported: HashSet<String>,
+    segments: Vec<LoadSegment>,
+}
+
+struct DefinedSymbol {
+    address: u64,
+    size: u64,
+    function: bool,
+}
+
+struct LoadSegment {
+    address: u64,
+    file_offset: u64,
+    file_size: u64,
+}
+
+impl DynamicSymbols {
+    pub(crate) fn read(path: &Path) -> Result<Self, DiscoveryError> {
+        with_elf(path, |elf| {
+            let mut defined = HashMap::new();
+            let mut imported = HashSet::new();
+            for symbol in elf.dynamic_symbols() {
+                let Ok(name) = symbol.name() else { continue };
+                if symbol.is_undefined() {
+                    imported.insert(name.to_string());
+                } else if symbol.is_definition() {
+                    let function = symbol.kind() == SymbolKind::Text;
+                    let entry = DefinedSymbol {
+                        address: symbol.address(),
+                        size: symbol.size(),
+                        function,
+                    };
+                    defined.insert(name.to_string(), entry);
+                }
+            }
+            let segments = elf
+                .segments()
+                .map(|s| {
+                    let (file_offset, file_size) = s.file_range();
+                    LoadSegment {
+                        address: s.address(),
+                        file_offset,
+                        file_size,
+                    }
+                })
+                .collect();
+            Ok(DynamicSymbols {
+                path: path.to_path_buf(),
+                defined,
+                imported,
+                segments,
+            })
+        })
+    }
+
+    /// Whether the file defines `name`, whatever kind of symbol it is.
+    pub(crate) fn defines(&self, name: &str) -> bool {
+        self.defined.contains_key(name)
+    }
+
+    /// Whether the file uses `name` from another library.
+    pub(crate) fn imports(&self, name: &str) -> bool {
+        self.imported.contains(name)
+    }
+
+    /// File offset of a defined function: its address minus the start of the loadable segment
+    /// that contains it, plus that segment's offset in the file.
+    pub(crate) fn function_offset(&self, name: &str) -> Option<u64> {
+        self.defined
+            .get(name)
+            .filter(|s| s.function)
+            .and_then(|s| self.file_offset(s.address, 1))
+    }
+
+    fn file_offset(&self, address: u64, size: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| s.address <= address && address + size <= s.address + s.file_size)
+            .map(|s| address - s.address + s.file_offset)
+    }
+
+    /// The initial contents of a defined data object, as stored in the file.
+    pub(crate) fn data(&self, name: &str) -> Result<Vec<u8>, DiscoveryError> {
+        let symbol = self
+            .defined
+            .get(name)
+            .ok_or_else(|| DiscoveryError::MissingSymbol {
+                path: self.path.clone(),
+                symbol: name.to_string(),
+            })?;
+        let offset = self
+            .file_offset(symbol.address, symbol.size)
+            .ok_or_else(|| DiscoveryError::SymbolNotInFile {
+                path: self.path.clone(),
+                symbol: name.to_string(),
+                address: symbol.address,
+            })?;
+        let read_error = |source| DiscoveryError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        let mut bytes = vec![0; symbol.size as usize];
+        File::open(&self.path)
+            .and_then(|f| f.read_exact_at(&mut bytes, offset))
+            .map_err(read_error)?;
+        Ok(bytes)
+    }
+}
