@@ -50,10 +50,10 @@ fn io_request_sizes_and_the_small_request_recommendation() {
             "mean request {measured} vs {expected}"
         );
         let request_size = property(&live["job"], "io_write_request_size");
-        assert!(
-            (request_size["outcome"]["value"].as_f64().unwrap() / expected - 1.0).abs() < 0.001,
-            "{request_size}"
-        );
+        let value = request_size["outcome"]["value"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no request size: {request_size}"));
+        assert!((value / expected - 1.0).abs() < 0.001, "{request_size}");
         let consolidate = live["job_recommendations"]
             .as_array()
             .unwrap()
