@@ -312,7 +312,7 @@ mod tests {
         let usage = |user_s: u64, write_bytes: u64| UsageTotals {
             user_ns: user_s * S,
             cpus: 2,
-            io: Some(crate::properties::IoCounts {
+            io: Some(crate::capture::usage::IoCounts {
                 write_bytes,
                 write_calls: 1,
                 ..Default::default()

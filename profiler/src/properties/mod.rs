@@ -113,9 +113,7 @@ pub use engine::{
     Condition, Evaluation, Formula, Observation, Outcome, PropertyResult, RankDistribution, Scope,
     Setting, NO_PMU,
 };
-pub use inputs::{
-    IoCounts, IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage,
-};
+pub use inputs::{IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage};
 pub use live::{LiveEvaluator, LiveProperties, WindowProperties};
 pub use pop::{Aggregate, JobAggregates, PopEfficiencies, Reading};
 pub use quantiles::Summary;
