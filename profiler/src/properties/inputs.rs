@@ -6,8 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::error::PropertyError;
 use super::window::Span;
-use super::PropertyError;
 use crate::analysis::{online::WindowView, Analysis, ClusterStats};
 use crate::capture::usage::IoCounts;
 use crate::store::{Job, JobMeta, RankRecord};

@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    evaluate_job, IoStats, JobInput, JobProperties, PhasesInput, PmuCounters, PropertyConfig,
-    PropertyError, RankSample, ResourceUsage, Span,
-};
+use super::catalogue::{evaluate_job, JobProperties};
+use super::config::PropertyConfig;
+use super::error::PropertyError;
+use super::inputs::{IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage};
+use super::window::Span;
 use crate::{
     analysis::online::WindowView,
     capture::usage::UsageTotals,

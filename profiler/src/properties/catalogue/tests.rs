@@ -3,6 +3,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::*;
 use crate::analysis::{self, synthetic, AnalysisParams};
 use crate::capture::usage::IoCounts;
+use crate::properties::config::PropertyConfig;
 use crate::properties::engine::Outcome;
 use crate::properties::inputs::PmuCounters;
 use crate::properties::pop::Aggregate;
