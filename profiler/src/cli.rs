@@ -8,7 +8,8 @@ use std::{
 use clap::{Args, Parser, Subcommand};
 
 use crate::{
-    config::{Config, ConfigError, CounterMode},
+    capture::config::CounterMode,
+    config::{Config, ConfigError},
     export::client::{ClientError, DaemonClient},
 };
 

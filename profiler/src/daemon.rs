@@ -19,10 +19,11 @@ use crate::{
     },
     capture::{
         self,
+        config::{FunctionClass, FunctionSpec},
         usage::{self, JobUsage},
         AttachPoint, Capture, CaptureError,
     },
-    config::{Config, FunctionClass, FunctionSpec},
+    config::Config,
     discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
     export::{
         bottlenecks,
@@ -769,8 +770,8 @@ impl Daemon {
         eprintln!(
             "mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs"
         );
-        let mut drain = tokio::time::interval(self.config.drain_interval());
-        let mut stats = tokio::time::interval(self.config.stats_interval());
+        let mut drain = tokio::time::interval(self.config.capture.drain_interval());
+        let mut stats = tokio::time::interval(self.config.capture.stats_interval());
         // Both streams exist for the whole loop: a signal that arrives while a drain or an update
         // runs is kept for the next select (a stream made inside the loop would miss it).
         let signal = |kind: SignalKind, name: &str| {

@@ -4,8 +4,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use super::CaptureError;
-use crate::config::CounterMode;
+use super::{config::CounterMode, CaptureError};
 
 const PERF_TYPE_HARDWARE: u32 = 0;
 const PERF_TYPE_SOFTWARE: u32 = 1;

@@ -1,6 +1,8 @@
 //! Capture stage: loads the BPF programs, attaches them to MPI library files, and drains what
 //! the kernel collected (burst records, exec notifications, per-thread totals, loss counters).
+//! Its configuration sections, `[capture]` and `[mpi]`, are defined in [`config`].
 
+pub mod config;
 mod counters;
 mod multi;
 mod tracefs;
@@ -24,7 +26,7 @@ use profiler_common::{
     TaskThread, ThreadState, NO_FUNC,
 };
 
-use crate::config::CaptureConfig;
+use config::CaptureConfig;
 
 static BPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));

@@ -7,8 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::properties::IoCounts;
-
 /// One process's usage at one instant.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcessUsage {
@@ -131,6 +129,45 @@ pub fn node_memory_bytes() -> std::io::Result<u64> {
                 "no MemTotal in /proc/meminfo",
             )
         })
+}
+
+/// File I/O counts of a process or a job's processes from the syscall tracepoints
+/// (read/pread/readv…, write/pwrite/writev…, open/openat…, close), cumulative, or the difference
+/// of two readings ([`IoCounts::since`]). Bytes are what the calls returned. This is the syscall
+/// level, not the file system's (Guillén (2015) measured GPFS with mmpmon).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IoCounts {
+    pub read_bytes: u64,
+    pub read_calls: u64,
+    pub write_bytes: u64,
+    pub write_calls: u64,
+    pub opens: u64,
+    pub closes: u64,
+}
+
+impl IoCounts {
+    fn zip(self, o: IoCounts, f: impl Fn(u64, u64) -> u64) -> IoCounts {
+        IoCounts {
+            read_bytes: f(self.read_bytes, o.read_bytes),
+            read_calls: f(self.read_calls, o.read_calls),
+            write_bytes: f(self.write_bytes, o.write_bytes),
+            write_calls: f(self.write_calls, o.write_calls),
+            opens: f(self.opens, o.opens),
+            closes: f(self.closes, o.closes),
+        }
+    }
+
+    /// The counts since an earlier reading of the same counters.
+    pub fn since(self, before: IoCounts) -> IoCounts {
+        self.zip(before, u64::saturating_sub)
+    }
+}
+
+impl std::ops::Add for IoCounts {
+    type Output = IoCounts;
+    fn add(self, o: IoCounts) -> IoCounts {
+        self.zip(o, |a, b| a + b)
+    }
 }
 
 /// The kernel's per-process I/O totals as counts.

@@ -5,10 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::config::PropertyConfig;
 use super::engine::{
     Condition, Formula, Node, Observation, PropertyDef, PropertyResult, Scope, Setting, Strategy,
-    NO_PMU,
+    StrategySettings, NO_PMU,
 };
 use super::inputs::{IoStats, JobInput, RankSample, ResourceUsage};
 use super::pop::{JobAggregates, PopEfficiencies, Reading};
@@ -1017,8 +1016,9 @@ fn counter_status(ranks: &[RankSample]) -> Result<(), String> {
     }
 }
 
-/// Evaluates every strategy for one job on this node over `input.span`.
-pub fn evaluate_job(input: &JobInput<'_>, config: &PropertyConfig) -> JobProperties {
+/// Evaluates every strategy for one job on this node over `input.span`, with the thresholds,
+/// exponents and quantiles of `config` (the daemon's [`super::config::PropertyConfig`]).
+pub fn evaluate_job(input: &JobInput<'_>, config: &impl StrategySettings) -> JobProperties {
     let aggregates = job_aggregates(input);
     let pop = aggregates.pop();
     let context = JobContext {

@@ -9,8 +9,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::catalogue::{catalogue, PropertyInfo};
-use super::engine::{Condition, Formula, PropertyDef, Setting};
-use super::PropertyError;
+use super::engine::{Condition, Formula, PropertyDef, Setting, StrategySettings};
+use super::error::PropertyError;
 
 /// Overrides for one property. Fields left out keep the default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -175,23 +175,6 @@ impl PropertyConfig {
         Ok(self)
     }
 
-    /// Number of equal parts the per-rank distributions are cut into (10: deciles, giving 11
-    /// values from the minimum to the maximum).
-    pub fn quantiles(&self) -> u32 {
-        self.quantiles
-    }
-
-    /// The threshold and exponent applied to `def`: the configured ones, else its defaults.
-    /// `None` for properties without a severity formula.
-    pub fn setting<I>(&self, def: &PropertyDef<I>) -> Option<Setting> {
-        let default = def.default?;
-        let configured = self.property.get(def.id).copied().unwrap_or_default();
-        Some(Setting {
-            threshold: configured.threshold.unwrap_or(default.threshold),
-            exponent: configured.exponent.unwrap_or(default.exponent),
-        })
-    }
-
     /// The complete default file, every threshold and exponent with its documentation.
     pub fn default_toml() -> String {
         let infos = catalogue();
@@ -223,6 +206,21 @@ impl PropertyConfig {
             write_entry(&mut out, info, d, &sharing);
         }
         out
+    }
+}
+
+impl StrategySettings for PropertyConfig {
+    fn setting<I>(&self, def: &PropertyDef<I>) -> Option<Setting> {
+        let default = def.default?;
+        let configured = self.property.get(def.id).copied().unwrap_or_default();
+        Some(Setting {
+            threshold: configured.threshold.unwrap_or(default.threshold),
+            exponent: configured.exponent.unwrap_or(default.exponent),
+        })
+    }
+
+    fn quantiles(&self) -> u32 {
+        self.quantiles
     }
 }
 

@@ -5,7 +5,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::config::PropertyConfig;
 use super::quantiles::Summary;
 
 /// The reason given wherever a value needs hardware counters that are not there.
@@ -225,6 +224,18 @@ impl<I> Node<I> {
     }
 }
 
+/// What evaluating a strategy takes from the configuration: the threshold and exponent applied
+/// to each property, and how finely per-rank values are summarised. The engine knows no file
+/// format; the validated property configuration ([`super::config::PropertyConfig`]) provides it.
+pub trait StrategySettings {
+    /// The threshold and exponent applied to `def`: the configured ones, else its defaults.
+    /// `None` for properties without a severity formula.
+    fn setting<I>(&self, def: &PropertyDef<I>) -> Option<Setting>;
+    /// Number of equal parts the per-rank distributions are cut into (10: deciles, giving 11
+    /// values from the minimum to the maximum).
+    fn quantiles(&self) -> u32;
+}
+
 /// A set of property trees over one kind of input.
 pub struct Strategy<I> {
     pub name: &'static str,
@@ -336,10 +347,10 @@ fn condition_holds(
 impl<I> Strategy<I> {
     /// Evaluates the trees in pre-order (a parent before its children). Never fails: the
     /// configuration is valid by construction and every value problem becomes an outcome.
-    pub fn evaluate(&self, input: &I, config: &PropertyConfig) -> Vec<PropertyResult> {
+    pub fn evaluate(&self, input: &I, settings: &impl StrategySettings) -> Vec<PropertyResult> {
         let mut out = Vec::new();
         for root in &self.roots {
-            self.visit(root, None, input, config, &mut out);
+            self.visit(root, None, input, settings, &mut out);
         }
         out
     }
@@ -349,12 +360,13 @@ impl<I> Strategy<I> {
         node: &Node<I>,
         parent: Option<&'static str>,
         input: &I,
-        config: &PropertyConfig,
+        settings: &impl StrategySettings,
         out: &mut Vec<PropertyResult>,
     ) {
         let def = &node.def;
-        let setting = config.setting(def);
-        let outcome = evaluate_observation(def, setting, (def.evaluate)(input), config.quantiles());
+        let setting = settings.setting(def);
+        let outcome =
+            evaluate_observation(def, setting, (def.evaluate)(input), settings.quantiles());
         let descend = match &outcome {
             Outcome::Evaluated(e) => e.condition,
             _ => false,
@@ -366,11 +378,11 @@ impl<I> Strategy<I> {
         out.push(self.result(def, parent, setting, outcome));
         if descend {
             for child in &node.children {
-                self.visit(child, Some(def.name), input, config, out);
+                self.visit(child, Some(def.name), input, settings, out);
             }
         } else if let Some(reason) = not_measured {
             for child in &node.children {
-                self.not_measured(child, def.name, &reason, config, out);
+                self.not_measured(child, def.name, &reason, settings, out);
             }
         }
     }
@@ -382,16 +394,16 @@ impl<I> Strategy<I> {
         node: &Node<I>,
         parent: &'static str,
         reason: &str,
-        config: &PropertyConfig,
+        settings: &impl StrategySettings,
         out: &mut Vec<PropertyResult>,
     ) {
-        let setting = config.setting(&node.def);
+        let setting = settings.setting(&node.def);
         let outcome = Outcome::NotMeasured {
             reason: reason.to_string(),
         };
         out.push(self.result(&node.def, Some(parent), setting, outcome));
         for child in &node.children {
-            self.not_measured(child, node.def.name, reason, config, out);
+            self.not_measured(child, node.def.name, reason, settings, out);
         }
     }
 
@@ -507,6 +519,7 @@ fn evaluate_observation<I>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::properties::config::PropertyConfig;
     use std::cell::Cell;
 
     const MIB: f64 = 1024.0 * 1024.0;

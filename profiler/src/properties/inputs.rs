@@ -6,9 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::error::PropertyError;
 use super::window::Span;
-use super::PropertyError;
 use crate::analysis::{online::WindowView, Analysis, ClusterStats};
+use crate::capture::usage::IoCounts;
 use crate::store::{Job, JobMeta, RankRecord};
 
 /// Hardware counter totals of one rank over a span, counted inside its CPU bursts (useful
@@ -169,46 +170,8 @@ pub struct ResourceUsage {
     pub cpus: f64,
 }
 
-/// File I/O counts of a job's processes from the syscall tracepoints (read/pread/readv…,
-/// write/pwrite/writev…, open/openat…, close): cumulative, or over a span in [`IoStats`]. Bytes
-/// are what the calls returned. This is the syscall level, not the file system's (Guillén (2015)
-/// measured GPFS with mmpmon).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IoCounts {
-    pub read_bytes: u64,
-    pub read_calls: u64,
-    pub write_bytes: u64,
-    pub write_calls: u64,
-    pub opens: u64,
-    pub closes: u64,
-}
-
-impl IoCounts {
-    fn zip(self, o: IoCounts, f: impl Fn(u64, u64) -> u64) -> IoCounts {
-        IoCounts {
-            read_bytes: f(self.read_bytes, o.read_bytes),
-            read_calls: f(self.read_calls, o.read_calls),
-            write_bytes: f(self.write_bytes, o.write_bytes),
-            write_calls: f(self.write_calls, o.write_calls),
-            opens: f(self.opens, o.opens),
-            closes: f(self.closes, o.closes),
-        }
-    }
-
-    /// The counts since an earlier reading of the same counters.
-    pub fn since(self, before: IoCounts) -> IoCounts {
-        self.zip(before, u64::saturating_sub)
-    }
-}
-
-impl std::ops::Add for IoCounts {
-    type Output = IoCounts;
-    fn add(self, o: IoCounts) -> IoCounts {
-        self.zip(o, |a, b| a + b)
-    }
-}
-
-/// The job's file I/O on this node over `seconds`.
+/// The job's file I/O on this node over `seconds`: the difference of two readings of the
+/// cumulative [`IoCounts`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct IoStats {
     pub seconds: f64,

@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    evaluate_job, IoStats, JobInput, JobProperties, PhasesInput, PmuCounters, PropertyConfig,
-    PropertyError, RankSample, ResourceUsage, Span,
-};
+use super::catalogue::{evaluate_job, JobProperties};
+use super::config::PropertyConfig;
+use super::error::PropertyError;
+use super::inputs::{IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage};
+use super::window::Span;
 use crate::{
     analysis::online::WindowView,
     capture::usage::UsageTotals,
@@ -312,7 +313,7 @@ mod tests {
         let usage = |user_s: u64, write_bytes: u64| UsageTotals {
             user_ns: user_s * S,
             cpus: 2,
-            io: Some(crate::properties::IoCounts {
+            io: Some(crate::capture::usage::IoCounts {
                 write_bytes,
                 write_calls: 1,
                 ..Default::default()

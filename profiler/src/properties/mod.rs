@@ -4,6 +4,10 @@
 //! it reads the store's totals, the analysis and the kernel's usage counts, and returns values,
 //! severities and recommendations that the exports turn into metrics.
 //!
+//! The submodules import one way, each only from those before it: [`error`], [`quantiles`],
+//! [`window`] → [`inputs`] → [`engine`] → [`pop`] → [`mod@catalogue`] → [`config`] (validated
+//! against the catalogue; the engine reads it through [`engine::StrategySettings`]) → [`live`].
+//!
 //! # Model ([`engine`])
 //!
 //! A property has a value x, a threshold t, an exponent p, a severity formula — F1 "higher is
@@ -96,13 +100,12 @@
 pub mod catalogue;
 pub mod config;
 pub mod engine;
+pub mod error;
 pub mod inputs;
 pub mod live;
 pub mod pop;
 pub mod quantiles;
 pub mod window;
-
-use std::path::PathBuf;
 
 pub use catalogue::{
     catalogue, evaluate_job, job_aggregates, ActiveRecommendation, JobProperties, PhaseProperties,
@@ -113,46 +116,9 @@ pub use engine::{
     Condition, Evaluation, Formula, Observation, Outcome, PropertyResult, RankDistribution, Scope,
     Setting, NO_PMU,
 };
-pub use inputs::{
-    IoCounts, IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage,
-};
+pub use error::PropertyError;
+pub use inputs::{IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage};
 pub use live::{LiveEvaluator, LiveProperties, WindowProperties};
 pub use pop::{Aggregate, JobAggregates, PopEfficiencies, Reading};
 pub use quantiles::Summary;
 pub use window::Span;
-
-#[derive(Debug, thiserror::Error)]
-pub enum PropertyError {
-    #[error("cannot read property file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("invalid property configuration ({origin}): {source}")]
-    Parse {
-        origin: String,
-        source: toml::de::Error,
-    },
-    #[error(
-        "unknown property {id:?} in the property configuration; configurable properties: {known}"
-    )]
-    UnknownProperty { id: String, known: String },
-    #[error(
-        "property {id} has no severity formula, so it takes no threshold or exponent; remove \
-         [property.{id}]"
-    )]
-    NoSeverity { id: String },
-    #[error("property {id}: {field} = {value} is invalid; expected {expected}")]
-    InvalidSetting {
-        id: String,
-        field: &'static str,
-        value: String,
-        expected: &'static str,
-    },
-    #[error(
-        "quantiles = {0} is invalid; expected 1 to 100 (10 gives the minimum, deciles and maximum)"
-    )]
-    Quantiles(u32),
-    #[error("rank {rank}: inconsistent snapshots for a window: {detail}")]
-    Snapshot { rank: u32, detail: String },
-}

@@ -2,8 +2,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 use crate::analysis::{self, synthetic, AnalysisParams};
+use crate::capture::usage::IoCounts;
+use crate::properties::config::PropertyConfig;
 use crate::properties::engine::Outcome;
-use crate::properties::inputs::{IoCounts, PmuCounters};
+use crate::properties::inputs::PmuCounters;
 use crate::properties::pop::Aggregate;
 use crate::store::{CallStats, Job, JobMeta, RankRecord, RankTotals};
 

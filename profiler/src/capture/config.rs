@@ -1,0 +1,293 @@
+//! The capture stage's configuration: the `[capture]` section (duration filter, drain and stats
+//! intervals, ring buffer, counters, file I/O) and the `[mpi]` section (which library files and
+//! which MPI functions are probed). Each section validates itself and writes its part of the
+//! documented default file; [`crate::config::Config`] holds them.
+
+use std::{fmt::Write as _, path::PathBuf, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureConfig {
+    /// Bursts shorter than this many microseconds are summed in kernel instead of shipped.
+    pub min_burst_us: u64,
+    /// Milliseconds between ring-buffer drains (there is no wakeup per record).
+    pub drain_interval_ms: u64,
+    /// Milliseconds between reads of the in-kernel per-thread totals.
+    pub stats_interval_ms: u64,
+    /// Ring buffer size in MiB (rounded up to a power of two).
+    pub ring_buffer_mib: u32,
+    /// Counters read in BPF per burst: "auto" (hardware instructions and cycles if the PMU has
+    /// them, else none), "hardware" (fail without a PMU), "software" (the software cpu-clock event
+    /// in both slots: exercises the counter path where no PMU exists), or "off".
+    pub counters: CounterMode,
+    /// Count the file I/O of the MPI processes from the raw syscall tracepoints. While they are
+    /// attached every system call on the node takes the kernel's traced path;
+    /// `cargo xtask bench overhead` measures what that adds per call.
+    pub file_io: bool,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CounterMode {
+    Auto,
+    Hardware,
+    Software,
+    Off,
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            min_burst_us: 100,
+            drain_interval_ms: 100,
+            stats_interval_ms: 1000,
+            ring_buffer_mib: 4,
+            counters: CounterMode::Auto,
+            file_io: true,
+        }
+    }
+}
+
+impl CaptureConfig {
+    /// Checks what the file format cannot express; the error says what to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.drain_interval_ms == 0 || self.stats_interval_ms == 0 {
+            return Err("capture intervals must be at least 1 ms".into());
+        }
+        if !(1..=1024).contains(&self.ring_buffer_mib) {
+            return Err("capture.ring_buffer_mib must be within 1..=1024".into());
+        }
+        Ok(())
+    }
+
+    pub fn drain_interval(&self) -> Duration {
+        Duration::from_millis(self.drain_interval_ms)
+    }
+
+    pub fn stats_interval(&self) -> Duration {
+        Duration::from_millis(self.stats_interval_ms)
+    }
+
+    /// The `[capture]` section of the default file, each field with its documentation.
+    pub fn default_toml() -> String {
+        let d = CaptureConfig::default();
+        format!(
+            "[capture]\n\
+             # Bursts shorter than this (microseconds) are summed in kernel, not shipped.\n\
+             min_burst_us = {}\n\
+             # Milliseconds between ring-buffer drains (no wakeup per record).\n\
+             drain_interval_ms = {}\n\
+             # Milliseconds between reads of the in-kernel per-thread totals.\n\
+             stats_interval_ms = {}\n\
+             # Ring buffer size in MiB.\n\
+             ring_buffer_mib = {}\n\
+             # \"auto\" (hardware instructions+cycles if the PMU has them, else none), \"hardware\",\n\
+             # \"software\" (cpu-clock in both slots, to exercise the counter path), or \"off\".\n\
+             counters = \"auto\"\n\
+             # Count the MPI processes' file I/O from the raw syscall tracepoints (read, write, open,\n\
+             # close). While attached, every system call on the node takes the kernel's traced path\n\
+             # (about 0.4 us more per call on a VM; `cargo xtask bench overhead` measures it here);\n\
+             # false turns the I/O properties into \"not measured\".\n\
+             file_io = true\n\n",
+            d.min_burst_us, d.drain_interval_ms, d.stats_interval_ms, d.ring_buffer_mib
+        )
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MpiConfig {
+    /// Extra MPI library files to probe besides those found in the ld.so cache and in the
+    /// memory maps of running processes.
+    pub libraries: Vec<PathBuf>,
+    /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
+    /// the (count, datatype) pair in the C binding whose product gives the call's bytes.
+    pub functions: Vec<FunctionSpec>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionSpec {
+    pub name: String,
+    pub class: FunctionClass,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count_arg: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datatype_arg: Option<u8>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum FunctionClass {
+    P2p,
+    Collective,
+    Completion,
+    /// Test/probe calls that applications spin on: counted in kernel, never a burst boundary.
+    Polling,
+    OneSided,
+    Io,
+    Lifecycle,
+}
+
+/// (name, class, (count argument, datatype argument)) of one default probe.
+type DefaultFunction = (&'static str, FunctionClass, Option<(u8, u8)>);
+
+const DEFAULT_FUNCTIONS: &[DefaultFunction] = {
+    use FunctionClass::*;
+    &[
+        ("MPI_Init", Lifecycle, None),
+        ("MPI_Init_thread", Lifecycle, None),
+        ("MPI_Finalize", Lifecycle, None),
+        ("MPI_Send", P2p, Some((1, 2))),
+        ("MPI_Recv", P2p, Some((1, 2))),
+        ("MPI_Isend", P2p, Some((1, 2))),
+        ("MPI_Irecv", P2p, Some((1, 2))),
+        ("MPI_Ssend", P2p, Some((1, 2))),
+        ("MPI_Bsend", P2p, Some((1, 2))),
+        ("MPI_Rsend", P2p, Some((1, 2))),
+        ("MPI_Issend", P2p, Some((1, 2))),
+        ("MPI_Sendrecv", P2p, Some((1, 2))),
+        ("MPI_Sendrecv_replace", P2p, Some((1, 2))),
+        ("MPI_Barrier", Collective, None),
+        ("MPI_Bcast", Collective, Some((1, 2))),
+        ("MPI_Reduce", Collective, Some((2, 3))),
+        ("MPI_Allreduce", Collective, Some((2, 3))),
+        ("MPI_Gather", Collective, Some((1, 2))),
+        ("MPI_Gatherv", Collective, Some((1, 2))),
+        ("MPI_Scatter", Collective, Some((1, 2))),
+        ("MPI_Scatterv", Collective, None),
+        ("MPI_Allgather", Collective, Some((1, 2))),
+        ("MPI_Allgatherv", Collective, Some((1, 2))),
+        ("MPI_Alltoall", Collective, Some((1, 2))),
+        ("MPI_Alltoallv", Collective, None),
+        ("MPI_Reduce_scatter", Collective, None),
+        ("MPI_Reduce_scatter_block", Collective, Some((2, 3))),
+        ("MPI_Scan", Collective, Some((2, 3))),
+        ("MPI_Exscan", Collective, Some((2, 3))),
+        ("MPI_Ibarrier", Collective, None),
+        ("MPI_Ibcast", Collective, Some((1, 2))),
+        ("MPI_Ireduce", Collective, Some((2, 3))),
+        ("MPI_Iallreduce", Collective, Some((2, 3))),
+        ("MPI_Igather", Collective, Some((1, 2))),
+        ("MPI_Iscatter", Collective, Some((1, 2))),
+        ("MPI_Iallgather", Collective, Some((1, 2))),
+        ("MPI_Ialltoall", Collective, Some((1, 2))),
+        ("MPI_Wait", Completion, None),
+        ("MPI_Waitall", Completion, None),
+        ("MPI_Waitany", Completion, None),
+        ("MPI_Waitsome", Completion, None),
+        ("MPI_Probe", Completion, None),
+        ("MPI_Mprobe", Completion, None),
+        ("MPI_Mrecv", Completion, None),
+        ("MPI_Test", Polling, None),
+        ("MPI_Testall", Polling, None),
+        ("MPI_Testany", Polling, None),
+        ("MPI_Testsome", Polling, None),
+        ("MPI_Iprobe", Polling, None),
+        ("MPI_Improbe", Polling, None),
+        ("MPI_Win_fence", OneSided, None),
+        ("MPI_Win_lock", OneSided, None),
+        ("MPI_Win_unlock", OneSided, None),
+        ("MPI_Win_lock_all", OneSided, None),
+        ("MPI_Win_unlock_all", OneSided, None),
+        ("MPI_Win_flush", OneSided, None),
+        ("MPI_Win_flush_all", OneSided, None),
+        ("MPI_Win_post", OneSided, None),
+        ("MPI_Win_start", OneSided, None),
+        ("MPI_Win_complete", OneSided, None),
+        ("MPI_Win_wait", OneSided, None),
+        ("MPI_Put", OneSided, Some((1, 2))),
+        ("MPI_Get", OneSided, Some((1, 2))),
+        ("MPI_Accumulate", OneSided, Some((1, 2))),
+        ("MPI_File_open", Io, None),
+        ("MPI_File_close", Io, None),
+        ("MPI_File_sync", Io, None),
+        ("MPI_File_read", Io, Some((2, 3))),
+        ("MPI_File_write", Io, Some((2, 3))),
+        ("MPI_File_read_all", Io, Some((2, 3))),
+        ("MPI_File_write_all", Io, Some((2, 3))),
+        ("MPI_File_read_at", Io, Some((3, 4))),
+        ("MPI_File_write_at", Io, Some((3, 4))),
+        ("MPI_File_read_at_all", Io, Some((3, 4))),
+        ("MPI_File_write_at_all", Io, Some((3, 4))),
+    ]
+};
+
+impl Default for MpiConfig {
+    fn default() -> Self {
+        let functions = DEFAULT_FUNCTIONS
+            .iter()
+            .map(|&(name, class, bytes)| FunctionSpec {
+                name: name.to_string(),
+                class,
+                count_arg: bytes.map(|b| b.0),
+                datatype_arg: bytes.map(|b| b.1),
+            })
+            .collect();
+        MpiConfig {
+            libraries: Vec::new(),
+            functions,
+        }
+    }
+}
+
+impl MpiConfig {
+    /// Checks what the file format cannot express; the error says what to change.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        if self.functions.len() > u16::MAX as usize {
+            return Err("mpi.functions has more than 65535 entries".into());
+        }
+        for f in &self.functions {
+            if !f.name.starts_with("MPI_") {
+                return Err(format!(
+                    "mpi.functions: {:?} is not a C MPI name; write it as MPI_Xxx",
+                    f.name
+                ));
+            }
+            if !seen.insert(f.name.as_str()) {
+                return Err(format!("mpi.functions lists {} twice", f.name));
+            }
+            match (f.count_arg, f.datatype_arg) {
+                (None, None) => {}
+                (Some(c), Some(d)) if c < 6 && d < 6 => {}
+                _ => {
+                    return Err(format!(
+                        "mpi.functions {}: count_arg and datatype_arg go together and must be \
+                         below 6 (register arguments)",
+                        f.name
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `[mpi]` section of the default file, every default function written out.
+    pub fn default_toml() -> String {
+        let mut out = String::from(
+            "[mpi]\n\
+             # Extra MPI library files to probe (the ld.so cache and running processes are searched).\n\
+             libraries = []\n\
+             # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
+             # pair in the C binding; their product is the call's bytes. Class \"polling\" functions\n\
+             # are counted in kernel and never end a burst.\n\
+             functions = [\n",
+        );
+        for f in &MpiConfig::default().functions {
+            let class = toml::Value::try_from(f.class).unwrap();
+            let _ = match (f.count_arg, f.datatype_arg) {
+                (Some(c), Some(t)) => writeln!(
+                    out,
+                    "  {{ name = \"{}\", class = {class}, count_arg = {c}, datatype_arg = {t} }},",
+                    f.name
+                ),
+                _ => writeln!(out, "  {{ name = \"{}\", class = {class} }},", f.name),
+            };
+        }
+        out.push_str("]\n\n");
+        out
+    }
+}
