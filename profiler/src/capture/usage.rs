@@ -272,11 +272,15 @@ mod tests {
 
     #[test]
     fn reads_this_process() {
-        // Burn some user time so the reading is not zero.
-        let t = std::time::Instant::now();
+        // Burn 50 ms of this thread's CPU time (not wall time, which a busy machine may spend
+        // elsewhere) so the reading, in clock ticks, is not zero.
+        let start = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
         let mut x = 0u64;
-        while t.elapsed().as_millis() < 50 {
-            x = std::hint::black_box(x.wrapping_add(1));
+        while clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - start < 50_000_000 {
+            // Mostly user time: the clock read is a system call.
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
         }
         let u = read_process(std::process::id()).unwrap();
         assert!(u.user_ns > 0 && u.rss_bytes > 0, "{u:?}");
