@@ -10,14 +10,14 @@ use mpiburst::{
     },
     cli::{Cli, Command, CompareArgs, ReportArgs, ReportTarget},
     config::Config,
-    daemon::{unix_now_ns, Daemon},
+    daemon::Daemon,
     export::{
         client::{ClientError, DaemonClient},
         phases,
         recording::Recording,
         report, svg,
     },
-    model::{Burst, JobId},
+    model::{unix_now_ns, Burst, JobId},
     store::Job,
 };
 use tracing_subscriber::EnvFilter;

@@ -58,7 +58,7 @@ struct JobDetail<'a> {
 async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
     let body = {
         let s = state.lock().unwrap();
-        prometheus::render(&s, crate::daemon::unix_now_ns())
+        prometheus::render(&s, crate::model::unix_now_ns())
     };
     (
         [(
