@@ -34,7 +34,10 @@ use crate::{
         },
         report, SelfStats,
     },
-    model::{is_lifecycle_function, Burst, HwCounters, JobId, FINALIZE_FUNCTION, INIT_FUNCTIONS},
+    model::{
+        is_lifecycle_function, unix_now_ns, Burst, HwCounters, JobId, FINALIZE_FUNCTION,
+        INIT_FUNCTIONS,
+    },
     properties::{LiveEvaluator, PropertyConfig},
     store::{CallStats, Job, JobMeta, RankRecord, RankTotals, RegionMarks},
 };
@@ -111,10 +114,6 @@ fn final_phases(job: &Job) -> String {
         Ok(analysis) => phases::render_phases(&job.meta.id, &analysis),
         Err(e) => format!("   phases of job {}: not analysed ({e})", job.meta.id),
     }
-}
-
-pub fn unix_now_ns() -> u64 {
-    usage::clock_ns(libc::CLOCK_REALTIME)
 }
 
 /// The cookie flags of a probed function: polling, or a bound of the region of interest.

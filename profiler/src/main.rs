@@ -10,14 +10,14 @@ use mpiburst::{
     },
     cli::{Cli, Command, CompareArgs, ReportArgs, ReportTarget},
     config::Config,
-    daemon::{unix_now_ns, Daemon},
+    daemon::Daemon,
     export::{
         client::{ClientError, DaemonClient},
-        phases,
+        html, phases,
         recording::Recording,
-        report, svg,
+        report,
     },
-    model::{Burst, JobId},
+    model::{unix_now_ns, Burst, JobId},
     store::Job,
 };
 use tracing_subscriber::EnvFilter;
@@ -132,7 +132,7 @@ fn write_html(
     html: String,
     what: &str,
 ) -> anyhow::Result<()> {
-    let file = svg::html_path(out, id, several);
+    let file = html::html_path(out, id, several);
     std::fs::write(&file, html).with_context(|| {
         format!(
             "cannot write {}; check that the directory exists and is writable",
@@ -194,7 +194,7 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
                 html,
                 id,
                 several,
-                svg::render_html(job, &bursts, &analysis),
+                html::render_html(job, &bursts, &analysis),
                 &format!("phases of job {id}"),
             )?;
         }
@@ -245,7 +245,7 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
             out.print(&format!("{text}\n"))?;
         }
         if let Some(html) = &args.html {
-            let page = svg::render_live_html(&job, &snapshot, &text, &daemon.to_string());
+            let page = html::render_live_html(&job, &snapshot, &text, &daemon.to_string());
             let what = format!(
                 "phase sequences and tables of job {id}; the scatter plot and the timeline need a recording"
             );

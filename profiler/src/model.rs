@@ -89,6 +89,14 @@ pub fn is_lifecycle_function(name: &str) -> bool {
     INIT_FUNCTIONS.contains(&name) || name == FINALIZE_FUNCTION
 }
 
+/// Now, in nanoseconds since the Unix epoch: CLOCK_REALTIME, the clock burst start times and
+/// job times are kept in.
+pub fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
 /// Identity of one MPI job on a node, as discovery found it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct JobId(pub String);

@@ -9,7 +9,7 @@ use std::{
 use axum::{
     extract::{Path, State},
     http::{header, StatusCode},
-    response::IntoResponse,
+    response::{IntoResponse, Response},
     routing::get,
     Json, Router,
 };
@@ -18,7 +18,7 @@ use serde::Serialize;
 use crate::{
     analysis::online::PhasesSnapshot,
     capture::usage::UsageTotals,
-    export::{prometheus, SelfStats},
+    export::{prometheus::Metrics, SelfStats},
     properties::LiveProperties,
     store::{CallStats, JobMeta, JobStore, RankRecord, RankTotals},
 };
@@ -55,18 +55,23 @@ struct JobDetail<'a> {
     bursts_evicted: u64,
 }
 
-async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
-    let body = {
-        let s = state.lock().unwrap();
-        prometheus::render(&s, crate::daemon::unix_now_ns())
-    };
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        body,
-    )
+/// `/metrics`: the text exposition, or why there is none.
+fn metrics(registry: &Metrics) -> Response {
+    match registry.render() {
+        Ok(body) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the metrics: {e}"),
+        )
+            .into_response(),
+    }
 }
 
 async fn jobs(State(state): State<SharedState>) -> impl IntoResponse {
@@ -151,8 +156,14 @@ pub async fn bind(
     SocketAddr,
     impl std::future::Future<Output = std::io::Result<()>>,
 )> {
+    let registry = Metrics::new(state.clone()).map_err(|e| {
+        std::io::Error::other(format!("cannot set up the Prometheus registry: {e}"))
+    })?;
     let app = Router::new()
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics(&registry))),
+        )
         .route("/api/jobs", get(jobs))
         .route("/api/jobs/{id}", get(job))
         .route("/api/jobs/{id}/phases", get(job_phases))

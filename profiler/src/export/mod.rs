@@ -3,12 +3,12 @@
 
 pub mod bottlenecks;
 pub mod client;
+pub mod html;
 pub mod http;
 pub mod phases;
 pub mod prometheus;
 pub mod recording;
 pub mod report;
-pub mod svg;
 
 use crate::capture::{Lost, ProgramStats};
 

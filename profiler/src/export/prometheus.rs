@@ -1,154 +1,255 @@
-//! Prometheus text exposition of the per-job totals and of the daemon's own health. Names follow
+//! Prometheus exposition of the per-job totals and of the daemon's own health. Names follow
 //! docs/metrics.md: prefix `mpiburst_`, base units, `_total` on counters; labels are bounded (job,
 //! node, function, program); no per-rank label. The job label is `mpi_job`: Prometheus gives every
 //! scraped series its own `job` label (the scrape job), and a target's `job` would be renamed.
+//!
+//! A `prometheus` registry holds two collectors: `StateCollector` builds the mpiburst families
+//! from the daemon's shared state at each scrape, and the crate's process collector adds the
+//! standard `process_*` metrics of the daemon itself. The crate's text encoder writes them.
+//! The families are built per scrape rather than kept in the crate's metric vectors because the
+//! values are a snapshot of the state (a job that is gone must leave no series behind) and some
+//! families have a label only on some series (`phase` on per-phase properties).
 
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, HashMap};
 
-use std::collections::BTreeMap;
+use prometheus::{
+    core::{Collector, Desc},
+    process_collector::ProcessCollector,
+    proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType},
+    Registry, TextEncoder,
+};
 
 use crate::{
     analysis::{online::PhasesSnapshot, ClusterStats},
     capture::ProgramStats,
-    export::http::Shared,
-    model::JobId,
+    export::http::{Shared, SharedState},
+    model::{unix_now_ns, JobId},
     properties::{Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankSample},
     store::{JobStore, RankRecord},
 };
 
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// Phases exported per job: the ones with the most time in the last window. Bounds the series
+/// per job to O(phases), whatever the number of ranks.
+pub const TOP_PHASES: usize = 10;
+
+/// What `/metrics` serves: the daemon's families and the `process_*` metrics of the daemon.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
 }
 
-/// Writes metric families: each family's HELP and TYPE once, then its samples.
-struct Exposition {
-    out: String,
-}
-
-impl Exposition {
-    fn family(
-        &mut self,
-        name: &str,
-        kind: &str,
-        help: &str,
-        samples: impl IntoIterator<Item = (String, f64)>,
-    ) {
-        let mut samples = samples.into_iter().peekable();
-        if samples.peek().is_none() {
-            return;
-        }
-        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, value) in samples {
-            if labels.is_empty() {
-                let _ = writeln!(self.out, "{name} {value}");
-            } else {
-                let _ = writeln!(self.out, "{name}{{{labels}}} {value}");
-            }
-        }
+impl Metrics {
+    pub fn new(state: SharedState) -> prometheus::Result<Self> {
+        Self::with_clock(state, unix_now_ns)
     }
+
+    /// Metrics whose per-rank regions of ranks still running end at `now_ns()`.
+    fn with_clock(state: SharedState, now_ns: fn() -> u64) -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        registry.register(Box::new(StateCollector::new(state, now_ns)?))?;
+        registry.register(Box::new(ProcessCollector::for_self()))?;
+        Ok(Metrics { registry })
+    }
+
+    /// The text exposition of every family that has a series.
+    pub fn render(&self) -> prometheus::Result<String> {
+        TextEncoder::new().encode_to_string(&self.registry.gather())
+    }
+}
+
+/// Builds the mpiburst families from the shared state at each scrape.
+struct StateCollector {
+    state: SharedState,
+    now_ns: fn() -> u64,
+    /// One per family, by name and help. Without label names: a family's label set can differ
+    /// between its series.
+    descs: Vec<Desc>,
+}
+
+impl StateCollector {
+    fn new(state: SharedState, now_ns: fn() -> u64) -> prometheus::Result<Self> {
+        // An empty state still yields every family (without series), so the descriptors come
+        // from the same code as the families.
+        let descs = families(&Shared::default(), 0)
+            .iter()
+            .map(|f| Desc::new(f.name().into(), f.help().into(), vec![], HashMap::new()))
+            .collect::<prometheus::Result<_>>()?;
+        Ok(StateCollector {
+            state,
+            now_ns,
+            descs,
+        })
+    }
+}
+
+impl Collector for StateCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let shared = self.state.lock().unwrap();
+        families(&shared, (self.now_ns)())
+    }
+}
+
+/// A series' labels, in the order they are written.
+type Labels = Vec<(&'static str, String)>;
+
+/// `labels` and one more.
+fn with(labels: &Labels, name: &'static str, value: impl ToString) -> Labels {
+    let mut out = labels.clone();
+    out.push((name, value.to_string()));
+    out
+}
+
+fn job_labels(id: &JobId, node: &str) -> Labels {
+    vec![("mpi_job", id.0.clone()), ("node", node.to_string())]
+}
+
+/// The series of an aggregate over ranks: label `stat` = `sum`, `min`, `max`.
+fn stat_series(labels: &Labels, a: Aggregate) -> [(Labels, f64); 3] {
+    [("sum", a.sum), ("min", a.min), ("max", a.max)]
+        .map(|(stat, v)| (with(labels, "stat", stat), v))
 }
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-/// Phases exported per job: the ones with the most time in the last window. Bounds the series
-/// per job to O(phases), whatever the number of ranks.
-pub const TOP_PHASES: usize = 10;
+/// Collects metric families, each with its series; a family without series is left for the
+/// registry to drop.
+#[derive(Default)]
+struct Families(Vec<MetricFamily>);
 
-pub fn render(shared: &Shared, now_ns: u64) -> String {
+impl Families {
+    fn counter(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, f64)>) {
+        self.family(name, help, MetricType::COUNTER, series);
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, f64)>) {
+        self.family(name, help, MetricType::GAUGE, series);
+    }
+
+    fn family(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        series: impl IntoIterator<Item = (Labels, f64)>,
+    ) {
+        let mut family = MetricFamily::default();
+        family.set_name(name.into());
+        family.set_help(help.into());
+        family.set_field_type(kind);
+        family.set_metric(
+            series
+                .into_iter()
+                .map(|(labels, value)| {
+                    let mut metric = Metric::default();
+                    metric.set_label(
+                        labels
+                            .into_iter()
+                            .map(|(name, value)| {
+                                let mut pair = LabelPair::default();
+                                pair.set_name(name.into());
+                                pair.set_value(value);
+                                pair
+                            })
+                            .collect(),
+                    );
+                    if kind == MetricType::COUNTER {
+                        let mut counter = Counter::default();
+                        counter.set_value(value);
+                        metric.set_counter(counter);
+                    } else {
+                        let mut gauge = Gauge::default();
+                        gauge.set_value(value);
+                        metric.set_gauge(gauge);
+                    }
+                    metric
+                })
+                .collect(),
+        );
+        self.0.push(family);
+    }
+}
+
+/// Every mpiburst family as of `shared`, with the per-rank regions of running ranks ending at
+/// `now_ns`.
+fn families(shared: &Shared, now_ns: u64) -> Vec<MetricFamily> {
     let (store, health, phases) = (&shared.store, &shared.health, &shared.phases);
-    let mut e = Exposition { out: String::new() };
+    let mut f = Families::default();
     let jobs: Vec<_> = store
         .jobs
         .values()
         .map(|j| (job_labels(&j.meta.id, &j.meta.node), j))
         .collect();
 
-    e.family(
+    f.gauge(
         "mpiburst_job_info",
-        "gauge",
         "Always 1; identifies a job seen on this node, with where its identity came from.",
         jobs.iter().map(|(l, j)| {
-            (
-                format!(
-                    "{l},source=\"{}\",executable=\"{}\"",
-                    escape(&j.meta.source),
-                    escape(&j.meta.executable)
-                ),
-                1.0,
-            )
+            let l = with(l, "source", &j.meta.source);
+            (with(&l, "executable", &j.meta.executable), 1.0)
         }),
     );
-    e.family(
+    f.gauge(
         "mpiburst_job_size_ranks",
-        "gauge",
         "Ranks in the job's world communicator (all nodes).",
         jobs.iter().map(|(l, j)| (l.clone(), j.meta.size as f64)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_job_local_ranks",
-        "gauge",
         "Ranks of the job seen on this node.",
         jobs.iter().map(|(l, j)| (l.clone(), j.ranks.len() as f64)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_job_running",
-        "gauge",
         "1 while the job has live ranks on this node, 0 once they all ended.",
         jobs.iter()
             .map(|(l, j)| (l.clone(), if j.is_ended() { 0.0 } else { 1.0 })),
     );
     let totals: Vec<_> = jobs.iter().map(|(l, j)| (l, j.totals())).collect();
-    e.family(
+    f.counter(
         "mpiburst_job_useful_seconds_total",
-        "counter",
         "Wall time of all CPU bursts (computation between MPI calls) of the job's ranks here, exact.",
         totals.iter().map(|(l, t)| ((*l).clone(), secs(t.burst_ns))),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_useful_oncpu_seconds_total",
-        "counter",
         "On-CPU time inside the job's CPU bursts here (lower than useful time when descheduled).",
         totals
             .iter()
             .map(|(l, t)| ((*l).clone(), secs(t.burst_oncpu_ns))),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_mpi_seconds_total",
-        "counter",
         "Time inside outermost MPI calls, all functions, of the job's ranks here.",
         jobs.iter()
             .map(|(l, j)| (l.clone(), secs(j.ranks.values().map(|r| r.mpi_ns()).sum()))),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_bursts_total",
-        "counter",
         "CPU bursts of the job's ranks here, whatever their duration.",
         totals.iter().map(|(l, t)| ((*l).clone(), t.bursts as f64)),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_filtered_bursts_total",
-        "counter",
         "Bursts below the duration filter: summed in kernel, not shipped to the daemon.",
         totals
             .iter()
             .map(|(l, t)| ((*l).clone(), t.filtered_bursts as f64)),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_filtered_seconds_total",
-        "counter",
         "Wall time of the bursts below the duration filter.",
         totals
             .iter()
             .map(|(l, t)| ((*l).clone(), secs(t.filtered_ns))),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_dropped_bursts_total",
-        "counter",
         "Bursts above the filter lost because the ring buffer was full (their time is still counted).",
         totals.iter().map(|(l, t)| ((*l).clone(), t.dropped_bursts as f64)),
     );
@@ -157,29 +258,26 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
         .flat_map(|(l, j)| {
             j.functions()
                 .into_iter()
-                .map(move |(f, s)| (format!("{l},function=\"{}\"", escape(f)), s))
+                .map(move |(name, s)| (with(l, "function", name), s))
                 .collect::<Vec<_>>()
         })
         .collect();
-    e.family(
+    f.counter(
         "mpiburst_job_mpi_calls_total",
-        "counter",
         "Outermost calls per MPI function (PMPI and Fortran wrappers count once).",
         per_function
             .iter()
             .map(|(l, s)| (l.clone(), s.calls as f64)),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_mpi_call_seconds_total",
-        "counter",
         "Time inside each MPI function.",
         per_function
             .iter()
             .map(|(l, s)| (l.clone(), secs(s.time_ns))),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_mpi_bytes_total",
-        "counter",
         "Bytes passed to each MPI function (count times datatype size), for calls with a known datatype size.",
         per_function.iter().filter(|(_, s)| s.sized_calls > 0).map(|(l, s)| (l.clone(), s.bytes as f64)),
     );
@@ -198,9 +296,8 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
             (l, JobAggregates::from_ranks(&samples))
         })
         .collect();
-    e.family(
+    f.gauge(
         "mpiburst_job_region_ranks",
-        "gauge",
         "Ranks of the job here past the return of MPI_Init (the count of the per-rank aggregates).",
         lifetimes
             .iter()
@@ -219,14 +316,13 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
             |a| a.runtime_seconds,
         ),
     ] {
-        e.family(
+        f.gauge(
             name,
-            "gauge",
             help,
-            lifetimes.iter().filter(|(_, a)| a.useful_seconds.count > 0).flat_map(|(l, a)| {
-                let a = field(a);
-                [("sum", a.sum), ("min", a.min), ("max", a.max)].map(|(stat, v)| (format!("{l},stat=\"{stat}\""), v))
-            }),
+            lifetimes
+                .iter()
+                .filter(|(_, a)| a.useful_seconds.count > 0)
+                .flat_map(|(l, a)| stat_series(l, field(a))),
         );
     }
     for (name, help, value) in [
@@ -241,30 +337,26 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
             RankRecord::finalize_ns,
         ),
     ] {
-        e.family(
+        f.gauge(
             name,
-            "gauge",
             help,
             jobs.iter().filter(|(_, j)| !j.ranks.is_empty()).flat_map(|(l, j)| {
-                let a = Aggregate::of(j.ranks.values().map(|r| secs(value(r))));
-                [("sum", a.sum), ("min", a.min), ("max", a.max)].map(|(stat, v)| (format!("{l},stat=\"{stat}\""), v))
+                stat_series(l, Aggregate::of(j.ranks.values().map(|r| secs(value(r)))))
             }),
         );
     }
 
-    render_phases(&mut e, store, phases);
-    render_usage(&mut e, shared);
-    render_properties(&mut e, shared);
+    phase_families(&mut f, store, phases);
+    usage_families(&mut f, shared);
+    property_families(&mut f, shared);
 
-    e.family(
+    f.gauge(
         "mpiburst_jobs_tracked",
-        "gauge",
         "Jobs held by the daemon, running or ended.",
-        [(String::new(), store.jobs.len() as f64)],
+        [(vec![], store.jobs.len() as f64)],
     );
-    e.family(
+    f.counter(
         "mpiburst_lost_events_total",
-        "counter",
         "Events the kernel side could not deliver or record, by kind.",
         [
             ("bursts", health.lost.bursts),
@@ -272,87 +364,78 @@ pub fn render(shared: &Shared, now_ns: u64) -> String {
             ("thread_states", health.lost.thread_states),
             ("thread_stats", health.lost.thread_stats),
         ]
-        .map(|(k, v)| (format!("kind=\"{k}\""), v as f64)),
+        .map(|(k, v)| (vec![("kind", k.to_string())], v as f64)),
     );
-    let programs = |f: fn(&ProgramStats) -> f64| {
+    let programs = |value: fn(&ProgramStats) -> f64| {
         health
             .programs
             .iter()
-            .map(move |p| (format!("program=\"{}\"", p.name), f(p)))
+            .map(move |p| (vec![("program", p.name.to_string())], value(p)))
             .collect::<Vec<_>>()
     };
-    e.family(
+    f.counter(
         "mpiburst_bpf_run_seconds_total",
-        "counter",
         "Time the kernel spent running each BPF program (kernel BPF statistics).",
         programs(|p| p.run_time.as_secs_f64()),
     );
-    e.family(
+    f.counter(
         "mpiburst_bpf_runs_total",
-        "counter",
         "Runs of each BPF program.",
         programs(|p| p.run_count as f64),
     );
-    e.family(
+    f.counter(
         "mpiburst_bpf_missed_runs_total",
-        "counter",
         "Runs of each BPF program the kernel skipped because another tracing program was active on the CPU.",
         programs(|p| p.missed as f64),
     );
     let process = health.process.as_ref();
-    e.family(
+    f.counter(
         "mpiburst_daemon_cpu_seconds_total",
-        "counter",
         "CPU time of the daemon itself, by mode (user, system).",
         process.into_iter().flat_map(|p| {
             [("user", p.user_ns), ("system", p.system_ns)]
-                .map(|(mode, ns)| (format!("mode=\"{mode}\""), secs(ns)))
+                .map(|(mode, ns)| (vec![("mode", mode.to_string())], secs(ns)))
         }),
     );
-    e.family(
+    f.gauge(
         "mpiburst_daemon_resident_memory_bytes",
-        "gauge",
         "Resident memory of the daemon itself.",
-        process.map(|p| (String::new(), p.rss_bytes as f64)),
+        process.map(|p| (vec![], p.rss_bytes as f64)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_probes_attached",
-        "gauge",
         "MPI entry points probed (each with a uprobe and a uretprobe).",
-        [(String::new(), health.probes as f64)],
+        [(vec![], health.probes as f64)],
     );
-    e.family(
+    f.gauge(
         "mpiburst_libraries_attached",
-        "gauge",
         "MPI library files attached.",
-        [(String::new(), health.libraries as f64)],
+        [(vec![], health.libraries as f64)],
     );
-    e.family(
+    f.gauge(
         "mpiburst_counters_info",
-        "gauge",
         "1 for the counter events read per burst; event=\"none\" when no counters are available.",
         [(
-            format!(
-                "event=\"{}\",hardware=\"{}\"",
-                escape(&health.counter_events),
-                health.hardware_counters
-            ),
+            vec![
+                ("event", health.counter_events.clone()),
+                ("hardware", health.hardware_counters.to_string()),
+            ],
             1.0,
         )],
     );
-    e.out
+    f.0
 }
 
 /// Phase metrics of the last closed window of each job, for its top phases by time.
-fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, PhasesSnapshot>) {
-    let labelled: Vec<(String, &PhasesSnapshot)> = phases
+fn phase_families(f: &mut Families, store: &JobStore, phases: &BTreeMap<JobId, PhasesSnapshot>) {
+    let labelled: Vec<(Labels, &PhasesSnapshot)> = phases
         .iter()
         .filter_map(|(id, p)| {
             let job = store.jobs.get(id)?;
             Some((job_labels(id, &job.meta.node), p))
         })
         .collect();
-    let top: Vec<(String, &ClusterStats)> = labelled
+    let top: Vec<(Labels, &ClusterStats)> = labelled
         .iter()
         .filter_map(|(l, p)| Some((l, p.last_window.as_ref()?)))
         .flat_map(|(l, w)| {
@@ -361,26 +444,23 @@ fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, 
             ranked
                 .into_iter()
                 .take(TOP_PHASES)
-                .map(move |p| (format!("{l},phase=\"{}\"", p.id), &p.stats))
+                .map(move |p| (with(l, "phase", p.id), &p.stats))
         })
         .collect();
-    e.family(
+    f.gauge(
         "mpiburst_job_spmd_score",
-        "gauge",
         "Cluster Sequence Score of the job's last closed window (1 = every rank runs every phase in step).",
         labelled.iter().filter_map(|(l, p)| Some((l.clone(), p.last_window.as_ref()?.spmd_score))),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_phase_windows_total",
-        "counter",
         "Analysis windows closed for the job.",
         labelled
             .iter()
             .map(|(l, p)| (l.clone(), p.totals.windows_closed as f64)),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_phase_events_total",
-        "counter",
         "Phase tracking events across windows, by kind (appear, vanish, split, merge, moved).",
         labelled.iter().flat_map(|(l, p)| {
             let c = &p.event_counts;
@@ -391,113 +471,100 @@ fn render_phases(e: &mut Exposition, store: &JobStore, phases: &BTreeMap<JobId, 
                 ("merge", c.merge),
                 ("moved", c.moved),
             ]
-            .map(|(kind, n)| (format!("{l},kind=\"{kind}\""), n as f64))
+            .map(|(kind, n)| (with(l, "kind", kind), n as f64))
         }),
     );
-    e.family(
+    f.gauge(
         "mpiburst_phase_time_share",
-        "gauge",
         "Share of the window's computation time in the phase (label phase: stable id across windows).",
         top.iter().map(|(l, c)| (l.clone(), c.time_share)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_phase_time_seconds",
-        "gauge",
         "Computation time in the phase during the last closed window.",
         top.iter().map(|(l, c)| (l.clone(), secs(c.time_ns))),
     );
-    e.family(
+    f.gauge(
         "mpiburst_phase_bursts",
-        "gauge",
         "CPU bursts of the phase in the last closed window.",
         top.iter().map(|(l, c)| (l.clone(), c.bursts as f64)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_phase_spmd_score",
-        "gauge",
         "Cluster Sequence Score of the phase: share of ranks running it in step.",
         top.iter().map(|(l, c)| (l.clone(), c.spmd_score)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_phase_load_balance",
-        "gauge",
         "Duration load balance of the phase: mean over ranks of their time in it / the largest.",
         top.iter().map(|(l, c)| (l.clone(), c.lb_duration)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_phase_burst_duration_seconds",
-        "gauge",
         "Burst duration percentiles of the phase in the last closed window: stat=p10|p50|p90|p99|max.",
         top.iter().flat_map(|(l, c)| {
             let d = &c.duration;
             [("p10", d.p10_ns), ("p50", d.p50_ns), ("p90", d.p90_ns), ("p99", d.p99_ns), ("max", d.max_ns)]
-                .map(|(stat, v)| (format!("{l},stat=\"{stat}\""), secs(v)))
+                .map(|(stat, v)| (with(l, "stat", stat), secs(v)))
         }),
     );
-    e.family(
+    f.gauge(
         "mpiburst_phase_ipc",
-        "gauge",
         "Instructions per cycle of the phase (only with hardware counters).",
         top.iter().filter_map(|(l, c)| Some((l.clone(), c.ipc?))),
     );
 }
 
 /// Kernel usage of each job on this node: CPU time, memory, file I/O.
-fn render_usage(e: &mut Exposition, shared: &Shared) {
+fn usage_families(f: &mut Families, shared: &Shared) {
     let usage: Vec<_> = shared
         .usage
         .iter()
         .filter_map(|(id, u)| Some((job_labels(id, &shared.store.jobs.get(id)?.meta.node), u)))
         .collect();
-    e.family(
+    f.counter(
         "mpiburst_job_cpu_seconds_total",
-        "counter",
         "CPU time of the job's processes here, by mode (user, system), from procfs.",
         usage.iter().flat_map(|(l, u)| {
             [("user", u.user_ns), ("system", u.system_ns)]
-                .map(|(mode, ns)| (format!("{l},mode=\"{mode}\""), secs(ns)))
+                .map(|(mode, ns)| (with(l, "mode", mode), secs(ns)))
         }),
     );
-    e.family(
+    f.gauge(
         "mpiburst_job_memory_used_bytes",
-        "gauge",
         "Resident memory of the job's live processes here.",
         usage
             .iter()
             .map(|(l, u)| (l.clone(), u.memory_used_bytes as f64)),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_io_bytes_total",
-        "counter",
         "File bytes the job's processes read or wrote here (syscall tracepoints; files they opened, not pipes or sockets), by direction.",
         usage.iter().filter_map(|(l, u)| Some((l, u.io?))).flat_map(|(l, io)| {
             [("read", io.read_bytes), ("write", io.write_bytes)]
-                .map(|(d, v)| (format!("{l},direction=\"{d}\""), v as f64))
+                .map(|(d, v)| (with(l, "direction", d), v as f64))
         }),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_io_requests_total",
-        "counter",
         "File read and write system calls of the job's processes here, by direction.",
         usage
             .iter()
             .filter_map(|(l, u)| Some((l, u.io?)))
             .flat_map(|(l, io)| {
                 [("read", io.read_calls), ("write", io.write_calls)]
-                    .map(|(d, v)| (format!("{l},direction=\"{d}\""), v as f64))
+                    .map(|(d, v)| (with(l, "direction", d), v as f64))
             }),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_io_opens_total",
-        "counter",
         "Successful file opens of the job's processes here.",
         usage
             .iter()
             .filter_map(|(l, u)| Some((l.clone(), u.io?.opens as f64))),
     );
-    e.family(
+    f.counter(
         "mpiburst_job_io_closes_total",
-        "counter",
         "Closes of the files the job's processes opened here.",
         usage
             .iter()
@@ -505,20 +572,13 @@ fn render_usage(e: &mut Exposition, shared: &Shared) {
     );
 }
 
-fn job_labels(id: &JobId, node: &str) -> String {
-    format!("mpi_job=\"{}\",node=\"{}\"", escape(&id.0), escape(node))
-}
-
 /// One property's series labels: job, span, strategy, property and (per phase) phase.
-fn property_labels(job: &str, span: &str, p: &PropertyResult, phase: Option<u32>) -> String {
-    let phase = phase
-        .map(|id| format!(",phase=\"{id}\""))
-        .unwrap_or_default();
-    format!(
-        "{job},span=\"{span}\",strategy=\"{}\",property=\"{}\"{phase}",
-        escape(&p.strategy),
-        escape(&p.name)
-    )
+fn property_labels(job: &Labels, span: &str, p: &PropertyResult, phase: Option<u32>) -> Labels {
+    let mut labels = with(job, "span", span);
+    labels.push(("strategy", p.strategy.clone()));
+    labels.push(("property", p.name.clone()));
+    labels.extend(phase.map(|id| ("phase", id.to_string())));
+    labels
 }
 
 /// Every property result of a span, with its phase: job-level ones, then those of the top
@@ -541,8 +601,8 @@ fn span_results(props: &JobProperties) -> Vec<(&PropertyResult, Option<u32>)> {
 
 /// Properties of each job over its life (span="job") and its last complete window
 /// (span="window"), the recommendations that apply, and the window's mergeable aggregates.
-fn render_properties(e: &mut Exposition, shared: &Shared) {
-    let spans: Vec<(String, &'static str, &JobProperties)> = shared
+fn property_families(f: &mut Families, shared: &Shared) {
+    let spans: Vec<(Labels, &'static str, &JobProperties)> = shared
         .properties
         .iter()
         .filter_map(|(id, live)| {
@@ -553,7 +613,7 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
                 .chain(live.window.as_ref().map(|w| (l, "window", &w.properties)))
         })
         .collect();
-    let results: Vec<(String, &PropertyResult)> = spans
+    let results: Vec<(Labels, &PropertyResult)> = spans
         .iter()
         .flat_map(|(l, span, props)| {
             span_results(props)
@@ -566,48 +626,42 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
             .iter()
             .filter_map(|(l, p)| Some((l, p.evaluation()?)))
     };
-    e.family(
+    f.gauge(
         "mpiburst_property_value",
-        "gauge",
         "Value of a bottleneck property in its base unit (docs/metrics.md lists them); span=job: the job's life here, span=window: the last complete window.",
         evaluated().map(|(l, ev)| (l.clone(), ev.value)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_property_severity",
-        "gauge",
         "Severity of the property, 0 (fine) to 1 (worst), from its threshold and exponent.",
         evaluated().map(|(l, ev)| (l.clone(), ev.severity)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_property_firing",
-        "gauge",
         "1 when the property's condition holds and its severity is above 0 (its recommendation applies), else 0.",
         evaluated().map(|(l, ev)| (l.clone(), if ev.condition && ev.severity > 0.0 { 1.0 } else { 0.0 })),
     );
-    e.family(
+    f.gauge(
         "mpiburst_property_rank_value",
-        "gauge",
         "Per-rank properties: quantiles of the value over the job's ranks here (rank_quantile 0 = minimum, 1 = maximum).",
         evaluated().flat_map(|(l, ev)| {
             let q = ev.ranks.as_ref().map(|r| r.values.quantiles.clone()).unwrap_or_default();
             let n = q.len().saturating_sub(1).max(1) as f64;
-            q.into_iter().enumerate().map(move |(i, v)| (format!("{l},rank_quantile=\"{}\"", i as f64 / n), v))
+            q.into_iter().enumerate().map(move |(i, v)| (with(l, "rank_quantile", i as f64 / n), v))
         }),
     );
-    e.family(
+    f.gauge(
         "mpiburst_property_not_measured",
-        "gauge",
         "1 for a property that could not be evaluated here, with the reason (e.g. no PMU).",
         results.iter().filter_map(|(l, p)| match &p.outcome {
             Outcome::Evaluated(_) => None,
             Outcome::NotMeasured { reason } | Outcome::NoData { reason } => {
-                Some((format!("{l},reason=\"{}\"", escape(reason)), 1.0))
+                Some((with(l, "reason", reason), 1.0))
             }
         }),
     );
-    e.family(
+    f.gauge(
         "mpiburst_recommendation_severity",
-        "gauge",
         "Severity of each property that fires, labelled with what to do about it.",
         spans.iter().flat_map(|(l, span, props)| {
             span_results(props)
@@ -617,17 +671,11 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
                         .evaluation()
                         .filter(|ev| ev.condition && ev.severity > 0.0)?;
                     let text = ev.recommendation.as_deref()?;
-                    let phase = phase
-                        .map(|id| format!(",phase=\"{id}\""))
-                        .unwrap_or_default();
-                    Some((
-                        format!(
-                            "{l},span=\"{span}\",property=\"{}\"{phase},recommendation=\"{}\"",
-                            escape(&p.name),
-                            escape(text)
-                        ),
-                        ev.severity,
-                    ))
+                    let mut labels = with(l, "span", span);
+                    labels.push(("property", p.name.clone()));
+                    labels.extend(phase.map(|id| ("phase", id.to_string())));
+                    labels.push(("recommendation", text.to_string()));
+                    Some((labels, ev.severity))
                 })
         }),
     );
@@ -650,25 +698,21 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
         ("mpiburst_job_window_rank_mpi_seconds", "Per-rank MPI time in the last complete window: stat=sum|min|max.", |a| a.mpi_seconds),
         ("mpiburst_job_window_rank_runtime_seconds", "Per-rank region of interest inside the last complete window: stat=sum|min|max.", |a| a.runtime_seconds),
     ] {
-        e.family(
+        f.gauge(
             name,
-            "gauge",
             help,
-            windows.iter().flat_map(|(l, w)| {
-                let a = field(&w.properties.aggregates);
-                [("sum", a.sum), ("min", a.min), ("max", a.max)].map(|(stat, v)| (format!("{l},stat=\"{stat}\""), v))
-            }),
+            windows
+                .iter()
+                .flat_map(|(l, w)| stat_series(l, field(&w.properties.aggregates))),
         );
     }
-    e.family(
+    f.gauge(
         "mpiburst_job_window_ranks",
-        "gauge",
         "Ranks of the job here whose region of interest overlaps the last complete window (the count of the window aggregates).",
         windows.iter().map(|(l, w)| (l.clone(), w.properties.aggregates.useful_seconds.count as f64)),
     );
-    e.family(
+    f.gauge(
         "mpiburst_job_window_end_timestamp_seconds",
-        "gauge",
         "Aligned Unix time the last complete window ends at: the same on every node for the same window (the daemon closes it at its first update after that).",
         windows.iter().map(|(l, w)| (l.clone(), w.aligned_end_ns as f64 / 1e9)),
     );
@@ -676,11 +720,21 @@ fn render_properties(e: &mut Exposition, shared: &Shared) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
     use crate::{
         model::JobId,
         store::{CallStats, Job, JobMeta, RankTotals, RegionMarks},
     };
+
+    /// What `/metrics` serves for `shared`, with the regions of running ranks ending at `now_ns()`.
+    fn exposition(shared: Shared, now_ns: fn() -> u64) -> String {
+        Metrics::with_clock(Arc::new(Mutex::new(shared)), now_ns)
+            .unwrap()
+            .render()
+            .unwrap()
+    }
 
     /// A rank that returned from MPI_Init (after 0.5 s in it) when first seen and spent `mpi_s`
     /// in MPI_Barrier since.
@@ -736,7 +790,7 @@ mod tests {
         job.ranks.insert(1, rank(1, 14, 1, None));
         let mut shared = Shared::default();
         shared.store.jobs.insert(job.meta.id.clone(), job);
-        let text = render(&shared, 21_000_000_000);
+        let text = exposition(shared, || 21_000_000_000);
         let labels = r#"mpi_job="slurm:7.0",node="n\"1""#;
         for line in [
             format!("mpiburst_job_rank_useful_seconds{{{labels},stat=\"sum\"}} 8"),
@@ -861,13 +915,18 @@ mod tests {
                 window: Some(window),
             },
         );
-        let text = render(&shared, 1);
+        let text = exposition(shared, || 1);
         assert!(
             text.contains("mpiburst_property_rank_value{mpi_job=\"slurm:42.0\""),
             "{text}"
         );
         assert!(text.contains("phase=\""), "{text}");
-        // docs/metrics.md lists every family the exposition has.
+        // docs/metrics.md lists every family the exposition has, the daemon's process_* ones
+        // included.
+        assert!(
+            text.contains("# TYPE process_resident_memory_bytes gauge"),
+            "{text}"
+        );
         let docs = include_str!("../../../docs/metrics.md");
         for family in text
             .lines()
