@@ -135,7 +135,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::points::{Coords, MAX_DIMS};
+use super::points::{distance2, Coords, MAX_DIMS};
 use super::{
     prepare, sequence_score, Analysis, AnalysisError, ClusterId, FeatureSet, Prepared, RegionCount,
     NOISE,
@@ -613,10 +613,6 @@ fn shifted(p: &Coords, shift: f64) -> Coords {
     let mut p = *p;
     p[0] += shift;
     p
-}
-
-fn distance2(a: &Coords, b: &Coords) -> f64 {
-    (0..MAX_DIMS).map(|d| (a[d] - b[d]) * (a[d] - b[d])).sum()
 }
 
 /// The sampled points of a frame, normalised, grouped by region when the feature set clusters
