@@ -1,8 +1,7 @@
 //! Relating the clusters of two frames ([`relate`]): which clusters of frame A are the same phase
 //! as which clusters of frame B, by the evaluators of Llort et al. (2013) ("the paper" below):
 //! displacement, SPMD simultaneity, call sites and sequence, plus a rescue of long moves. The
-//! [`Tracker`](super::Tracker) relates each window to the previous one, [`match_runs`](super::match_runs)
-//! one run to another.
+//! [`Tracker`] relates each window to the previous one, [`match_runs`] one run to another.
 //!
 //! The paper's combination order (§3), with every gap it leaves filled as follows.
 //!
@@ -53,6 +52,9 @@
 //!    shared code, then larger E4, then smaller distance. This is what makes a phase whose work
 //!    changed a lot (a compiler change, as in the paper's §4.1; a doubled phase) keep its
 //!    identity.
+//!
+//! [`Tracker`]: super::Tracker
+//! [`match_runs`]: super::match_runs
 
 use std::collections::{BTreeMap, BTreeSet};
 
