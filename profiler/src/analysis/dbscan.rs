@@ -14,7 +14,7 @@
 
 use super::grid::Grid;
 use super::kdtree::KdTree;
-use super::points::{box_distance2, distance2, Coords, PointSet, MAX_DIMS};
+use super::points::{box_distance2, boxes_distance2, distance2, Coords, PointSet, MAX_DIMS};
 use super::{ClusterId, NOISE};
 
 /// Labels every point with a cluster (1, 2, … in the order of each cluster's lowest point index)
@@ -168,15 +168,6 @@ pub fn k_distances(points: &PointSet, k: usize) -> Vec<f64> {
         }
     }
     out
-}
-
-fn boxes_distance2(alo: &Coords, ahi: &Coords, blo: &Coords, bhi: &Coords) -> f64 {
-    (0..MAX_DIMS)
-        .map(|d| {
-            let gap = (blo[d] - ahi[d]).max(alo[d] - bhi[d]).max(0.0);
-            gap * gap
-        })
-        .sum()
 }
 
 fn boxes_max_distance2(alo: &Coords, ahi: &Coords, blo: &Coords, bhi: &Coords) -> f64 {

@@ -1,9 +1,7 @@
 //! Uniform grid over a point set, with cells of side Eps/√d, so that two points in one cell are
 //! always within Eps of each other and every Eps-neighbour of a point lies in a few nearby cells.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
+use super::hashing::FastMap;
 use super::points::{Coords, PointSet, MAX_DIMS};
 
 /// Cell of a point: its group and integer cell coordinates (zero past the point set's dims).
@@ -11,33 +9,6 @@ use super::points::{Coords, PointSet, MAX_DIMS};
 struct CellKey {
     group: u32,
     cell: [i64; MAX_DIMS],
-}
-
-/// Cell lookups dominate grid construction; SipHash costs more than the rest of it, and the keys
-/// are not attacker-controlled, so a multiply-rotate hash is enough.
-#[derive(Default)]
-struct CellHasher(u64);
-
-impl Hasher for CellHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u32(&mut self, value: u32) {
-        self.write_u64(u64::from(value));
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = (self.0.rotate_left(26) ^ value).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 29)
-    }
 }
 
 /// Beyond 2^52 cells per axis, f64 cell arithmetic no longer separates neighbouring cells.
@@ -104,7 +75,7 @@ impl Grid {
         }
         cell_start.push(keyed.len() as u32);
 
-        let lookup: HashMap<CellKey, u32, BuildHasherDefault<CellHasher>> = cell_keys
+        let lookup: FastMap<CellKey, u32> = cell_keys
             .iter()
             .enumerate()
             .map(|(c, k)| (*k, c as u32))

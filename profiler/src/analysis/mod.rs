@@ -65,6 +65,7 @@ pub mod css;
 pub mod dbscan;
 pub mod features;
 mod grid;
+mod hashing;
 mod kdtree;
 pub mod msa;
 pub mod online;

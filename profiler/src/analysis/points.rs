@@ -97,6 +97,7 @@ impl PointSet {
     }
 }
 
+/// Squared Euclidean distance over all `MAX_DIMS` coordinates (those past a set's dims are zero).
 pub(crate) fn distance2(a: &Coords, b: &Coords) -> f64 {
     let mut sum = 0.0;
     for d in 0..MAX_DIMS {
@@ -120,6 +121,16 @@ pub(crate) fn box_distance2(p: &Coords, lo: &Coords, hi: &Coords) -> f64 {
         sum += diff * diff;
     }
     sum
+}
+
+/// Squared distance between two axis-aligned boxes (zero when they overlap).
+pub(crate) fn boxes_distance2(alo: &Coords, ahi: &Coords, blo: &Coords, bhi: &Coords) -> f64 {
+    (0..MAX_DIMS)
+        .map(|d| {
+            let gap = (blo[d] - ahi[d]).max(alo[d] - bhi[d]).max(0.0);
+            gap * gap
+        })
+        .sum()
 }
 
 /// The number of distinct clusters (noise excluded) in a labelling.

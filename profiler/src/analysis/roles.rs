@@ -38,7 +38,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::css::{RankSequences, SequenceScore};
-use super::points::{Coords, PointSet, MAX_DIMS};
+use super::points::{boxes_distance2, distance2, Coords, PointSet, MAX_DIMS};
 use super::{ClusterId, NOISE};
 
 /// A cluster is rare when it occurs in at most 1/RARE_FACTOR of the columns of the most frequent
@@ -84,13 +84,6 @@ fn summaries(
         s.ranks[sequences.rank_of(p) as usize] = true;
     }
     out
-}
-
-/// Squared distance between two axis-aligned boxes (0 when they overlap).
-fn box_gap2(a: &Summary, b: &Summary) -> f64 {
-    (0..MAX_DIMS)
-        .map(|d| (a.lo[d] - b.hi[d]).max(b.lo[d] - a.hi[d]).max(0.0).powi(2))
-        .sum()
 }
 
 /// Union–find over cluster ids whose roots are the smallest id of each set.
@@ -162,7 +155,10 @@ pub fn merge_region_variants(
     for (i, &(&a, sa)) in open.iter().enumerate() {
         for &(&b, sb) in &open[i + 1..] {
             let disjoint = sa.ranks.iter().zip(&sb.ranks).all(|(&x, &y)| !(x && y));
-            if sa.group != sb.group && disjoint && box_gap2(sa, sb) <= eps * eps {
+            if sa.group != sb.group
+                && disjoint
+                && boxes_distance2(&sa.lo, &sa.hi, &sb.lo, &sb.hi) <= eps * eps
+            {
                 candidates.union(a, b);
             }
         }
@@ -266,7 +262,7 @@ pub fn join_rare_variants(
                     let real = side(before, host_before)? + side(after, host_after)?;
                     (real > 0).then(|| {
                         let (a, b) = (centroid(guest), centroid(host));
-                        let d2: f64 = (0..MAX_DIMS).map(|d| (a[d] - b[d]).powi(2)).sum();
+                        let d2 = distance2(&a, &b);
                         (std::cmp::Reverse(real), d2, host)
                     })
                 })

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::hashing::{mix, GOLDEN_GAMMA};
 use crate::model::{Burst, CallSite, HwCounters};
 
 /// Core clock used to turn cycles into time.
@@ -72,19 +73,17 @@ pub struct SyntheticJob {
 }
 
 /// splitmix64: tiny, seedable, and good enough for test data.
-struct SplitMix64(u64);
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        let z = mix(self.0);
+        self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
+        z
     }
 
     /// Uniform in [low, high).
-    fn uniform(&mut self, low: f64, high: f64) -> f64 {
+    pub(crate) fn uniform(&mut self, low: f64, high: f64) -> f64 {
         low + (high - low) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
     }
 }

@@ -1,0 +1,139 @@
+//! The bounded samples of a job: each window's stratified sample, which is what a window's
+//! clustering sees, and the cumulative sample of the whole job.
+//!
+//! **Bounded window sample** (stratified): the window is cut into
+//! [`OnlineParams::window_slots`] equal time slots, and each (slot, rank) stratum keeps the first
+//! max_window_bursts ÷ (slots × ranks) bursts that arrive for it. Every rank and every part of
+//! the window is represented, and within a stratum the kept bursts are a contiguous stretch of
+//! that rank's sequence, so the rank sequences (and hence the Cluster Sequence Score) stay
+//! meaningful, which a uniform reservoir sample would destroy. The analysed statistics are
+//! those of the sample; the window's totals (bursts and time seen, dropped by the bound) are
+//! reported beside them.
+//!
+//! **Cumulative view** (whole job, bounded): a systematic sample of windows, each contributing
+//! one chunk: the contiguous stretch of at most max_cumulative_bursts ÷ cumulative_chunks
+//! bursts (all ranks) that starts at a slot chosen by a hash of the window index (so a phase
+//! that runs at a fixed offset in every window is not always missed). Windows are taken with a
+//! stride, 1 at first; when there are more chunks than [`OnlineParams::cumulative_chunks`],
+//! the stride doubles and the chunks off the new stride are dropped. The sample thus always
+//! spans the whole job evenly. It is re-clustered whenever a closing window adds a chunk
+//! (every window at first, every stride-th one later; in between it has not changed). Its
+//! clusters are keyed by the stable window phase that holds most of their time (the sampled
+//! bursts keep the stable id their window gave them) and a part number (0 = most time) when one
+//! phase shows several behaviours over the job, for example before and after a change.
+//! Cumulative statistics describe the sample; counts are not job totals.
+//!
+//! [`OnlineParams::window_slots`]: super::OnlineParams::window_slots
+//! [`OnlineParams::cumulative_chunks`]: super::OnlineParams::cumulative_chunks
+
+use super::OnlineParams;
+use crate::analysis::hashing::{mix, FastMap};
+use crate::analysis::tracking::StableId;
+use crate::model::Burst;
+
+/// The bounded, stratified sample of one window.
+#[derive(Clone, Debug, Default)]
+pub(super) struct WindowBuffer {
+    /// The bursts kept.
+    pub(super) bursts: Vec<Burst>,
+    /// Bursts kept per (slot, rank).
+    strata: FastMap<(u32, u32), u32>,
+    /// Bursts pushed for the window, their time, and those left out by the bound.
+    pub(super) seen: u64,
+    pub(super) seen_time_ns: u64,
+    pub(super) dropped: u64,
+    pub(super) early_reclusters: u32,
+}
+
+impl WindowBuffer {
+    /// Counts `burst` as pushed for the window and keeps it when its (`slot`, rank) stratum
+    /// holds fewer than `quota` bursts and the sample fewer than `max`; returns whether it was
+    /// kept.
+    pub(super) fn add(&mut self, burst: &Burst, slot: u32, quota: u32, max: usize) -> bool {
+        self.seen += 1;
+        self.seen_time_ns += burst.duration_ns;
+        let stratum = self.strata.entry((slot, burst.rank)).or_default();
+        if *stratum < quota && self.bursts.len() < max {
+            *stratum += 1;
+            self.bursts.push(burst.clone());
+            true
+        } else {
+            self.dropped += 1;
+            false
+        }
+    }
+}
+
+/// One window's contribution to the cumulative sample: bursts with the stable id their window
+/// gave them (0 for noise or filtered).
+#[derive(Clone, Debug)]
+pub(super) struct Chunk {
+    pub(super) window: u64,
+    bursts: Vec<Burst>,
+    labels: Vec<StableId>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(super) struct CumulativeSample {
+    pub(super) chunks: Vec<Chunk>,
+    first: Option<u64>,
+    pub(super) stride: u64,
+}
+
+impl CumulativeSample {
+    pub(super) fn held(&self) -> usize {
+        self.chunks.iter().map(|c| c.bursts.len()).sum()
+    }
+
+    /// Offers a closed window's sample; returns whether a chunk was taken.
+    pub(super) fn offer(
+        &mut self,
+        window: u64,
+        bursts: &[Burst],
+        labels: &[StableId],
+        params: &OnlineParams,
+        window_ns: u64,
+    ) -> bool {
+        let first = *self.first.get_or_insert(window);
+        if self.stride == 0 {
+            self.stride = 1;
+        }
+        if window < first || !(window - first).is_multiple_of(self.stride) || bursts.is_empty() {
+            return false;
+        }
+        let quota = params.max_cumulative_bursts / params.cumulative_chunks;
+        let mut order: Vec<usize> = (0..bursts.len()).collect();
+        order.sort_by_key(|&i| {
+            let b = &bursts[i];
+            (b.start_ns, b.rank, b.tid, b.pid, i)
+        });
+        let slot = mix(window) % u64::from(params.window_slots);
+        let slot_start = window * window_ns + slot * (window_ns / u64::from(params.window_slots));
+        let begin = order
+            .partition_point(|&i| bursts[i].start_ns < slot_start)
+            .min(order.len().saturating_sub(quota));
+        let taken = &order[begin..(begin + quota).min(order.len())];
+        self.chunks.push(Chunk {
+            window,
+            bursts: taken.iter().map(|&i| bursts[i].clone()).collect(),
+            labels: taken.iter().map(|&i| labels[i]).collect(),
+        });
+        while self.chunks.len() > params.cumulative_chunks {
+            self.stride *= 2;
+            let stride = self.stride;
+            self.chunks
+                .retain(|c| (c.window - first).is_multiple_of(stride));
+        }
+        true
+    }
+
+    pub(super) fn bursts(&self) -> (Vec<Burst>, Vec<StableId>) {
+        let mut bursts = Vec::with_capacity(self.held());
+        let mut labels = Vec::with_capacity(self.held());
+        for chunk in &self.chunks {
+            bursts.extend(chunk.bursts.iter().cloned());
+            labels.extend(chunk.labels.iter().copied());
+        }
+        (bursts, labels)
+    }
+}

@@ -1,0 +1,128 @@
+//! Windowing of a job's bursts: which window a pushed burst belongs to, and when a window
+//! closes and is handed to the clustering (or carried into the next one).
+//!
+//! **Windows** are aligned to Unix time: window k covers [k·W, (k+1)·W), and a burst belongs to
+//! the window of its start. Bursts arrive after they end, so a window is closed by the first
+//! tick at or after its end + [`OnlineParams::lateness_s`]; a burst arriving for a closed window
+//! is counted as late and not analysed. At most [`MAX_OPEN_WINDOWS`] windows are open; a burst
+//! for a further window closes the oldest one at once (its events come with the next tick).
+//! Windows without bursts are skipped: no clustering, no tracking step, so an idle job makes no
+//! events. A window whose sample holds fewer than [`OnlineParams::min_window_bursts`] bursts is
+//! not clustered alone either: its bursts are carried into the next window. A low-rate job is
+//! thereby clustered over several windows, and a few stray bursts (the tail of a job, a window
+//! cut by a pause) are not mistaken for a new structure.
+//!
+//! [`OnlineParams::lateness_s`]: super::OnlineParams::lateness_s
+//! [`OnlineParams::min_window_bursts`]: super::OnlineParams::min_window_bursts
+
+use super::model::Provisional;
+use super::{JobPhases, PhaseEvent, ReclusterReason};
+use crate::model::Burst;
+
+/// Windows that may be open at once (the current one, the previous one waiting for late
+/// bursts, and one more for bursts that already belong to the next window).
+pub const MAX_OPEN_WINDOWS: usize = 3;
+
+impl JobPhases {
+    /// Classifies a burst against the current model and adds it to its window's sample.
+    pub fn push(&mut self, burst: &Burst) {
+        self.totals.bursts_seen += 1;
+        self.totals.time_seen_ns += burst.duration_ns;
+        self.seen_ranks.insert(burst.rank);
+        let window = burst.start_ns / self.window_ns;
+        let oldest_open = self.buffers.keys().next().copied();
+        if window < self.closed_before
+            || (!self.buffers.contains_key(&window)
+                && self.buffers.len() >= MAX_OPEN_WINDOWS
+                && oldest_open.is_some_and(|w| window < w))
+        {
+            self.totals.late_bursts += 1;
+            return;
+        }
+        if !self.buffers.contains_key(&window) && self.buffers.len() >= MAX_OPEN_WINDOWS {
+            let oldest = oldest_open.expect("buffers are full");
+            let mut events = Vec::new();
+            self.close_window(oldest, ReclusterReason::OpenWindowLimit, &mut events);
+            self.pending.extend(events);
+        }
+
+        self.accepted += 1;
+        if self
+            .accepted
+            .is_multiple_of(u64::from(self.params.classify_every))
+        {
+            match self.model.as_ref().map(|m| m.classify(burst)) {
+                Some(Provisional::Filtered) => self.provisional.filtered += 1,
+                Some(Provisional::Phase(id)) => {
+                    *self.provisional.phases.entry(id).or_default() += 1
+                }
+                Some(Provisional::Noise) | None => self.provisional.noise += 1,
+            }
+        }
+
+        let slots = u64::from(self.params.window_slots);
+        let slot = ((burst.start_ns % self.window_ns) * slots / self.window_ns) as u32;
+        let quota = (self.params.max_window_bursts
+            / (self.params.window_slots as usize * self.analysis_ranks().max(1) as usize))
+            .max(1) as u32;
+        let max = self.params.max_window_bursts;
+        let buffer = self.buffers.entry(window).or_default();
+        if !buffer.add(burst, slot, quota, max) {
+            self.totals.dropped_bursts += 1;
+        }
+    }
+
+    /// Closes the windows that are over, re-clusters when the provisional noise asks for it,
+    /// and returns what happened (including events of windows a push had to close early).
+    pub fn tick(&mut self, now_ns: u64) -> Vec<PhaseEvent> {
+        self.now_ns = Some(now_ns);
+        let mut events = std::mem::take(&mut self.pending);
+        while let Some(&window) = self.buffers.keys().next() {
+            let end = (window + 1).saturating_mul(self.window_ns);
+            if end.saturating_add(self.lateness_ns) > now_ns {
+                break;
+            }
+            self.close_window(window, ReclusterReason::WindowClosed, &mut events);
+        }
+        let over = now_ns.saturating_sub(self.lateness_ns) / self.window_ns;
+        self.closed_before = self
+            .closed_before
+            .max(over.min(self.buffers.keys().next().copied().unwrap_or(over)));
+        self.recluster_early(&mut events);
+        events
+    }
+
+    /// Closes `window`: its sample, after the bursts carried from smaller windows, is clustered,
+    /// or carried into the next window when it is too small for a clustering of its own.
+    fn close_window(&mut self, window: u64, reason: ReclusterReason, events: &mut Vec<PhaseEvent>) {
+        let buffer = self
+            .buffers
+            .remove(&window)
+            .expect("closing an open window");
+        self.closed_before = self.closed_before.max(window + 1);
+        self.totals.windows_closed += 1;
+        let mut bursts = std::mem::take(&mut self.carry);
+        bursts.extend(buffer.bursts);
+        if bursts.len() < self.params.min_window_bursts {
+            self.totals.windows_carried += 1;
+            self.carry = bursts;
+            return;
+        }
+        let Some(labels) = self.recluster(
+            window,
+            &bursts,
+            (buffer.seen, buffer.seen_time_ns, buffer.dropped),
+            true,
+            reason,
+            events,
+        ) else {
+            return;
+        };
+        if self
+            .cumulative
+            .offer(window, &bursts, &labels, &self.params, self.window_ns)
+        {
+            self.recluster_cumulative(events);
+        }
+    }
+}
