@@ -4,30 +4,30 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use profiler_common::{cookie, BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
-use tokio::signal::unix::SignalKind;
+use tokio::{signal::unix::SignalKind, sync::watch};
 
 use crate::{
     analysis::{
         analyse,
-        online::{JobPhases, PhaseEvent},
+        online::{JobPhases, PhaseEvent, PhasesSnapshot},
         AnalysisParams,
     },
     capture::{
         self,
         config::{FunctionClass, FunctionSpec},
-        usage::{self, JobUsage},
+        usage::{self, JobUsage, UsageTotals},
         AttachPoint, Capture, CaptureError,
     },
     config::Config,
     discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
     export::{
         bottlenecks,
-        http::{self, Shared, SharedState},
+        http::{self, Published},
         phases,
         recording::{
             RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION,
@@ -38,8 +38,8 @@ use crate::{
         is_lifecycle_function, unix_now_ns, Burst, HwCounters, JobId, FINALIZE_FUNCTION,
         INIT_FUNCTIONS,
     },
-    properties::{LiveEvaluator, PropertyConfig},
-    store::{CallStats, Job, JobMeta, RankRecord, RankTotals, RegionMarks},
+    properties::{LiveEvaluator, LiveProperties, PropertyConfig},
+    store::{CallStats, Job, JobMeta, JobStore, RankRecord, RankTotals, RegionMarks},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -73,12 +73,57 @@ struct Member {
     rank: u32,
 }
 
+/// What the daemon knows about the node's jobs. Only the daemon's thread touches it; after every
+/// update it publishes a copy without the burst buffers ([`NodeState::published`]) for the HTTP
+/// server.
+#[derive(Default)]
+struct NodeState {
+    store: JobStore,
+    health: SelfStats,
+    /// The online phase analysis of each job, as of the last tick.
+    phases: BTreeMap<JobId, Arc<PhasesSnapshot>>,
+    /// Each job's properties (life and last window), as of the last stats update.
+    properties: BTreeMap<JobId, Arc<LiveProperties>>,
+    /// Each job's kernel usage (CPU time, memory, file I/O) on this node.
+    usage: BTreeMap<JobId, UsageTotals>,
+}
+
+impl NodeState {
+    fn published(&self) -> Published {
+        Published {
+            store: JobStore {
+                jobs: self
+                    .store
+                    .jobs
+                    .iter()
+                    .map(|(id, job)| (id.clone(), job.without_bursts()))
+                    .collect(),
+            },
+            bursts_held: self
+                .store
+                .jobs
+                .iter()
+                .map(|(id, job)| (id.clone(), job.bursts.len()))
+                .collect(),
+            health: self.health.clone(),
+            phases: self.phases.clone(),
+            properties: self.properties.clone(),
+            usage: self.usage.clone(),
+        }
+    }
+}
+
 pub struct Daemon {
     config: Config,
     node: String,
     capture: Capture,
     functions: Vec<String>,
-    shared: SharedState,
+    state: NodeState,
+    /// The HTTP server's view of `state`, replaced after every stats update and whenever a
+    /// process joins a job.
+    publisher: watch::Sender<Arc<Published>>,
+    /// A process joined a job since the last publication.
+    members_changed: bool,
     resolver: AddressResolver,
     members: HashMap<u32, Member>,
     /// Processes outside `daemon.cgroup`: their data is dropped.
@@ -221,7 +266,9 @@ impl Daemon {
             node,
             capture,
             functions,
-            shared: Arc::new(Mutex::new(Shared::default())),
+            state: NodeState::default(),
+            publisher: watch::Sender::new(Arc::new(Published::default())),
+            members_changed: false,
             resolver: AddressResolver::new(),
             members: HashMap::new(),
             outside: HashSet::new(),
@@ -320,8 +367,11 @@ impl Daemon {
         }
     }
 
-    pub fn shared(&self) -> SharedState {
-        self.shared.clone()
+    /// Publishes the current state to the HTTP server.
+    fn publish(&mut self) {
+        self.publisher
+            .send_replace(Arc::new(self.state.published()));
+        self.members_changed = false;
     }
 
     fn unix_ns(&self, monotonic_ns: u64) -> u64 {
@@ -342,7 +392,7 @@ impl Daemon {
 
     /// Finds (or makes) the job and rank of a pid, and registers it in the store; `None` for a
     /// process outside `daemon.cgroup`.
-    fn member(&mut self, pid: u32, shared: &mut Shared) -> Option<Member> {
+    fn member(&mut self, pid: u32, state: &mut NodeState) -> Option<Member> {
         if let Some(m) = self.members.get(&pid) {
             return Some(m.clone());
         }
@@ -401,7 +451,7 @@ impl Daemon {
             job: meta.id.clone(),
             rank,
         };
-        let job = shared.store.jobs.entry(meta.id.clone()).or_insert_with(|| {
+        let job = state.store.jobs.entry(meta.id.clone()).or_insert_with(|| {
             tracing::info!("new job {} ({}), {} ranks", meta.id, meta.source, meta.size);
             if let Some(w) = &mut self.recording {
                 if let Err(e) = w.job(&meta) {
@@ -423,11 +473,12 @@ impl Daemon {
             tracing::warn!("pid {pid}: file I/O not counted, exit time approximate: {e}");
         }
         self.members.insert(pid, member.clone());
+        self.members_changed = true;
         Some(member)
     }
 
-    fn ingest(&mut self, record: BurstRecord, shared: &mut Shared) -> Result<(), DaemonError> {
-        let Some(member) = self.member(record.pid, shared) else {
+    fn ingest(&mut self, record: BurstRecord, state: &mut NodeState) -> Result<(), DaemonError> {
+        let Some(member) = self.member(record.pid, state) else {
             return Ok(());
         };
         let has_counters = record.flags & BURST_HAS_COUNTERS != 0;
@@ -454,7 +505,7 @@ impl Daemon {
                 event_counts: has_counters.then_some(record.counters),
             })?;
         }
-        if let Some(job) = shared.store.jobs.get_mut(&member.job) {
+        if let Some(job) = state.store.jobs.get_mut(&member.job) {
             let phases = match self.phases.entry(member.job.clone()) {
                 std::collections::btree_map::Entry::Occupied(e) => Some(e.into_mut()),
                 std::collections::btree_map::Entry::Vacant(e) => {
@@ -478,8 +529,19 @@ impl Daemon {
         Ok(())
     }
 
-    /// One drain: exec notifications, pending library scans, and the burst ring buffer.
+    /// One drain: exec notifications, pending library scans, and the burst ring buffer. Publishes
+    /// when a process joined a job, so the API lists a new job before its first stats update.
     pub fn drain(&mut self) -> Result<usize, DaemonError> {
+        let mut state = std::mem::take(&mut self.state);
+        let drained = self.drain_into(&mut state);
+        self.state = state;
+        if self.members_changed {
+            self.publish();
+        }
+        drained
+    }
+
+    fn drain_into(&mut self, state: &mut NodeState) -> Result<usize, DaemonError> {
         let now = Instant::now();
         for pid in self.capture.drain_execs() {
             self.scans
@@ -487,8 +549,6 @@ impl Daemon {
         }
         let (due, later): (Vec<_>, Vec<_>) = self.scans.drain(..).partition(|(t, _)| *t <= now);
         self.scans = later;
-        let shared = self.shared.clone();
-        let mut shared = shared.lock().unwrap();
         for (_, pid) in due {
             let libraries = discovery::process_libraries(pid).unwrap_or_default();
             for lib in &libraries {
@@ -496,19 +556,32 @@ impl Daemon {
             }
             // Identify MPI processes while they surely live, not when their first data arrives.
             if !libraries.is_empty() {
-                self.member(pid, &mut shared);
+                self.member(pid, state);
             }
         }
         let mut records = Vec::new();
         self.capture.drain_bursts(|r| records.push(r));
         for r in &records {
-            self.ingest(*r, &mut shared)?;
+            self.ingest(*r, state)?;
         }
         Ok(records.len())
     }
 
-    /// Reads the exact in-kernel totals, notices ended ranks and jobs, and prints reports.
+    /// Reads the exact in-kernel totals, notices ended ranks and jobs, prints reports, and
+    /// publishes the result.
     pub fn update_totals(&mut self, final_update: bool) -> Result<(), DaemonError> {
+        let mut state = std::mem::take(&mut self.state);
+        let updated = self.update_totals_of(&mut state, final_update);
+        self.state = state;
+        self.publish();
+        updated
+    }
+
+    fn update_totals_of(
+        &mut self,
+        state: &mut NodeState,
+        final_update: bool,
+    ) -> Result<(), DaemonError> {
         // Liveness first: whatever the kernel holds for a pid already gone is final. Drain after
         // it, so the last bursts of a process that just ended reach its job before it is forgotten.
         let gone: HashSet<u32> = self
@@ -518,18 +591,16 @@ impl Daemon {
             .copied()
             .filter(|&pid| !process_alive(pid))
             .collect();
-        self.drain()?;
+        self.drain_into(state)?;
         let totals = self.capture.read_totals()?;
         let per_process = capture::per_process(&totals);
         let io = self.capture.read_io()?;
         let now = unix_now_ns();
-        let shared = self.shared.clone();
-        let mut shared = shared.lock().unwrap();
         for (pid, (bursts, functions)) in &per_process {
-            let Some(member) = self.member(*pid, &mut shared) else {
+            let Some(member) = self.member(*pid, state) else {
                 continue;
             };
-            let Some(rank) = shared
+            let Some(rank) = state
                 .store
                 .jobs
                 .get_mut(&member.job)
@@ -594,7 +665,7 @@ impl Daemon {
             let Some(member) = self.members.get(pid).cloned() else {
                 continue;
             };
-            let Some(job) = shared.store.jobs.get_mut(&member.job) else {
+            let Some(job) = state.store.jobs.get_mut(&member.job) else {
                 continue;
             };
             if let Some(rank) = job.ranks.get_mut(&member.rank) {
@@ -616,10 +687,10 @@ impl Daemon {
                 self.resolver.forget(*pid);
             }
         }
-        self.tick_phases(&mut shared, now);
-        self.evaluate_properties(&mut shared, now);
+        self.tick_phases(state, now);
+        self.evaluate_properties(state, now);
         let mut finished = Vec::new();
-        for job in shared.store.jobs.values_mut() {
+        for job in state.store.jobs.values_mut() {
             if job.meta.ended_ns.is_none()
                 && !job.ranks.is_empty()
                 && job.ranks.values().all(|r| r.ended_ns.is_some())
@@ -632,10 +703,10 @@ impl Daemon {
             }
         }
         for id in &finished {
-            let job = &shared.store.jobs[id];
+            let job = &state.store.jobs[id];
             println!("{}", report::render(job, now, &self.counters_note));
             println!("{}", final_phases(job));
-            if let Some(live) = shared.properties.get(id) {
+            if let Some(live) = state.properties.get(id) {
                 println!(
                     "{}",
                     bottlenecks::render(&live.job, "over its life on this node")
@@ -646,12 +717,12 @@ impl Daemon {
         if final_update || (interval > 0.0 && self.last_report.elapsed().as_secs_f64() >= interval)
         {
             self.last_report = Instant::now();
-            for job in shared.store.jobs.values().filter(|j| !j.is_ended()) {
+            for job in state.store.jobs.values().filter(|j| !j.is_ended()) {
                 println!("{}", report::render(job, now, &self.counters_note));
             }
         }
         let grace = (self.config.daemon.ended_job_grace_s * 1e9) as u64;
-        for id in shared
+        for id in state
             .store
             .evict_ended(now, grace, self.config.daemon.max_jobs)
         {
@@ -663,10 +734,10 @@ impl Daemon {
             self.phases.remove(&id);
             self.usage.remove(&id);
             self.evaluators.remove(&id);
-            shared.phases.remove(&id);
-            shared.properties.remove(&id);
+            state.phases.remove(&id);
+            state.properties.remove(&id);
         }
-        shared.health = SelfStats {
+        state.health = SelfStats {
             lost: self.capture.lost()?,
             programs: self.capture.program_stats(),
             probes: self.capture.probes(),
@@ -705,14 +776,14 @@ impl Daemon {
 
     /// Evaluates every job's properties (over its life and its last complete window) and
     /// publishes them.
-    fn evaluate_properties(&mut self, shared: &mut Shared, now: u64) {
+    fn evaluate_properties(&mut self, state: &mut NodeState, now: u64) {
         let window_ns = (self.config.analysis.window_s * 1e9) as u64;
-        for (id, job) in &shared.store.jobs {
+        for (id, job) in &state.store.jobs {
             let usage = self.usage.get(id).map(JobUsage::totals);
             if let Some(u) = usage {
-                shared.usage.insert(id.clone(), u);
+                state.usage.insert(id.clone(), u);
             }
-            let phases = shared.phases.get(id).and_then(|p| p.last_window.as_ref());
+            let phases = state.phases.get(id).and_then(|p| p.last_window.as_ref());
             let live = self
                 .evaluators
                 .entry(id.clone())
@@ -725,15 +796,15 @@ impl Daemon {
                     now,
                     &self.property_config,
                 );
-            shared.properties.insert(id.clone(), live);
+            state.properties.insert(id.clone(), Arc::new(live));
         }
     }
 
     /// Advances every job's online analysis (windows close on Unix time), logs what changed, and
     /// publishes the snapshots.
-    fn tick_phases(&mut self, shared: &mut Shared, now: u64) {
+    fn tick_phases(&mut self, state: &mut NodeState, now: u64) {
         for (id, phases) in &mut self.phases {
-            if let Some(job) = shared.store.jobs.get(id) {
+            if let Some(job) = state.store.jobs.get(id) {
                 phases.set_ranks(job.ranks.len().max(1) as u32);
             }
             for event in phases.tick(now) {
@@ -750,7 +821,7 @@ impl Daemon {
                     }
                 }
             }
-            shared.phases.insert(id.clone(), phases.snapshot());
+            state.phases.insert(id.clone(), Arc::new(phases.snapshot()));
         }
     }
 
@@ -758,14 +829,13 @@ impl Daemon {
     /// (dropping the BPF object closes every link).
     pub async fn run(mut self) -> Result<(), DaemonError> {
         let listen = self.config.daemon.listen;
-        let (addr, server) =
-            http::bind(listen, self.shared())
-                .await
-                .map_err(|source| DaemonError::Listen {
+        let (addr, _server) =
+            http::serve(listen, self.publisher.subscribe()).map_err(|source| {
+                DaemonError::Listen {
                     addr: listen,
                     source,
-                })?;
-        let server = tokio::spawn(server);
+                }
+            })?;
         eprintln!(
             "mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs"
         );
@@ -801,7 +871,7 @@ impl Daemon {
                 lost: self.capture.lost()?,
             })?;
         }
-        server.abort();
+        // Dropping the daemon drops the publisher, which stops the server.
         Ok(())
     }
 }

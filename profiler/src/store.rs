@@ -177,6 +177,17 @@ impl Job {
         self.bursts.push_back(burst);
     }
 
+    /// The job's records without its burst buffer (the count of evicted bursts is kept): what the
+    /// daemon publishes to the HTTP server.
+    pub fn without_bursts(&self) -> Job {
+        Job {
+            meta: self.meta.clone(),
+            ranks: self.ranks.clone(),
+            bursts: VecDeque::new(),
+            bursts_evicted: self.bursts_evicted,
+        }
+    }
+
     /// Per-function totals over all ranks, by function name.
     pub fn functions(&self) -> BTreeMap<&str, CallStats> {
         let mut out: BTreeMap<&str, CallStats> = BTreeMap::new();

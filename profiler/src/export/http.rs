@@ -1,9 +1,16 @@
 //! HTTP server: Prometheus `/metrics` and the JSON API (`/api/jobs`, `/api/jobs/{id}`,
 //! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`).
+//!
+//! The server runs on a thread of its own and reads only what the daemon last published (a
+//! [`Published`] view behind a watch channel): a scrape never waits for the daemon to drain
+//! bursts, cluster a window or evaluate properties, and the daemon never waits for a slow
+//! client.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::Arc,
+    thread::{self, JoinHandle},
 };
 
 use axum::{
@@ -14,29 +21,35 @@ use axum::{
     Json, Router,
 };
 use serde::Serialize;
+use tokio::sync::watch;
 
 use crate::{
     analysis::online::PhasesSnapshot,
     capture::usage::UsageTotals,
     export::{prometheus::Metrics, SelfStats},
+    model::JobId,
     properties::LiveProperties,
     store::{CallStats, JobMeta, JobStore, RankRecord, RankTotals},
 };
 
-/// What the daemon loop updates and the server reads.
+/// What the daemon publishes after every update: an immutable view that the server reads.
 #[derive(Default)]
-pub struct Shared {
+pub struct Published {
+    /// The jobs without their burst buffers ([`crate::store::Job::without_bursts`]).
     pub store: JobStore,
+    /// Bursts each job holds in its buffer.
+    pub bursts_held: BTreeMap<JobId, usize>,
     pub health: SelfStats,
     /// The online phase analysis of each job, as of the last tick.
-    pub phases: std::collections::BTreeMap<crate::model::JobId, PhasesSnapshot>,
+    pub phases: BTreeMap<JobId, Arc<PhasesSnapshot>>,
     /// Each job's properties (life and last window), as of the last stats update.
-    pub properties: std::collections::BTreeMap<crate::model::JobId, LiveProperties>,
+    pub properties: BTreeMap<JobId, Arc<LiveProperties>>,
     /// Each job's kernel usage (CPU time, memory, file I/O) on this node.
-    pub usage: std::collections::BTreeMap<crate::model::JobId, UsageTotals>,
+    pub usage: BTreeMap<JobId, UsageTotals>,
 }
 
-pub type SharedState = Arc<Mutex<Shared>>;
+/// The server's end of the daemon's watch channel: the latest [`Published`] view.
+pub type PublishedState = watch::Receiver<Arc<Published>>;
 
 #[derive(Serialize)]
 struct JobSummary<'a> {
@@ -74,8 +87,8 @@ fn metrics(registry: &Metrics) -> Response {
     }
 }
 
-async fn jobs(State(state): State<SharedState>) -> impl IntoResponse {
-    let s = state.lock().unwrap();
+async fn jobs(State(state): State<PublishedState>) -> impl IntoResponse {
+    let s = state.borrow().clone();
     let list: Vec<JobSummary> = s
         .store
         .jobs
@@ -89,9 +102,10 @@ async fn jobs(State(state): State<SharedState>) -> impl IntoResponse {
     Json(serde_json::to_value(list).unwrap_or_default())
 }
 
-async fn job(State(state): State<SharedState>, Path(id): Path<String>) -> impl IntoResponse {
-    let s = state.lock().unwrap();
-    let Some(j) = s.store.jobs.get(&crate::model::JobId(id.clone())) else {
+async fn job(State(state): State<PublishedState>, Path(id): Path<String>) -> impl IntoResponse {
+    let s = state.borrow().clone();
+    let id = JobId(id);
+    let Some(j) = s.store.jobs.get(&id) else {
         return (
             StatusCode::NOT_FOUND,
             format!("no job {id:?} on this node; GET /api/jobs lists them"),
@@ -103,18 +117,18 @@ async fn job(State(state): State<SharedState>, Path(id): Path<String>) -> impl I
         totals: j.totals(),
         ranks: j.ranks.values().collect(),
         functions: j.functions(),
-        bursts_held: j.bursts.len(),
+        bursts_held: s.bursts_held.get(&id).copied().unwrap_or_default(),
         bursts_evicted: j.bursts_evicted,
     };
     Json(serde_json::to_value(detail).unwrap_or_default()).into_response()
 }
 
 async fn job_properties(
-    State(state): State<SharedState>,
+    State(state): State<PublishedState>,
     Path(id): Path<String>,
 ) -> impl IntoResponse {
-    let s = state.lock().unwrap();
-    match s.properties.get(&crate::model::JobId(id.clone())) {
+    let s = state.borrow().clone();
+    match s.properties.get(&JobId(id.clone())) {
         Some(live) => {
             // The recommendations that apply, most severe first, next to the full results.
             let recommendations = |p: &crate::properties::JobProperties| p.recommendations();
@@ -123,7 +137,7 @@ async fn job_properties(
                 "job_recommendations": recommendations(&live.job),
                 "window": live.window,
                 "window_recommendations": live.window.as_ref().map(|w| recommendations(&w.properties)),
-                "usage": s.usage.get(&crate::model::JobId(id.clone())),
+                "usage": s.usage.get(&JobId(id.clone())),
             }))
             .into_response()
         }
@@ -135,9 +149,12 @@ async fn job_properties(
     }
 }
 
-async fn job_phases(State(state): State<SharedState>, Path(id): Path<String>) -> impl IntoResponse {
-    let s = state.lock().unwrap();
-    match s.phases.get(&crate::model::JobId(id.clone())) {
+async fn job_phases(
+    State(state): State<PublishedState>,
+    Path(id): Path<String>,
+) -> impl IntoResponse {
+    let s = state.borrow().clone();
+    match s.phases.get(&JobId(id.clone())) {
         Some(snapshot) => Json(serde_json::to_value(snapshot).unwrap_or_default()).into_response(),
         None => (
             StatusCode::NOT_FOUND,
@@ -147,18 +164,17 @@ async fn job_phases(State(state): State<SharedState>, Path(id): Path<String>) ->
     }
 }
 
-/// Binds the listener (so a bad address fails at start-up) and returns the bound address and
-/// the server future.
-pub async fn bind(
+/// Binds the listener (so a bad address fails at start-up) and serves on a thread of its own
+/// until the daemon drops its end of the watch channel. Returns the bound address and the
+/// thread.
+pub fn serve(
     addr: SocketAddr,
-    state: SharedState,
-) -> std::io::Result<(
-    SocketAddr,
-    impl std::future::Future<Output = std::io::Result<()>>,
-)> {
+    state: PublishedState,
+) -> std::io::Result<(SocketAddr, JoinHandle<()>)> {
     let registry = Metrics::new(state.clone()).map_err(|e| {
         std::io::Error::other(format!("cannot set up the Prometheus registry: {e}"))
     })?;
+    let mut closed = state.clone();
     let app = Router::new()
         .route(
             "/metrics",
@@ -169,7 +185,27 @@ pub async fn bind(
         .route("/api/jobs/{id}/phases", get(job_phases))
         .route("/api/jobs/{id}/properties", get(job_properties))
         .with_state(state);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
-    Ok((local, async move { axum::serve(listener, app).await }))
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let thread = thread::Builder::new()
+        .name("mpiburst-http".into())
+        .spawn(move || {
+            let served = runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async move {
+                        // Err once the daemon has dropped the sender: it is shutting down.
+                        while closed.changed().await.is_ok() {}
+                    })
+                    .await
+            });
+            if let Err(e) = served {
+                tracing::error!("the HTTP server on {local} stopped: {e}");
+            }
+        })?;
+    Ok((local, thread))
 }

@@ -10,7 +10,10 @@
 //! values are a snapshot of the state (a job that is gone must leave no series behind) and some
 //! families have a label only on some series (`phase` on per-phase properties).
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use prometheus::{
     core::{Collector, Desc},
@@ -22,7 +25,7 @@ use prometheus::{
 use crate::{
     analysis::{online::PhasesSnapshot, ClusterStats},
     capture::ProgramStats,
-    export::http::{Shared, SharedState},
+    export::http::{Published, PublishedState},
     model::{unix_now_ns, JobId},
     properties::{Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankSample},
     store::{JobStore, RankRecord},
@@ -39,12 +42,12 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(state: SharedState) -> prometheus::Result<Self> {
+    pub fn new(state: PublishedState) -> prometheus::Result<Self> {
         Self::with_clock(state, unix_now_ns)
     }
 
     /// Metrics whose per-rank regions of ranks still running end at `now_ns()`.
-    fn with_clock(state: SharedState, now_ns: fn() -> u64) -> prometheus::Result<Self> {
+    fn with_clock(state: PublishedState, now_ns: fn() -> u64) -> prometheus::Result<Self> {
         let registry = Registry::new();
         registry.register(Box::new(StateCollector::new(state, now_ns)?))?;
         registry.register(Box::new(ProcessCollector::for_self()))?;
@@ -59,7 +62,7 @@ impl Metrics {
 
 /// Builds the mpiburst families from the shared state at each scrape.
 struct StateCollector {
-    state: SharedState,
+    state: PublishedState,
     now_ns: fn() -> u64,
     /// One per family, by name and help. Without label names: a family's label set can differ
     /// between its series.
@@ -67,10 +70,10 @@ struct StateCollector {
 }
 
 impl StateCollector {
-    fn new(state: SharedState, now_ns: fn() -> u64) -> prometheus::Result<Self> {
+    fn new(state: PublishedState, now_ns: fn() -> u64) -> prometheus::Result<Self> {
         // An empty state still yields every family (without series), so the descriptors come
         // from the same code as the families.
-        let descs = families(&Shared::default(), 0)
+        let descs = families(&Published::default(), 0)
             .iter()
             .map(|f| Desc::new(f.name().into(), f.help().into(), vec![], HashMap::new()))
             .collect::<prometheus::Result<_>>()?;
@@ -88,8 +91,8 @@ impl Collector for StateCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let shared = self.state.lock().unwrap();
-        families(&shared, (self.now_ns)())
+        let published = self.state.borrow().clone();
+        families(&published, (self.now_ns)())
     }
 }
 
@@ -177,7 +180,7 @@ impl Families {
 
 /// Every mpiburst family as of `shared`, with the per-rank regions of running ranks ending at
 /// `now_ns`.
-fn families(shared: &Shared, now_ns: u64) -> Vec<MetricFamily> {
+fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
     let (store, health, phases) = (&shared.store, &shared.health, &shared.phases);
     let mut f = Families::default();
     let jobs: Vec<_> = store
@@ -427,12 +430,16 @@ fn families(shared: &Shared, now_ns: u64) -> Vec<MetricFamily> {
 }
 
 /// Phase metrics of the last closed window of each job, for its top phases by time.
-fn phase_families(f: &mut Families, store: &JobStore, phases: &BTreeMap<JobId, PhasesSnapshot>) {
+fn phase_families(
+    f: &mut Families,
+    store: &JobStore,
+    phases: &BTreeMap<JobId, Arc<PhasesSnapshot>>,
+) {
     let labelled: Vec<(Labels, &PhasesSnapshot)> = phases
         .iter()
         .filter_map(|(id, p)| {
             let job = store.jobs.get(id)?;
-            Some((job_labels(id, &job.meta.node), p))
+            Some((job_labels(id, &job.meta.node), p.as_ref()))
         })
         .collect();
     let top: Vec<(Labels, &ClusterStats)> = labelled
@@ -516,7 +523,7 @@ fn phase_families(f: &mut Families, store: &JobStore, phases: &BTreeMap<JobId, P
 }
 
 /// Kernel usage of each job on this node: CPU time, memory, file I/O.
-fn usage_families(f: &mut Families, shared: &Shared) {
+fn usage_families(f: &mut Families, shared: &Published) {
     let usage: Vec<_> = shared
         .usage
         .iter()
@@ -601,7 +608,7 @@ fn span_results(props: &JobProperties) -> Vec<(&PropertyResult, Option<u32>)> {
 
 /// Properties of each job over its life (span="job") and its last complete window
 /// (span="window"), the recommendations that apply, and the window's mergeable aggregates.
-fn property_families(f: &mut Families, shared: &Shared) {
+fn property_families(f: &mut Families, shared: &Published) {
     let spans: Vec<(Labels, &'static str, &JobProperties)> = shared
         .properties
         .iter()
@@ -720,7 +727,6 @@ fn property_families(f: &mut Families, shared: &Shared) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
 
     use super::*;
     use crate::{
@@ -729,8 +735,10 @@ mod tests {
     };
 
     /// What `/metrics` serves for `shared`, with the regions of running ranks ending at `now_ns()`.
-    fn exposition(shared: Shared, now_ns: fn() -> u64) -> String {
-        Metrics::with_clock(Arc::new(Mutex::new(shared)), now_ns)
+    fn exposition(shared: Published, now_ns: fn() -> u64) -> String {
+        // The receiver keeps the last value after the sender is gone.
+        let (_, state) = tokio::sync::watch::channel(Arc::new(shared));
+        Metrics::with_clock(state, now_ns)
             .unwrap()
             .render()
             .unwrap()
@@ -788,7 +796,7 @@ mod tests {
         // Regions of 10 s and 20 s, useful 2 s and 6 s.
         job.ranks.insert(0, rank(0, 8, 0, Some(10)));
         job.ranks.insert(1, rank(1, 14, 1, None));
-        let mut shared = Shared::default();
+        let mut shared = Published::default();
         shared.store.jobs.insert(job.meta.id.clone(), job);
         let text = exposition(shared, || 21_000_000_000);
         let labels = r#"mpi_job="slurm:7.0",node="n\"1""#;
@@ -888,7 +896,7 @@ mod tests {
         .unwrap();
         let recording = Recording::read(&path).unwrap();
 
-        let mut shared = Shared::default();
+        let mut shared = Published::default();
         shared.store.jobs.extend(recording.jobs);
         let job = &shared.store.jobs[&id];
         assert_eq!(job.ranks.len(), job_ranks as usize);
@@ -910,10 +918,10 @@ mod tests {
         assert!(!window.properties.phases.is_empty());
         shared.properties.insert(
             id.clone(),
-            crate::properties::LiveProperties {
+            Arc::new(crate::properties::LiveProperties {
                 job: lifetime,
                 window: Some(window),
-            },
+            }),
         );
         let text = exposition(shared, || 1);
         assert!(
