@@ -458,6 +458,41 @@ fn dashboards_are_consistent_grafana_json() {
 }
 
 #[test]
+fn the_recommendations_table_maps_every_property_to_its_recommendation() {
+    // The metric carries the property only; the panel's value mapping on the property column
+    // holds the texts, which must be the catalogue's.
+    let all = dashboards();
+    let job = all.iter().find(|d| d.file == "mpiburst-job.json").unwrap();
+    let table = panels(job)
+        .into_iter()
+        .find(|p| p["title"] == "Active recommendations")
+        .expect("the job dashboard has the recommendations table");
+    let mapping = table["fieldConfig"]["overrides"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["matcher"]["options"] == "property")
+        .map(|o| &o["properties"][0]["value"][0]["options"])
+        .expect("a value mapping on the property column");
+    let expected: BTreeMap<String, String> = mpiburst::properties::catalogue()
+        .into_iter()
+        .filter_map(|p| {
+            Some((
+                p.name.to_string(),
+                format!("{}: {}", p.name, p.recommendation?),
+            ))
+        })
+        .collect();
+    let mapped: BTreeMap<String, String> = mapping
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v["text"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(mapped, expected);
+}
+
+#[test]
 fn variable_references_are_found_in_every_form() {
     let refs: Vec<String> =
         var_refs(r#"rate(x{a=~"$mpi_job",b=~"${node:regex}"}[$__rate_interval]) [[old]] 5$ "a$""#)

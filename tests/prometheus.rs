@@ -22,11 +22,24 @@ fn job_load_balance_from_the_rules_equals_the_direct_value() {
     let program = program("imbalance", Mpi::OpenMpi);
     run_mpi(Mpi::OpenMpi, 2, &program, &["40", "20"]);
     thread::sleep(Duration::from_millis(1500));
-    // The exposition of a real job passes promtool's linter.
-    promtool(
-        &["check", "metrics"],
-        Some(&http_get(&daemon.addr, "/metrics")),
+    // The exposition of a real job passes promtool's linter, and its label values are
+    // identifiers: recommendations and reasons are in the API, not in labels.
+    let exposition = http_get(&daemon.addr, "/metrics");
+    promtool(&["check", "metrics"], Some(&exposition));
+    let series: Vec<&str> = exposition.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(
+        series
+            .iter()
+            .any(|l| l.starts_with("mpiburst_recommendation_severity{")),
+        "the imbalanced job fires a recommendation: {exposition}"
     );
+    for line in series {
+        assert_eq!(
+            mpiburst::export::prometheus::free_text_label(line),
+            None,
+            "free text in a label: {line}"
+        );
+    }
     // Other MPI jobs may run on this machine: this one is known by its executable.
     let id = job_id(&daemon.addr, &program, &[]);
     let detail = get_json(&daemon.addr, &format!("/api/jobs/{}", encode(&id)));
@@ -77,6 +90,16 @@ fn job_load_balance_from_the_rules_equals_the_direct_value() {
         "count(mpiburst_recommendation_severity{{mpi_job=\"{id}\",span=\"job\",property=\"load_balance\"}})"
     ));
     assert_eq!(recommended, 1.0);
+    // With a recommendation and not-measured properties in it, the exposition's label values are
+    // still identifiers: the texts are in the API, not in labels.
+    let exposition = http_get(&daemon.addr, "/metrics");
+    for line in exposition.lines().filter(|l| !l.starts_with('#')) {
+        assert_eq!(
+            mpiburst::export::prometheus::free_text_label(line),
+            None,
+            "free text in a label: {line}"
+        );
+    }
     // Per-rank MPI time fractions, as quantiles over the ranks: the largest is rank 0's.
     let fraction = property(&props["job"], "mpi_time_fraction");
     let highest = fraction["outcome"]["ranks"]["values"]["quantiles"]

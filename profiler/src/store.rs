@@ -149,6 +149,16 @@ pub struct JobMeta {
     pub ended_ns: Option<u64>,
 }
 
+impl JobMeta {
+    /// Where the identity came from, as an identifier: the discovery method (`OpenMpiEnv`,
+    /// `SlurmEnv`, …) or `unidentified`, without the reason `source` adds to the latter.
+    pub fn source_kind(&self) -> &str {
+        self.source
+            .split_once(" (")
+            .map_or(self.source.as_str(), |(kind, _)| kind)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Job {
     pub meta: JobMeta,

@@ -99,6 +99,39 @@ impl Collector for StateCollector {
 /// A series' labels, in the order they are written.
 type Labels = Vec<(&'static str, String)>;
 
+/// The longest label value that still counts as an identifier: a path, such as the executable.
+pub const MAX_IDENTIFIER_LEN: usize = 256;
+
+/// The first label of one exposition line (`name{a="x",b="y"} value`) whose value is free text
+/// rather than an identifier: with white space, or longer than [`MAX_IDENTIFIER_LEN`]. Labels
+/// carry identifiers only (job ids, node and function names, property ids, paths); texts belong
+/// in the JSON API and the report. `None` for a line without labels.
+pub fn free_text_label(series: &str) -> Option<(String, String)> {
+    let (_, rest) = series.split_once('{')?;
+    let mut chars = rest.chars();
+    loop {
+        let name: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        if name.is_empty() || chars.next() != Some('"') {
+            return None;
+        }
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => value.extend(chars.next()),
+                c => value.push(c),
+            }
+        }
+        if value.chars().any(char::is_whitespace) || value.len() > MAX_IDENTIFIER_LEN {
+            return Some((name.trim_start_matches(',').to_string(), value));
+        }
+        match chars.next() {
+            Some(',') => continue,
+            _ => return None,
+        }
+    }
+}
+
 /// `labels` and one more.
 fn with(labels: &Labels, name: &'static str, value: impl ToString) -> Labels {
     let mut out = labels.clone();
@@ -193,7 +226,7 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         "mpiburst_job_info",
         "Always 1; identifies a job seen on this node, with where its identity came from.",
         jobs.iter().map(|(l, j)| {
-            let l = with(l, "source", &j.meta.source);
+            let l = with(l, "source", j.meta.source_kind());
             (with(&l, "executable", &j.meta.executable), 1.0)
         }),
     );
@@ -659,17 +692,16 @@ fn property_families(f: &mut Families, shared: &Published) {
     );
     f.gauge(
         "mpiburst_property_not_measured",
-        "1 for a property that could not be evaluated here, with the reason (e.g. no PMU).",
+        "1 for a property that could not be evaluated here; outcome=not_measured (no source, e.g. no PMU) or no_data (too little in the span). The reason is in /api/jobs/JOB/properties.",
         results.iter().filter_map(|(l, p)| match &p.outcome {
             Outcome::Evaluated(_) => None,
-            Outcome::NotMeasured { reason } | Outcome::NoData { reason } => {
-                Some((with(l, "reason", reason), 1.0))
-            }
+            Outcome::NotMeasured { .. } => Some((with(l, "outcome", "not_measured"), 1.0)),
+            Outcome::NoData { .. } => Some((with(l, "outcome", "no_data"), 1.0)),
         }),
     );
     f.gauge(
         "mpiburst_recommendation_severity",
-        "Severity of each property that fires, labelled with what to do about it.",
+        "Severity of each property that fires, so its recommendation applies: the text is in docs/metrics.md, the job report and /api/jobs/JOB/properties.",
         spans.iter().flat_map(|(l, span, props)| {
             span_results(props)
                 .into_iter()
@@ -677,11 +709,10 @@ fn property_families(f: &mut Families, shared: &Published) {
                     let ev = p
                         .evaluation()
                         .filter(|ev| ev.condition && ev.severity > 0.0)?;
-                    let text = ev.recommendation.as_deref()?;
+                    ev.recommendation.as_ref()?;
                     let mut labels = with(l, "span", span);
                     labels.push(("property", p.name.clone()));
                     labels.extend(phase.map(|id| ("phase", id.to_string())));
-                    labels.push(("recommendation", text.to_string()));
                     Some((labels, ev.severity))
                 })
         }),
@@ -946,9 +977,46 @@ mod tests {
                 "{family} is not in docs/metrics.md"
             );
         }
+        for series in text.lines().filter(|l| !l.starts_with('#')) {
+            assert_eq!(free_text_label(series), None, "{series}");
+        }
         text.lines()
             .filter(|l| !l.starts_with('#') && l.contains("mpi_job=\"slurm:42.0\""))
             .count()
+    }
+
+    #[test]
+    fn free_text_labels_are_found() {
+        assert_eq!(free_text_label("up 1"), None);
+        assert_eq!(
+            free_text_label(r#"a{mpi_job="pmix:7",exe="/usr/bin/x",q="0.1"} 1"#),
+            None
+        );
+        assert_eq!(
+            free_text_label(r#"a{mpi_job="pmix:7",recommendation="Balance the work."} 1"#),
+            Some(("recommendation".into(), "Balance the work.".into()))
+        );
+        assert_eq!(
+            free_text_label(r#"a{x="a\"b c"} 1"#),
+            Some(("x".into(), "a\"b c".into()))
+        );
+        let long = format!(r#"a{{x="{}"}} 1"#, "y".repeat(MAX_IDENTIFIER_LEN + 1));
+        assert!(free_text_label(&long).is_some());
+    }
+
+    #[test]
+    fn the_docs_list_every_recommendation_by_property() {
+        let docs = include_str!("../../../docs/metrics.md");
+        let rows: Vec<String> = crate::properties::catalogue()
+            .into_iter()
+            .filter_map(|p| Some(format!("| `{}` | {} |", p.name, p.recommendation?)))
+            .collect();
+        let missing: Vec<&String> = rows.iter().filter(|r| !docs.contains(r.as_str())).collect();
+        assert!(
+            missing.is_empty(),
+            "docs/metrics.md, section Recommendations, lacks these rows (the table in full):\n{}",
+            rows.join("\n")
+        );
     }
 
     #[test]
