@@ -5,7 +5,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
     capture::config::CounterMode,
@@ -74,6 +74,19 @@ pub struct CompareArgs {
     /// The job in the later recording, when it holds several.
     #[arg(long, value_name = "ID")]
     pub job_after: Option<String>,
+    /// What to print: tables for people, or one JSON document for scripts (docs/report-json.md).
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
+}
+
+/// How `mpiburst report` and `mpiburst compare` print their results.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Tables and sentences.
+    #[default]
+    Text,
+    /// One JSON document with the same content, in base units (docs/report-json.md).
+    Json,
 }
 
 /// What `mpiburst report` reads.
@@ -121,6 +134,9 @@ pub struct ReportArgs {
     /// Only this job (as printed in the report's first line).
     #[arg(long, value_name = "ID")]
     pub job: Option<String>,
+    /// What to print: tables for people, or one JSON document for scripts (docs/report-json.md).
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -15,6 +15,7 @@ use crate::{
     analysis::online::PhasesSnapshot,
     config::Config,
     model::JobId,
+    properties::JobProperties,
     store::{Job, JobMeta, RankRecord},
 };
 
@@ -314,6 +315,22 @@ impl DaemonClient {
     pub fn phases(&self, id: &JobId) -> Result<Option<PhasesSnapshot>, ClientError> {
         match self.get_json(&format!("/api/jobs/{}/phases", encode_segment(&id.0))) {
             Ok(snapshot) => Ok(Some(snapshot)),
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The properties of a job over its life on the daemon's node (the `job` part of
+    /// `/api/jobs/{id}/properties`); `None` before the daemon first evaluated them.
+    pub fn properties(&self, id: &JobId) -> Result<Option<JobProperties>, ClientError> {
+        #[derive(Deserialize)]
+        struct Properties {
+            job: JobProperties,
+        }
+        match self
+            .get_json::<Properties>(&format!("/api/jobs/{}/properties", encode_segment(&id.0)))
+        {
+            Ok(p) => Ok(Some(p.job)),
             Err(ClientError::Status { status: 404, .. }) => Ok(None),
             Err(e) => Err(e),
         }
