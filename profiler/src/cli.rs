@@ -258,6 +258,46 @@ mod tests {
     }
 
     #[test]
+    fn report_and_compare_print_text_unless_json_is_asked_for() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map_err(|e| e.to_string());
+        type Parsed = Result<OutputFormat, String>;
+        let report_format = |args: &[&str]| -> Parsed {
+            match parse(args)?.command {
+                Command::Report(a) => Ok(a.format),
+                other => panic!("parsed {other:?}"),
+            }
+        };
+        let compare_format = |args: &[&str]| -> Parsed {
+            match parse(args)?.command {
+                Command::Compare(a) => Ok(a.format),
+                other => panic!("parsed {other:?}"),
+            }
+        };
+        assert_eq!(
+            report_format(&["mpiburst", "report", "r.jsonl"]),
+            Ok(OutputFormat::Text)
+        );
+        assert_eq!(
+            report_format(&["mpiburst", "report", "r.jsonl", "--phases", "--format", "json"]),
+            Ok(OutputFormat::Json)
+        );
+        assert_eq!(
+            report_format(&["mpiburst", "report", "r.jsonl", "--format", "text"]),
+            Ok(OutputFormat::Text)
+        );
+        assert_eq!(
+            compare_format(&["mpiburst", "compare", "a.jsonl", "b.jsonl"]),
+            Ok(OutputFormat::Text)
+        );
+        assert_eq!(
+            compare_format(&["mpiburst", "compare", "a.jsonl", "b.jsonl", "--format=json"]),
+            Ok(OutputFormat::Json)
+        );
+        let e = report_format(&["mpiburst", "report", "r.jsonl", "--format", "yaml"]).unwrap_err();
+        assert!(e.contains("possible values: text, json"), "{e}");
+    }
+
+    #[test]
     fn report_reads_a_recording_or_a_daemon() {
         let target = |arg: &str| {
             let cli =

@@ -323,10 +323,7 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{
-        model::JobId,
-        store::{CallStats, JobMeta, RankTotals, RegionMarks},
-    };
+    use crate::{model::JobId, store::RegionMarks};
 
     #[test]
     fn report_shows_ranks_and_functions() {
@@ -403,5 +400,20 @@ mod tests {
             text.contains("MPI_Send") && text.contains("3.0 MiB"),
             "{text}"
         );
+        // The values behind the text, unformatted.
+        let json: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&JobReport::new(&job, 0, "")).unwrap())
+                .unwrap();
+        assert_eq!(json["elapsed_ns"], 2_000_000_000);
+        let rank = &json["ranks"][0];
+        assert_eq!(rank["state"], "exited");
+        assert_eq!(rank["mpi_share"], 0.25);
+        assert_eq!(rank["oncpu_share"], 0.5);
+        assert_eq!(rank["region"]["runtime_ns"], 2_000_000_000);
+        assert_eq!(rank["region"]["mpi_ns"], 500_000_000);
+        assert_eq!(json["lifecycle"]["init_max_ns"], 300_000_000);
+        assert_eq!(json["lifecycle"]["finalize_max_ns"], 100_000_000);
+        assert_eq!(json["functions"][0]["function"], "MPI_Send");
+        assert_eq!(json["functions"][0]["bytes"], 3 << 20);
     }
 }
