@@ -36,8 +36,8 @@ pub enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Print the report of every job in a recording or on a running daemon; optionally its phases
-    /// and their pictures.
+    /// Print the report of every job in a recording or on a running daemon, with its bottlenecks
+    /// (POP efficiencies, recommendations); optionally its phases and their pictures.
     ///
     /// From a recording, the phases are clustered from its bursts. From a daemon, the report shows
     /// the daemon's own online analysis: the table of the last clustered window (windows of
