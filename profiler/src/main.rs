@@ -180,6 +180,19 @@ impl ReportOutput {
         }
     }
 
+    /// Says why a job has no phases: in the text, or, where the JSON says it by its nulls, as a
+    /// note when `--html` asked for a page that is then not written.
+    fn no_phases(&mut self, why: &str, html: bool) -> anyhow::Result<()> {
+        match self.format {
+            OutputFormat::Text => self.stdout.print(&format!("   {why}\n\n")),
+            OutputFormat::Json if html => {
+                eprintln!("note: {why}");
+                Ok(())
+            }
+            OutputFormat::Json => Ok(()),
+        }
+    }
+
     fn job(&mut self, document: &JobDocument) -> anyhow::Result<()> {
         if self.format == OutputFormat::Json {
             self.jobs
@@ -253,16 +266,14 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
             )
         };
         if wanted && analysis.is_none() {
-            let none = format!(
-                "no bursts of job {id} in the recording: nothing to cluster (every burst was shorter \
-                 than the kernel filter of {}; record with a lower --min-burst-us)",
-                phases::duration(r.header.min_burst_ns)
-            );
-            match args.format {
-                OutputFormat::Text => out.text(&format!("   {none}\n\n"))?,
-                OutputFormat::Json if args.html.is_some() => eprintln!("note: {none}"),
-                OutputFormat::Json => {}
-            }
+            out.no_phases(
+                &format!(
+                    "no bursts of job {id} in the recording: nothing to cluster (every burst was \
+                     shorter than the kernel filter of {}; record with a lower --min-burst-us)",
+                    phases::duration(r.header.min_burst_ns)
+                ),
+                args.html.is_some(),
+            )?;
         }
         if let (true, Some(analysis)) = (args.phases, &analysis) {
             let text = phases::render_phases(id, analysis);
@@ -333,10 +344,13 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
         let wanted = args.phases || args.html.is_some();
         let snapshot = if wanted { daemon.phases(id)? } else { None };
         if wanted && snapshot.is_none() {
-            out.text(&format!(
-                "   no phase analysis of job {id} yet: the daemon starts it with the job's first bursts \
-                 above its kernel filter\n\n"
-            ))?;
+            out.no_phases(
+                &format!(
+                    "no phase analysis of job {id} yet: the daemon starts it with the job's first \
+                     bursts above its kernel filter"
+                ),
+                args.html.is_some(),
+            )?;
         }
         let text = snapshot.as_ref().map(|s| {
             phases::render_live_phases(id, s, now) + &phases::render_kernel_filter(&job, None)
