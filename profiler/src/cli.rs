@@ -5,7 +5,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
     capture::config::CounterMode,
@@ -36,8 +36,8 @@ pub enum Command {
         #[command(flatten)]
         run: RunArgs,
     },
-    /// Print the report of every job in a recording or on a running daemon; optionally its phases
-    /// and their pictures.
+    /// Print the report of every job in a recording or on a running daemon, with its bottlenecks
+    /// (POP efficiencies, recommendations); optionally its phases and their pictures.
     ///
     /// From a recording, the phases are clustered from its bursts. From a daemon, the report shows
     /// the daemon's own online analysis: the table of the last clustered window (windows of
@@ -74,6 +74,19 @@ pub struct CompareArgs {
     /// The job in the later recording, when it holds several.
     #[arg(long, value_name = "ID")]
     pub job_after: Option<String>,
+    /// What to print: tables for people, or one JSON document for scripts (docs/report-json.md).
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
+}
+
+/// How `mpiburst report` and `mpiburst compare` print their results.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// Tables and sentences.
+    #[default]
+    Text,
+    /// One JSON document with the same content, in base units (docs/report-json.md).
+    Json,
 }
 
 /// What `mpiburst report` reads.
@@ -121,6 +134,9 @@ pub struct ReportArgs {
     /// Only this job (as printed in the report's first line).
     #[arg(long, value_name = "ID")]
     pub job: Option<String>,
+    /// What to print: tables for people, or one JSON document for scripts (docs/report-json.md).
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -239,6 +255,46 @@ mod tests {
         assert!(a.phases);
         assert_eq!(a.html, Some(PathBuf::from("o.html")));
         assert_eq!(a.job.as_deref(), Some("pmix:1"));
+    }
+
+    #[test]
+    fn report_and_compare_print_text_unless_json_is_asked_for() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map_err(|e| e.to_string());
+        type Parsed = Result<OutputFormat, String>;
+        let report_format = |args: &[&str]| -> Parsed {
+            match parse(args)?.command {
+                Command::Report(a) => Ok(a.format),
+                other => panic!("parsed {other:?}"),
+            }
+        };
+        let compare_format = |args: &[&str]| -> Parsed {
+            match parse(args)?.command {
+                Command::Compare(a) => Ok(a.format),
+                other => panic!("parsed {other:?}"),
+            }
+        };
+        assert_eq!(
+            report_format(&["mpiburst", "report", "r.jsonl"]),
+            Ok(OutputFormat::Text)
+        );
+        assert_eq!(
+            report_format(&["mpiburst", "report", "r.jsonl", "--phases", "--format", "json"]),
+            Ok(OutputFormat::Json)
+        );
+        assert_eq!(
+            report_format(&["mpiburst", "report", "r.jsonl", "--format", "text"]),
+            Ok(OutputFormat::Text)
+        );
+        assert_eq!(
+            compare_format(&["mpiburst", "compare", "a.jsonl", "b.jsonl"]),
+            Ok(OutputFormat::Text)
+        );
+        assert_eq!(
+            compare_format(&["mpiburst", "compare", "a.jsonl", "b.jsonl", "--format=json"]),
+            Ok(OutputFormat::Json)
+        );
+        let e = report_format(&["mpiburst", "report", "r.jsonl", "--format", "yaml"]).unwrap_err();
+        assert!(e.contains("possible values: text, json"), "{e}");
     }
 
     #[test]

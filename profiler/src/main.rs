@@ -8,16 +8,23 @@ use mpiburst::{
         tracking::{match_runs, AppIdentity, RunSignature, TrackingParams},
         AnalysisParams,
     },
-    cli::{Cli, Command, CompareArgs, ReportArgs, ReportTarget},
+    cli::{Cli, Command, CompareArgs, OutputFormat, ReportArgs, ReportTarget},
     config::Config,
     daemon::Daemon,
     export::{
+        bottlenecks::Bottlenecks,
         client::{ClientError, DaemonClient},
-        html, phases,
+        html,
+        phases::{self, KernelFilter},
         recording::Recording,
-        report,
+        report::JobReport,
+        report_json::{
+            AnalysisView, CompareDocument, JobDocument, OnlineView, PhasesDocument, ReportDocument,
+            RunSide,
+        },
     },
     model::{unix_now_ns, Burst, JobId},
+    properties::PropertyConfig,
     store::Job,
 };
 use tracing_subscriber::EnvFilter;
@@ -143,8 +150,78 @@ fn write_html(
     Ok(())
 }
 
+/// The title of a job's bottleneck view.
+fn over_its_life(job: &Job) -> String {
+    format!("over its life on {}", job.meta.node)
+}
+
+/// Where the results of `mpiburst report` go: printed as text job by job, or gathered as JSON
+/// and printed as one document at the end.
+struct ReportOutput {
+    format: OutputFormat,
+    stdout: Stdout,
+    jobs: Vec<serde_json::Value>,
+}
+
+impl ReportOutput {
+    fn new(format: OutputFormat) -> ReportOutput {
+        ReportOutput {
+            format,
+            stdout: Stdout::default(),
+            jobs: Vec::new(),
+        }
+    }
+
+    /// Text output only: JSON gathers [`Self::job`] documents instead.
+    fn text(&mut self, text: &str) -> anyhow::Result<()> {
+        match self.format {
+            OutputFormat::Text => self.stdout.print(text),
+            OutputFormat::Json => Ok(()),
+        }
+    }
+
+    /// Says why a job has no phases: in the text, or, where the JSON says it by its nulls, as a
+    /// note when `--html` asked for a page that is then not written.
+    fn no_phases(&mut self, why: &str, html: bool) -> anyhow::Result<()> {
+        match self.format {
+            OutputFormat::Text => self.stdout.print(&format!("   {why}\n\n")),
+            OutputFormat::Json if html => {
+                eprintln!("note: {why}");
+                Ok(())
+            }
+            OutputFormat::Json => Ok(()),
+        }
+    }
+
+    fn job(&mut self, document: &JobDocument) -> anyhow::Result<()> {
+        if self.format == OutputFormat::Json {
+            self.jobs
+                .push(serde_json::to_value(document).with_context(|| {
+                    format!("serialise the report of job {}", document.report.meta.id)
+                })?);
+        }
+        Ok(())
+    }
+
+    /// Prints the JSON document, when that is the format.
+    fn finish(mut self) -> anyhow::Result<()> {
+        match self.format {
+            OutputFormat::Text => Ok(()),
+            OutputFormat::Json => self
+                .stdout
+                .print(&json_text(&ReportDocument::new(self.jobs))?),
+        }
+    }
+}
+
+/// A JSON document as printed: indented, with a final newline.
+fn json_text(document: &impl serde::Serialize) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(document).context("serialise the JSON document")? + "\n")
+}
+
 /// The report of a recording: the phases of each job are clustered from its recorded bursts over
-/// the ranks this node ran (see [`phases::node_ranks`]).
+/// the ranks this node ran (see [`phases::node_ranks`]), the bottlenecks evaluated from the
+/// ranks' exact totals as the daemon evaluates them over a job's life.
 fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::Result<()> {
     let path = recording.display();
     let r = Recording::read(recording)?;
@@ -163,47 +240,71 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
         "record while an MPI program runs (`mpiburst record -o FILE`, then start the job)",
     )?;
     let several = ids.len() > 1;
-    let mut out = Stdout::default();
+    let mut out = ReportOutput::new(args.format);
     for id in &ids {
         let job = &r.jobs[id];
-        out.print(&format!(
-            "{}\n",
-            report::render(job, now, &r.header.counters_note)
+        let report = JobReport::new(job, now, &r.header.counters_note);
+        let properties = r.job_properties(job, now, &PropertyConfig::default());
+        let bottlenecks = Bottlenecks::new(&properties);
+        out.text(&format!(
+            "{}\n{}\n",
+            report.text(),
+            bottlenecks.text(&over_its_life(job))
         ))?;
-        if !args.phases && args.html.is_none() {
-            continue;
+        let wanted = args.phases || args.html.is_some();
+        let bursts: Vec<Burst> = if wanted {
+            job.bursts.iter().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        let analysis = if bursts.is_empty() {
+            None
+        } else {
+            Some(
+                analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
+                    .with_context(|| format!("phase analysis of job {id}"))?,
+            )
+        };
+        if wanted && analysis.is_none() {
+            out.no_phases(
+                &format!(
+                    "no bursts of job {id} in the recording: nothing to cluster (every burst was \
+                     shorter than the kernel filter of {}; record with a lower --min-burst-us)",
+                    phases::duration(r.header.min_burst_ns)
+                ),
+                args.html.is_some(),
+            )?;
         }
-        let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
-        if bursts.is_empty() {
-            out.print(&format!(
-                "   no bursts of job {id} in the recording: nothing to cluster (every burst was shorter \
-                 than the kernel filter of {}; record with a lower --min-burst-us)\n\n",
-                phases::duration(r.header.min_burst_ns)
-            ))?;
-            continue;
-        }
-        let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
-            .with_context(|| format!("phase analysis of job {id}"))?;
-        if args.phases {
-            let text = phases::render_phases(id, &analysis);
+        if let (true, Some(analysis)) = (args.phases, &analysis) {
+            let text = phases::render_phases(id, analysis);
             let filter = phases::render_kernel_filter(job, Some(r.header.min_burst_ns));
-            out.print(&format!("{text}{filter}\n"))?;
+            out.text(&format!("{text}{filter}\n"))?;
         }
-        if let Some(html) = &args.html {
+        out.job(&JobDocument {
+            report,
+            bottlenecks: Some(bottlenecks),
+            phases: args.phases.then(|| PhasesDocument::Recording {
+                min_burst_ns: r.header.min_burst_ns,
+                analysis: analysis.as_ref().map(AnalysisView::from),
+                kernel_filter: KernelFilter::of(job, Some(r.header.min_burst_ns)),
+            }),
+        })?;
+        if let (Some(html), Some(analysis)) = (&args.html, &analysis) {
             write_html(
                 html,
                 id,
                 several,
-                html::render_html(job, &bursts, &analysis),
+                html::render_html(job, &bursts, analysis),
                 &format!("phases of job {id}"),
             )?;
         }
     }
-    Ok(())
+    out.finish()
 }
 
 /// The report of the jobs a running daemon holds, from its JSON API: the job report from the
-/// job's identity and exact totals, the phases from the daemon's online analysis.
+/// job's identity and exact totals, the bottlenecks from the daemon's evaluation over the job's
+/// life, the phases from its online analysis.
 fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()> {
     let place = format!("the daemon at {daemon}");
     let known = daemon.jobs()?.into_iter().map(|meta| meta.id).collect();
@@ -213,12 +314,13 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
         &place,
         "start an MPI program while the daemon runs",
     )?;
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let counters_note = daemon.counters_note()?;
+    let counters_note = if ids.is_empty() {
+        String::new()
+    } else {
+        daemon.counters_note()?
+    };
     let several = ids.len() > 1;
-    let mut out = Stdout::default();
+    let mut out = ReportOutput::new(args.format);
     for id in &ids {
         let job = match daemon.job(id) {
             Err(ClientError::Status { status: 404, .. }) => {
@@ -228,31 +330,51 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
             job => job?,
         };
         let now = unix_now_ns();
-        out.print(&format!("{}\n", report::render(&job, now, &counters_note)))?;
-        if !args.phases && args.html.is_none() {
-            continue;
+        let report = JobReport::new(&job, now, &counters_note);
+        let properties = daemon.properties(id)?;
+        let bottlenecks = properties.as_ref().map(Bottlenecks::new);
+        out.text(&format!("{}\n", report.text()))?;
+        out.text(&match &bottlenecks {
+            Some(b) => format!("{}\n", b.text(&over_its_life(&job))),
+            None => format!(
+                "   no bottleneck evaluation of job {id} yet: the daemon evaluates the properties \
+                 at its next stats update (capture.stats_interval_ms)\n\n"
+            ),
+        })?;
+        let wanted = args.phases || args.html.is_some();
+        let snapshot = if wanted { daemon.phases(id)? } else { None };
+        if wanted && snapshot.is_none() {
+            out.no_phases(
+                &format!(
+                    "no phase analysis of job {id} yet: the daemon starts it with the job's first \
+                     bursts above its kernel filter"
+                ),
+                args.html.is_some(),
+            )?;
         }
-        let Some(snapshot) = daemon.phases(id)? else {
-            out.print(&format!(
-                "   no phase analysis of job {id} yet: the daemon starts it with the job's first bursts \
-                 above its kernel filter\n\n"
-            ))?;
-            continue;
-        };
-        let text = phases::render_live_phases(id, &snapshot, now)
-            + &phases::render_kernel_filter(&job, None);
-        if args.phases {
-            out.print(&format!("{text}\n"))?;
+        let text = snapshot.as_ref().map(|s| {
+            phases::render_live_phases(id, s, now) + &phases::render_kernel_filter(&job, None)
+        });
+        if let (true, Some(text)) = (args.phases, &text) {
+            out.text(&format!("{text}\n"))?;
         }
-        if let Some(html) = &args.html {
-            let page = html::render_live_html(&job, &snapshot, &text, &daemon.to_string());
+        out.job(&JobDocument {
+            report,
+            bottlenecks,
+            phases: args.phases.then(|| PhasesDocument::Daemon {
+                online: snapshot.as_ref().map(|s| OnlineView::new(s, now)),
+                kernel_filter: KernelFilter::of(&job, None),
+            }),
+        })?;
+        if let (Some(html), Some(snapshot), Some(text)) = (&args.html, &snapshot, &text) {
+            let page = html::render_live_html(&job, snapshot, text, &daemon.to_string());
             let what = format!(
                 "phase sequences and tables of job {id}; the scatter plot and the timeline need a recording"
             );
             write_html(html, id, several, page, &what)?;
         }
     }
-    Ok(())
+    out.finish()
 }
 
 /// The one job of a recording (or the named one), with a helpful error otherwise.
@@ -317,11 +439,15 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
         )?);
     }
     let matched = match_runs(&signatures[0], &signatures[1], &params);
-    print!(
-        "{}",
-        phases::render_run_match(&signatures[0], &signatures[1], &matched)
-    );
-    Ok(())
+    let text = match args.format {
+        OutputFormat::Text => phases::render_run_match(&signatures[0], &signatures[1], &matched),
+        OutputFormat::Json => json_text(&CompareDocument::new(
+            RunSide::new(&args.before, &signatures[0]),
+            RunSide::new(&args.after, &signatures[1]),
+            &matched,
+        ))?,
+    };
+    Stdout::default().print(&text)
 }
 
 /// Standard output that stops printing, without failing, once its reader has gone (`| head`), so

@@ -15,6 +15,7 @@ use crate::{
     analysis::online::PhasesSnapshot,
     config::Config,
     model::JobId,
+    properties::JobProperties,
     store::{Job, JobMeta, RankRecord},
 };
 
@@ -319,6 +320,22 @@ impl DaemonClient {
         }
     }
 
+    /// The properties of a job over its life on the daemon's node (the `job` part of
+    /// `/api/jobs/{id}/properties`); `None` before the daemon first evaluated them.
+    pub fn properties(&self, id: &JobId) -> Result<Option<JobProperties>, ClientError> {
+        #[derive(Deserialize)]
+        struct Properties {
+            job: JobProperties,
+        }
+        match self
+            .get_json::<Properties>(&format!("/api/jobs/{}/properties", encode_segment(&id.0)))
+        {
+            Ok(p) => Ok(Some(p.job)),
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Which counters the daemon reads per burst, in words, from its `mpiburst_counters_info`
     /// metric (the JSON API does not carry it).
     pub fn counters_note(&self) -> Result<String, ClientError> {
@@ -477,6 +494,84 @@ mod tests {
             server.join().unwrap(),
             "GET /api/jobs/pmix%3Aa%401/phases HTTP/1.0\r\n"
         );
+    }
+
+    #[test]
+    fn properties_are_read_back_as_the_daemon_evaluated_them() {
+        use crate::{
+            properties::{evaluate_job, JobInput, PropertyConfig},
+            store::{CallStats, RankTotals, RegionMarks},
+        };
+        let mut job = Job::new(JobMeta {
+            id: JobId("pmix:a@1".into()),
+            node: "n1".into(),
+            size: 2,
+            source: "test".into(),
+            executable: "/bin/app".into(),
+            build_id: None,
+            first_seen_ns: 0,
+            ended_ns: Some(4_000_000_000),
+        });
+        for (rank, mpi_ns) in [(0, 1_000_000_000), (1, 3_000_000_000)] {
+            job.ranks.insert(
+                rank,
+                RankRecord {
+                    rank,
+                    pid: 10 + rank,
+                    first_seen_ns: 0,
+                    ended_ns: Some(4_000_000_000),
+                    totals: RankTotals {
+                        bursts: 10,
+                        burst_ns: 4_000_000_000 - mpi_ns,
+                        burst_oncpu_ns: 4_000_000_000 - mpi_ns,
+                        ..Default::default()
+                    },
+                    functions: [(
+                        "MPI_Allreduce".to_string(),
+                        CallStats {
+                            calls: 10,
+                            time_ns: mpi_ns,
+                            ..Default::default()
+                        },
+                    )]
+                    .into(),
+                    region: RegionMarks {
+                        init_return_ns: Some(0),
+                        finalize_entry_ns: Some(4_000_000_000),
+                        ..Default::default()
+                    },
+                },
+            );
+        }
+        let evaluated = evaluate_job(
+            &JobInput::lifetime(&job, 4_000_000_000),
+            &PropertyConfig::default(),
+        );
+        // The body of /api/jobs/{id}/properties.
+        let body = serde_json::json!({
+            "job": evaluated,
+            "job_recommendations": evaluated.recommendations(),
+            "window": null,
+        })
+        .to_string();
+        let response = format!(
+            "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let (client, server) = serve(Box::leak(response.into_boxed_str()));
+        let read = client.properties(&job.meta.id).unwrap();
+        assert_eq!(read.as_ref(), Some(&evaluated));
+        assert_eq!(
+            read.unwrap().pop.load_balance.value(),
+            Some((3.0 + 1.0) / 2.0 / 3.0),
+            "useful 3 s and 1 s"
+        );
+        assert_eq!(
+            server.join().unwrap(),
+            "GET /api/jobs/pmix%3Aa%401/properties HTTP/1.0\r\n"
+        );
+        let (client, _s) = serve("HTTP/1.0 404 Not Found\r\n\r\nno properties yet");
+        assert_eq!(client.properties(&job.meta.id).unwrap(), None);
     }
 
     #[test]

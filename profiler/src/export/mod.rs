@@ -9,6 +9,7 @@ pub mod phases;
 pub mod prometheus;
 pub mod recording;
 pub mod report;
+pub mod report_json;
 
 use crate::capture::{Lost, ProgramStats};
 

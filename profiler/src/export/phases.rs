@@ -4,6 +4,8 @@
 
 use std::fmt::Write as _;
 
+use serde::Serialize;
+
 use crate::{
     analysis::{
         online::{OpenWindow, PhasesSnapshot},
@@ -350,15 +352,10 @@ fn ids(ids: &[StableId]) -> String {
         .join(", ")
 }
 
-/// The daemon's online phase analysis of one job (its `/api/jobs/{id}/phases` snapshot), as
-/// `mpiburst report http://…` prints it at `now_ns`: the table of the last clustered window,
-/// keyed by stable phase ids (the same phase keeps its id from window to window), how the phases
-/// were tracked, then the table of the cumulative sample of the whole job. Before the first window
-/// is clustered, when that will be.
-pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> String {
-    let mut out = String::new();
-    let window_s = s.window_ns as f64 / 1e9;
-    let current = s.open_window.unwrap_or_else(|| {
+/// The window of the daemon's online analysis that is open at `now_ns`: as the snapshot says,
+/// or, before the daemon's first tick, the window of that time, empty.
+pub fn current_window(s: &PhasesSnapshot, now_ns: u64) -> OpenWindow {
+    s.open_window.unwrap_or_else(|| {
         let window = now_ns / s.window_ns;
         OpenWindow {
             window,
@@ -367,7 +364,27 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
             bursts_seen: 0,
             bursts_held: 0,
         }
-    });
+    })
+}
+
+/// The active phases of the daemon's tracking: live and not dormant.
+pub fn active_phases(s: &PhasesSnapshot) -> Vec<StableId> {
+    s.live_ids
+        .iter()
+        .copied()
+        .filter(|id| !s.dormant_ids.contains(id))
+        .collect()
+}
+
+/// The daemon's online phase analysis of one job (its `/api/jobs/{id}/phases` snapshot), as
+/// `mpiburst report http://…` prints it at `now_ns`: the table of the last clustered window,
+/// keyed by stable phase ids (the same phase keeps its id from window to window), how the phases
+/// were tracked, then the table of the cumulative sample of the whole job. Before the first window
+/// is clustered, when that will be.
+pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> String {
+    let mut out = String::new();
+    let window_s = s.window_ns as f64 / 1e9;
+    let current = current_window(s, now_ns);
     let current_line = |out: &mut String, first: bool| {
         let _ = writeln!(
             out,
@@ -452,12 +469,7 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
             .filter(|(n, _)| *n > 0)
             .map(|(n, kind)| format!("{n} {kind}"))
             .collect();
-            let active: Vec<StableId> = s
-                .live_ids
-                .iter()
-                .copied()
-                .filter(|id| !s.dormant_ids.contains(id))
-                .collect();
+            let active = active_phases(s);
             let _ = writeln!(
                 out,
                 "   tracking: phases {} active{}; events since the job started: {}",
@@ -547,27 +559,54 @@ pub fn node_ranks(job: &Job) -> u32 {
         .len() as u32
 }
 
-/// The line saying what the kernel's own duration filter kept out of the recording or the
-/// daemon, which the analysis above never sees: empty when it dropped nothing. `min_burst_ns` is
-/// the filter's threshold where known (a recording's header has it, the daemon's API does not).
-pub fn render_kernel_filter(job: &Job, min_burst_ns: Option<u64>) -> String {
-    let t = job.totals();
-    if t.filtered_bursts == 0 {
-        return String::new();
+/// What the kernel's own duration filter kept out of the recording or the daemon, which the
+/// phase analysis never sees.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct KernelFilter {
+    /// The filter's threshold where known (a recording's header has it, the daemon's API does
+    /// not).
+    pub min_burst_ns: Option<u64>,
+    /// Bursts shorter than the threshold, only summed in kernel.
+    pub filtered_bursts: u64,
+    pub filtered_ns: u64,
+    /// `filtered_ns` over the wall time of all bursts (0 without burst time).
+    pub computation_share: f64,
+}
+
+impl KernelFilter {
+    /// `None` when the filter dropped nothing.
+    pub fn of(job: &Job, min_burst_ns: Option<u64>) -> Option<KernelFilter> {
+        let t = job.totals();
+        (t.filtered_bursts > 0).then(|| KernelFilter {
+            min_burst_ns,
+            filtered_bursts: t.filtered_bursts,
+            filtered_ns: t.filtered_ns,
+            computation_share: if t.burst_ns > 0 {
+                t.filtered_ns as f64 / t.burst_ns as f64
+            } else {
+                0.0
+            },
+        })
     }
-    let share = if t.burst_ns > 0 {
-        t.filtered_ns as f64 / t.burst_ns as f64
-    } else {
-        0.0
-    };
-    format!(
-        "   kernel filter: {} bursts shorter than {} were only summed in kernel ({:.3} s, {} of \
-         the computation time) and are not in this analysis\n",
-        t.filtered_bursts,
-        min_burst_ns.map_or_else(|| "the daemon's capture.min_burst_us".to_string(), duration),
-        t.filtered_ns as f64 / 1e9,
-        percent(share)
-    )
+
+    /// The line that says it.
+    pub fn text(&self) -> String {
+        format!(
+            "   kernel filter: {} bursts shorter than {} were only summed in kernel ({:.3} s, {} of \
+             the computation time) and are not in this analysis\n",
+            self.filtered_bursts,
+            self.min_burst_ns
+                .map_or_else(|| "the daemon's capture.min_burst_us".to_string(), duration),
+            self.filtered_ns as f64 / 1e9,
+            percent(self.computation_share)
+        )
+    }
+}
+
+/// The line saying what the kernel's own duration filter kept out of the recording or the
+/// daemon (see [`KernelFilter`]): empty when it dropped nothing.
+pub fn render_kernel_filter(job: &Job, min_burst_ns: Option<u64>) -> String {
+    KernelFilter::of(job, min_burst_ns).map_or_else(String::new, |f| f.text())
 }
 
 /// The phase-for-phase comparison of two runs (`mpiburst compare`): which phase of the earlier

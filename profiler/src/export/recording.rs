@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     capture::Lost,
     model::{Burst, JobId},
-    store::{Job, JobMeta, RankRecord},
+    properties::{JobProperties, LiveEvaluator, PropertyConfig},
+    store::{CallStats, Job, JobMeta, RankRecord, RegionMarks},
 };
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -64,6 +65,16 @@ pub struct RecordingHeader {
     /// Which counters were available, in words (for example why there are none).
     pub counters_note: String,
     pub functions: Vec<String>,
+}
+
+impl RecordingHeader {
+    /// Whether the bursts carry hardware counters: instructions and cycles, as the daemon opens
+    /// them when a PMU is there (otherwise software events in test mode, or none).
+    pub fn hardware_counters(&self) -> bool {
+        self.counter_events
+            .as_ref()
+            .is_some_and(|[a, b]| a == "instructions" && b == "cycles")
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -156,6 +167,63 @@ impl RecordingWriter {
     }
 }
 
+/// Writes a recording of one job made of `bursts` alone, with the exact rank totals they imply:
+/// each rank's region of interest runs from the start of its first burst to the end of its last,
+/// the time between its bursts is MPI_Allreduce time, and the rank ends with the job. For tests
+/// and demonstrations without MPI (see [`crate::analysis::synthetic`]).
+pub fn write_synthetic(
+    path: &Path,
+    header: RecordingHeader,
+    meta: &JobMeta,
+    bursts: &[Burst],
+    end: RecordingEnd,
+) -> Result<(), RecordingError> {
+    let mut w = RecordingWriter::create(path, header)?;
+    w.job(meta)?;
+    let mut ranks: BTreeMap<u32, RankRecord> = BTreeMap::new();
+    for b in bursts {
+        w.burst(RecordedBurst {
+            job: meta.id.clone(),
+            burst: b.clone(),
+            event_counts: b.counters.map(|c| [c.instructions, c.cycles]),
+        })?;
+        let r = ranks.entry(b.rank).or_insert_with(|| RankRecord {
+            rank: b.rank,
+            pid: 1000 + b.rank,
+            first_seen_ns: b.start_ns,
+            ended_ns: meta.ended_ns,
+            totals: Default::default(),
+            functions: BTreeMap::new(),
+            region: RegionMarks {
+                init_return_ns: Some(b.start_ns),
+                ..Default::default()
+            },
+        });
+        r.totals.bursts += 1;
+        r.totals.burst_ns += b.duration_ns;
+        r.totals.burst_oncpu_ns += b.oncpu_ns;
+        if let Some(c) = b.counters {
+            let [instructions, cycles] = r.totals.counter_sums.unwrap_or_default();
+            r.totals.counter_sums = Some([instructions + c.instructions, cycles + c.cycles]);
+        }
+        let finalize = r.region.finalize_entry_ns.unwrap_or(0);
+        r.region.finalize_entry_ns = Some(finalize.max(b.start_ns + b.duration_ns));
+    }
+    for r in ranks.values_mut() {
+        let region = r.region.finalize_entry_ns.unwrap_or(0) - r.first_seen_ns;
+        r.functions.insert(
+            "MPI_Allreduce".to_string(),
+            CallStats {
+                calls: r.totals.bursts,
+                time_ns: region.saturating_sub(r.totals.burst_ns),
+                ..Default::default()
+            },
+        );
+        w.rank(&meta.id, r)?;
+    }
+    w.finish(end)
+}
+
 /// A recording read back: the same job structures live capture fills.
 #[derive(Debug)]
 pub struct Recording {
@@ -241,6 +309,17 @@ impl Recording {
             event_counts,
             end,
         })
+    }
+
+    /// The properties of one of its jobs over the job's life up to `now_ns`, evaluated from the
+    /// ranks' exact totals as the daemon evaluates them, without the kernel's resource usage and
+    /// file I/O, which a recording does not hold.
+    pub fn job_properties(&self, job: &Job, now_ns: u64, config: &PropertyConfig) -> JobProperties {
+        // The lifetime evaluation does not depend on the window length; any will do.
+        let window_ns = 1_000_000_000;
+        LiveEvaluator::new(window_ns, self.header.hardware_counters())
+            .update(job, None, 0, None, now_ns, config)
+            .job
     }
 }
 
