@@ -506,6 +506,34 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
         page.contains(r#"class="sequences""#),
         "the page draws the window's phase sequences"
     );
+    // The same report for scripts: one JSON document on standard output, with the daemon's
+    // phases and its own evaluation of the job's bottlenecks.
+    let (ok, json, err) = mpiburst_report(&[
+        &format!("http://{}", daemon.addr),
+        "--phases",
+        "--format",
+        "json",
+        "--job",
+        &id,
+    ]);
+    assert!(
+        ok,
+        "mpiburst report --format json against the daemon failed: {err}"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("not one JSON document ({e}): {json}"));
+    assert_eq!(doc["schema"], "mpiburst-report");
+    let reported = &doc["jobs"][0];
+    assert_eq!(reported["meta"]["id"].as_str(), Some(id.as_str()));
+    assert_eq!(reported["phases"]["source"], "daemon");
+    assert_eq!(
+        reported["phases"]["online"]["last_window"]["window"], snapshot["last_window"]["window"],
+        "the window the daemon clustered last: {json}"
+    );
+    assert!(
+        reported["bottlenecks"]["properties"]["pop"].is_object(),
+        "the daemon's evaluation: {json}"
+    );
     let (ok, _, unknown) = mpiburst_report(&[&daemon.addr, "--job", "pmix:no-such-job"]);
     assert!(
         !ok && unknown.contains("pass one of: ") && unknown.contains(&id),

@@ -1,30 +1,16 @@
 //! `mpiburst report --format json` and `mpiburst compare --format json` as scripts run them: the
-//! built binary on recordings of synthetic jobs and on a stand-in for a daemon's JSON API serving
-//! what a daemon would (no MPI, no BPF), standard output holding one JSON document and nothing
-//! else.
+//! built binary on recordings of synthetic jobs, standard output holding one JSON document and
+//! nothing else. The report from a live daemon is tested with the real daemon (tests/phases.rs).
 
-use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    net::TcpListener,
-    path::Path,
-    process::Command,
-    thread,
-};
+use std::{path::Path, process::Command};
 
 use mpiburst::{
-    analysis::{
-        online::{JobPhases, OnlineParams},
-        synthetic::{Phase, SyntheticJob},
-    },
-    export::{
-        client::encode_segment,
-        recording::{write_synthetic, Recording, RecordingEnd, RecordingHeader, FORMAT_VERSION},
-    },
+    analysis::synthetic::{Phase, SyntheticJob},
+    export::recording::{write_synthetic, RecordingEnd, RecordingHeader, FORMAT_VERSION},
     model::JobId,
-    properties::PropertyConfig,
     store::JobMeta,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Writes a recording of a 2-rank job of two phases, the second one taking `ms` milliseconds.
 fn record(path: &Path, id: &str, ms: f64) {
@@ -189,130 +175,5 @@ fn compare_json_lists_the_matched_phases() {
     assert!(
         changes.iter().any(|c| (c - 0.5).abs() < 0.05),
         "{changes:?}"
-    );
-}
-
-/// Serves `routes` (path → body) over HTTP/1.0 on loopback, one request per connection, until
-/// a request for /stop; any other path is a 404.
-fn serve(routes: Vec<(String, String)>) -> (String, thread::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let handle = thread::spawn(move || {
-        for stream in listener.incoming() {
-            let mut stream = stream.unwrap();
-            let mut request = String::new();
-            let mut reader = BufReader::new(&stream);
-            reader.read_line(&mut request).unwrap();
-            let mut header = String::new();
-            // The headers, up to the empty line.
-            while reader.read_line(&mut header).unwrap() > 0 && header != "\r\n" {
-                header.clear();
-            }
-            let path = request.split_whitespace().nth(1).unwrap_or("").to_string();
-            if path == "/stop" {
-                return;
-            }
-            let response = match routes.iter().find(|(p, _)| *p == path) {
-                Some((_, body)) => format!(
-                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                ),
-                None => "HTTP/1.0 404 Not Found\r\n\r\nno such path".to_string(),
-            };
-            stream.write_all(response.as_bytes()).unwrap();
-        }
-    });
-    (addr, handle)
-}
-
-#[test]
-fn report_json_from_a_daemon_carries_its_properties_and_online_phases() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("live.jsonl");
-    // 2 ranks × 400 iterations of 10 ms: the 1 s windows 0 to 2 are complete.
-    record_iterations(&path, "pmix:9", 8.0, 400);
-    let r = Recording::read(&path).unwrap();
-    let job = r.jobs.values().next().unwrap();
-    let end = r.end.as_ref().unwrap().ended_ns;
-    let properties = r.job_properties(job, end, &PropertyConfig::default());
-    let mut online = JobPhases::new(
-        2,
-        OnlineParams {
-            window_s: 1.0,
-            lateness_s: 0.0,
-            ..OnlineParams::default()
-        },
-    )
-    .unwrap();
-    for b in &job.bursts {
-        online.push(b);
-    }
-    online.tick(end);
-    let snapshot = online.snapshot();
-    let id = format!("/api/jobs/{}", encode_segment(&job.meta.id.0));
-    let ranks: Vec<_> = job.ranks.values().collect();
-    let (addr, server) = serve(vec![
-        (
-            "/api/jobs".into(),
-            json!([{ "meta": job.meta }]).to_string(),
-        ),
-        (
-            "/metrics".into(),
-            "mpiburst_counters_info{event=\"none\",hardware=\"false\"} 1\n".into(),
-        ),
-        (
-            id.clone(),
-            json!({ "meta": job.meta, "ranks": ranks, "bursts_evicted": 0 }).to_string(),
-        ),
-        (
-            format!("{id}/properties"),
-            json!({ "job": properties }).to_string(),
-        ),
-        (format!("{id}/phases"), json!(snapshot).to_string()),
-    ]);
-    let daemon = format!("http://{addr}");
-
-    let (ok, stdout, stderr) = mpiburst(&["report", &daemon, "--phases", "--format", "json"]);
-    let (text_ok, text, text_err) = mpiburst(&["report", &daemon, "--phases"]);
-    let _ = std::net::TcpStream::connect(&addr)
-        .and_then(|mut s| s.write_all(b"GET /stop HTTP/1.0\r\n\r\n"));
-    server.join().unwrap();
-
-    assert!(ok, "{stderr}");
-    assert_eq!(stderr, "");
-    let doc: Value = serde_json::from_str(&stdout).expect("stdout is one JSON document");
-    assert_eq!(doc["schema"], "mpiburst-report");
-    let j = &doc["jobs"][0];
-    assert_eq!(j["meta"]["id"], "pmix:9");
-    assert_eq!(
-        j["bottlenecks"]["properties"],
-        serde_json::to_value(&properties).unwrap(),
-        "the daemon's own evaluation"
-    );
-    let phases = &j["phases"];
-    assert_eq!(phases["source"], "daemon");
-    let window = &phases["online"]["last_window"];
-    let last = snapshot.last_window.as_ref().expect("a clustered window");
-    assert_eq!(window["window"], last.window);
-    let ids: Vec<u64> = window["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["id"].as_u64().unwrap())
-        .collect();
-    assert_eq!(ids.len(), 2, "{stdout}");
-
-    assert!(text_ok, "{text_err}");
-    let lb = properties.pop.load_balance.value().unwrap();
-    assert!(text.contains(&format!("load balance {lb:.3}")), "{text}");
-    assert!(
-        text.contains(&format!(
-            "tracking: phases {} active",
-            ids.iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        "{text}"
     );
 }
