@@ -260,12 +260,18 @@ pub fn acr(
     let absorbed_by_column = absorbed.iter().filter(|&&a| a).count();
     let (labels, final_id) = number_by_time(&labels, sequences.durations());
     let score = sequence_score(&labels, sequences);
-    let sequence_merges = parts
+    // A merged cluster may since have joined a frequent host as its rare variant, or lost all its
+    // bursts to column majorities: its parts count for the cluster they are in now, if any.
+    let mut merged_parts: BTreeMap<ClusterId, usize> = BTreeMap::new();
+    for (id, parts) in parts {
+        let now = hosts.get(&id).copied().unwrap_or(id);
+        if let Some(&cluster) = final_id.get(&now) {
+            *merged_parts.entry(cluster).or_default() += parts;
+        }
+    }
+    let sequence_merges = merged_parts
         .into_iter()
-        .map(|(id, parts)| SequenceMerge {
-            cluster: final_id[&id],
-            parts,
-        })
+        .map(|(cluster, parts)| SequenceMerge { cluster, parts })
         .collect();
     ClusteringOutcome {
         labels,
