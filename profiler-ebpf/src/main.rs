@@ -254,9 +254,13 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
     }
     let (oncpu_now, counters_now) = thread_now(st, now);
     let duration = now.saturating_sub(st.burst_start_ns).saturating_sub(st.polled_ns);
+    // The scheduler accounts runtime on its run-queue clock, a few microseconds behind this
+    // clock, so the estimate can pass the wall time of a burst that ran throughout; a thread is
+    // never on a CPU longer than the wall time.
     let oncpu = oncpu_now
         .saturating_sub(st.burst_start_oncpu)
-        .saturating_sub(st.polled_oncpu);
+        .saturating_sub(st.polled_oncpu)
+        .min(duration);
     let start_ns = st.burst_start_ns;
     st.burst_start_ns = 0;
 
