@@ -229,9 +229,7 @@ impl FeatureReport {
             .iter()
             .filter(|r| r.name.starts_with("ln_") && r.max > r.min)
             .map(|r| ratio.ln_1p() / (r.max - r.min))
-            .fold(None, |least: Option<f64>, d| {
-                Some(least.map_or(d, |l| l.min(d)))
-            })
+            .reduce(f64::min)
             .unwrap_or(0.0)
     }
 }
