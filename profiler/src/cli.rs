@@ -115,8 +115,8 @@ impl ReportTarget {
 
 #[derive(Args, Debug, Clone)]
 pub struct ReportArgs {
-    /// A recording written by `mpiburst record`, or a running daemon: http://HOST[:PORT] (port
-    /// 9464, the daemon's default, when omitted) or HOST:PORT, the address it listens on
+    /// A recording written by `mpiburst record`, or a running daemon: http://HOST:PORT or
+    /// http://HOST (port 9464, the daemon's default) or HOST:PORT, the address it listens on
     /// (`mpiburst run --listen`). An existing file of that name is read as a recording.
     #[arg(value_name = "RECORDING|ADDRESS", value_parser = ReportTarget::parse)]
     pub target: ReportTarget,

@@ -40,7 +40,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                           BPF + MPI tests; without root those are reported skipped), each
                           even when another fails; --under-load runs them while one busy
                           loop per online CPU competes for every core. The whole suite is
-                          gated by `cargo fmt --check` and clippy with warnings as errors
+                          gated by `cargo fmt --check`, clippy and rustdoc with warnings
+                          as errors
   bench overhead|cluster  measure probe cost per call and application slowdown, or clustering speed
   install-deps            only install the system packages and toolchain pieces";
 
@@ -464,14 +465,26 @@ fn test(args: &[String]) -> Result<Outcome> {
     Ok(run.report(root, busy_loops, started.elapsed()))
 }
 
-/// The lint gate: formatting, and clippy with every warning an error. Returns the checks that
-/// failed (named like tests, `lint::fmt`, `lint::clippy`); their output is above.
+/// The lint gate: formatting, clippy with every warning an error, and the API docs with every
+/// rustdoc warning an error (broken intra-doc links). Returns the checks that failed (named like
+/// tests, `lint::fmt`, `lint::clippy`, `lint::doc`); their output is above.
 fn lint() -> Result<Vec<String>> {
-    let checks: [(&str, &[&str]); 2] = [
-        ("lint::fmt", &["fmt", "--all", "--check"]),
-        (
-            "lint::clippy",
-            &[
+    struct Check {
+        name: &'static str,
+        args: &'static [&'static str],
+        rustdocflags: Option<&'static str>,
+        fix: &'static str,
+    }
+    let checks = [
+        Check {
+            name: "lint::fmt",
+            args: &["fmt", "--all", "--check"],
+            rustdocflags: None,
+            fix: "`cargo fmt --all` fixes formatting",
+        },
+        Check {
+            name: "lint::clippy",
+            args: &[
                 "clippy",
                 "--workspace",
                 "--all-targets",
@@ -480,18 +493,35 @@ fn lint() -> Result<Vec<String>> {
                 "-D",
                 "warnings",
             ],
-        ),
+            rustdocflags: None,
+            fix: "clippy names each warning and its fix above",
+        },
+        Check {
+            name: "lint::doc",
+            args: &[
+                "doc",
+                "--workspace",
+                "--no-deps",
+                "--document-private-items",
+            ],
+            rustdocflags: Some("-D warnings"),
+            fix: "rustdoc names each broken link above",
+        },
     ];
     let mut failed = Vec::new();
-    for (name, args) in checks {
-        eprintln!("xtask: cargo {}", args.join(" "));
-        let status = cargo()
-            .args(args)
+    for check in checks {
+        eprintln!("xtask: cargo {}", check.args.join(" "));
+        let mut cmd = cargo();
+        cmd.args(check.args);
+        if let Some(flags) = check.rustdocflags {
+            cmd.env("RUSTDOCFLAGS", flags);
+        }
+        let status = cmd
             .status()
-            .with_context(|| format!("cannot run cargo {}", args[0]))?;
+            .with_context(|| format!("cannot run cargo {}", check.args[0]))?;
         if !status.success() {
-            eprintln!("xtask: {name} failed ({status}); `cargo fmt --all` fixes formatting");
-            failed.push(name.to_string());
+            eprintln!("xtask: {} failed ({status}); {}", check.name, check.fix);
+            failed.push(check.name.to_string());
         }
     }
     Ok(failed)

@@ -104,7 +104,7 @@ pub struct ClusteringOutcome {
 ///
 /// With d sorted in decreasing order, n finite values, top = max(1, ⌊0.005·n⌋) and
 /// bottom = ⌊0.995·n⌋: the knee is the x in [top, bottom/2] where d lies furthest below the line
-/// from (0, d[top]) to (bottom/2, 0) (ClusteringSuite; González García (2013) draws the line from
+/// from (0, d\[top\]) to (bottom/2, 0) (ClusteringSuite; González García (2013) draws the line from
 /// the untrimmed maximum). The `steps` values are then d at indices spaced evenly from the knee up
 /// to top, both included (González García (2013) spaces N − 1 intervals between x = 1 and the
 /// knee). Even index spacing makes each step turn roughly the same number of points into core

@@ -21,7 +21,7 @@
 //!   spreads one phase's wall times over several factors of 2 and fills the gap below it with
 //!   preempted tiny bursts. A burst whose on-CPU clock the kernel stopped is kept when its wall
 //!   time passes and most of its code region passes.
-//! * **DBSCAN** ([`dbscan`]): grid index (near-linear even for dense phases); the neighbourhood
+//! * **DBSCAN** ([`dbscan()`]): grid index (near-linear even for dense phases); the neighbourhood
 //!   includes the point; border points join the cluster of their nearest core point.
 //! * **MinPoints** ([`acr::default_min_points`]): ranks/4, at least 2 (ClusteringSuite's
 //!   clamp), as González García (2013) defines it, not from occurrences: a window holds iterations
@@ -34,7 +34,7 @@
 //!   the radius at which a jittered phase is connected (González García (2013) clustered 1–2
 //!   iterations). No Eps is below the distance a 5 % difference makes along the ln features
 //!   (`resolution`, [`FeatureReport::normalised_ratio`]).
-//! * **ACR** ([`acr`]): after each step, clusters of different code regions that lie within Eps
+//! * **ACR** ([`acr()`]): after each step, clusters of different code regions that lie within Eps
 //!   of each other, share no rank and share their aligned columns join (region variants of one
 //!   computation, [`roles::merge_region_variants`]; they are aligned as one symbol so that the
 //!   aligner can line them up at all); bursts in a full aligned column dominated by one cluster

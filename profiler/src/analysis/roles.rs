@@ -1,6 +1,6 @@
 //! Clusters that play the same role in the ranks' sequences: what makes one phase out of the
 //! parts that the code regions or a perturbed iteration split off. Both run inside ACR
-//! ([`super::acr`]).
+//! ([`super::acr()`]).
 //!
 //! **Region variants** ([`merge_region_variants`], after every DBSCAN step). Without a PMU each
 //! code region (start call site, end call site) is clustered on its own, because the region

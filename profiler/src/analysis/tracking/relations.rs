@@ -31,7 +31,7 @@
 //! 4. **Grouping (§3):** connected components of the bipartite relation graph. 1:1 components
 //!    are the **pivots** of the sequence evaluator.
 //! 5. **Sequence (E4, §3.4)** splits wide relations. *The paper aligns the two frames' sequences
-//!    on the pivots (ref. [8]) without saying how.* We describe every occurrence of a non-pivot
+//!    on the pivots (ref. \[8\]) without saying how.* We describe every occurrence of a non-pivot
 //!    cluster by its context in its rank's sequence: (the last pivot before it, how many bursts
 //!    since, capped at [`TrackingParams::sequence_steps`]). Pivots have the same number on both
 //!    sides, so contexts compare across frames; E4(i, j) is the overlap (histogram intersection)
