@@ -187,7 +187,12 @@ impl Daemon {
     /// SIGTERM (how a service manager stops it), wait for the clean shutdown, and read the
     /// recording. Not SIGINT: the daemon listens for SIGINT only while it waits, so one that
     /// arrives while it drains on a busy machine is lost.
-    pub fn stop(mut self) -> Recording {
+    pub fn stop(self) -> Recording {
+        self.stop_keeping(None)
+    }
+
+    /// [`Daemon::stop`], copying the recording file to `keep` for commands that read it.
+    pub fn stop_keeping(mut self, keep: Option<&Path>) -> Recording {
         // Give the last totals read a chance to see the ranks gone (stats interval is 1 s).
         thread::sleep(Duration::from_millis(1200));
         let st = Command::new("kill")
@@ -202,6 +207,9 @@ impl Daemon {
             )
         });
         assert!(st.success(), "daemon exit {st}; log:\n{}", self.log_text());
+        if let Some(keep) = keep {
+            std::fs::copy(&self.recording, keep).expect("copy the recording");
+        }
         Recording::read(&self.recording)
             .unwrap_or_else(|e| panic!("{e}; log:\n{}", self.log_text()))
     }

@@ -51,6 +51,16 @@ pub enum Command {
     /// Match the phases of two runs of the same application (two recordings) and print how each
     /// phase changed: duration, time share, and instructions and IPC when measured.
     Compare(CompareArgs),
+    /// Predict the run time of an application at a new workload value (problem size, iteration
+    /// count…) from recordings of the same build at two or more other values.
+    ///
+    /// Each recording's phases, with how often each repeats (W) and what one repetition costs
+    /// (PET), make its signature; per phase, W and PET are fitted as functions of the workload
+    /// (constant, log, linear, n log n, quadratic or cubic, chosen by how well each predicts a
+    /// measured run it was not fitted to), and the prediction is Σ PET × W plus the time no phase
+    /// covers. The run time is the one `mpiburst report` shows: MPI_Init's return to
+    /// MPI_Finalize's entry of the slowest rank.
+    Predict(PredictArgs),
     /// Print configuration.
     Config {
         /// Print the complete default configuration file, with comments.
@@ -79,7 +89,67 @@ pub struct CompareArgs {
     pub format: OutputFormat,
 }
 
-/// How `mpiburst report` and `mpiburst compare` print their results.
+#[derive(Args, Debug, Clone)]
+pub struct PredictArgs {
+    /// The workload value to predict the run time at.
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub at: f64,
+    /// Each recording with the workload value its run had, e.g. run-64.jsonl=64. A recording
+    /// that holds several jobs names the one meant: run-64.jsonl#JOB=64 (or see --executable).
+    #[arg(value_name = "RECORDING[#JOB]=X", required = true, num_args = 2.., value_parser = RunArg::parse)]
+    pub runs: Vec<RunArg>,
+    /// In recordings that hold several jobs, take the one that ran this executable (its path,
+    /// or its file name).
+    #[arg(long, value_name = "PATH|NAME")]
+    pub executable: Option<String>,
+    /// Predict also outside the measured workloads (extrapolation is less reliable).
+    #[arg(long)]
+    pub extrapolate: bool,
+    /// Largest relative miss on a held-out run for which a model with fewer coefficients is
+    /// preferred.
+    #[arg(long, default_value_t = crate::analysis::signature::fit::DEFAULT_TOLERANCE)]
+    pub tolerance: f64,
+    /// What to print: tables for people, or one JSON document for scripts (docs/report-json.md).
+    #[arg(long, value_enum, default_value_t)]
+    pub format: OutputFormat,
+}
+
+/// One run of `mpiburst predict`: `RECORDING[#JOB]=X`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunArg {
+    pub recording: PathBuf,
+    pub job: Option<String>,
+    pub workload: f64,
+}
+
+impl RunArg {
+    /// The last `=` splits off the value and the last `#` the job, so a path may contain either.
+    fn parse(arg: &str) -> Result<RunArg, String> {
+        let (run, value) = arg.rsplit_once('=').ok_or_else(|| {
+            format!("expected RECORDING=X (the workload value of that run), got {arg}")
+        })?;
+        let workload: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("the workload value of {run} is not a number: {value}"))?;
+        let (path, job) = match run.rsplit_once('#') {
+            Some((path, job)) if !job.is_empty() => (path, Some(job.to_string())),
+            _ => (run, None),
+        };
+        if path.is_empty() || !workload.is_finite() {
+            return Err(format!(
+                "expected RECORDING[#JOB]=X with a finite number X, got {arg}"
+            ));
+        }
+        Ok(RunArg {
+            recording: PathBuf::from(path),
+            job,
+            workload,
+        })
+    }
+}
+
+/// How `mpiburst report`, `compare` and `predict` print their results.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
     /// Tables and sentences.

@@ -5,10 +5,11 @@ use clap::Parser as _;
 use mpiburst::{
     analysis::{
         analyse,
+        signature::{predict::predict, signature},
         tracking::{match_runs, AppIdentity, RunSignature, TrackingParams},
         AnalysisParams,
     },
-    cli::{Cli, Command, CompareArgs, OutputFormat, ReportArgs, ReportTarget},
+    cli::{Cli, Command, CompareArgs, OutputFormat, PredictArgs, ReportArgs, ReportTarget, RunArg},
     config::Config,
     daemon::Daemon,
     export::{
@@ -22,6 +23,7 @@ use mpiburst::{
             AnalysisView, CompareDocument, JobDocument, OnlineView, PhasesDocument, ReportDocument,
             RunSide,
         },
+        signature::{regions, render_signature, PredictDocument, RunPoint},
     },
     model::{unix_now_ns, Burst, JobId},
     properties::PropertyConfig,
@@ -65,6 +67,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Record { output, run } => daemon(run.config()?, Some(output)),
         Command::Report(args) => report_command(&args),
         Command::Compare(args) => compare_command(&args),
+        Command::Predict(args) => predict_command(&args),
         Command::Config { default, file } => {
             if default {
                 print!("{}", Config::default_toml());
@@ -278,7 +281,11 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
         if let (true, Some(analysis)) = (args.phases, &analysis) {
             let text = phases::render_phases(id, analysis);
             let filter = phases::render_kernel_filter(job, Some(r.header.min_burst_ns));
-            out.text(&format!("{text}{filter}\n"))?;
+            let signature = match signature(&bursts, analysis, &regions(job, now)) {
+                Ok(s) => render_signature(&s),
+                Err(e) => format!("signature: none ({e})\n"),
+            };
+            out.text(&format!("{text}{filter}\n{signature}\n"))?;
         }
         out.job(&JobDocument {
             report,
@@ -382,6 +389,7 @@ fn pick_job<'a>(
     r: &'a Recording,
     path: &std::path::Path,
     id: Option<&str>,
+    how_to_choose: &str,
 ) -> anyhow::Result<&'a Job> {
     let known = || {
         r.jobs
@@ -401,7 +409,7 @@ fn pick_job<'a>(
         None if r.jobs.len() == 1 => Ok(r.jobs.values().next().unwrap()),
         None if r.jobs.is_empty() => anyhow::bail!("{} holds no jobs", path.display()),
         None => anyhow::bail!(
-            "{} holds several jobs ({}); choose one with --job-before/--job-after",
+            "{} holds several jobs ({}); {how_to_choose}",
             path.display(),
             known()
         ),
@@ -416,7 +424,12 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
         (&args.after, args.job_after.as_deref()),
     ] {
         let recording = Recording::read(path)?;
-        let job = pick_job(&recording, path, id)?;
+        let job = pick_job(
+            &recording,
+            path,
+            id,
+            "choose one with --job-before/--job-after",
+        )?;
         let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
         let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
             .with_context(|| {
@@ -426,12 +439,8 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
                     path.display()
                 )
             })?;
-        let app = AppIdentity {
-            build_id: job.meta.build_id.clone(),
-            executable: job.meta.executable.clone(),
-        };
         signatures.push(RunSignature::from_analysis(
-            app,
+            app_identity(job),
             job.meta.id.0.clone(),
             &analysis,
             &bursts,
@@ -448,6 +457,121 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
         ))?,
     };
     Stdout::default().print(&text)
+}
+
+/// `mpiburst predict`: the signature of each recorded run, the workload model fitted to them,
+/// and the run time it predicts.
+fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
+    let mut recordings = Vec::new();
+    for run in &args.runs {
+        recordings.push(Recording::read(&run.recording)?);
+    }
+    let mut jobs: Vec<&Job> = Vec::new();
+    for (run, recording) in args.runs.iter().zip(&recordings) {
+        let job = predicted_job(recording, run, args.executable.as_deref())?;
+        if let Some(first) = jobs.first() {
+            anyhow::ensure!(
+                app_identity(first).same_application(&app_identity(job)),
+                "{} is a run of {} (build-id {}), not of {} (build-id {}) like {}: a prediction \
+                 needs runs of one build",
+                run.recording.display(),
+                job.meta.executable,
+                job.meta.build_id.as_deref().unwrap_or("none"),
+                first.meta.executable,
+                first.meta.build_id.as_deref().unwrap_or("none"),
+                args.runs[0].recording.display()
+            );
+        }
+        jobs.push(job);
+    }
+    let mut signatures = Vec::new();
+    for ((run, recording), job) in args.runs.iter().zip(&recordings).zip(&jobs) {
+        let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
+        let context = || format!("job {} in {}", job.meta.id, run.recording.display());
+        let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
+            .with_context(|| format!("phase analysis of {}", context()))?;
+        let now = recording
+            .end
+            .as_ref()
+            .map(|e| e.ended_ns)
+            .unwrap_or_else(unix_now_ns);
+        let s = signature(&bursts, &analysis, &regions(job, now))
+            .with_context(|| format!("the signature of {}", context()))?;
+        signatures.push(s);
+    }
+    let points: Vec<(f64, &_)> = args
+        .runs
+        .iter()
+        .zip(&signatures)
+        .map(|(run, s)| (run.workload, s))
+        .collect();
+    let prediction = predict(&points, args.at, args.tolerance, args.extrapolate)?;
+    let runs = args
+        .runs
+        .iter()
+        .zip(&jobs)
+        .zip(&signatures)
+        .map(|((run, job), s)| RunPoint::new(&run.recording, &job.meta.id.0, run.workload, s))
+        .collect();
+    let document = PredictDocument::new(runs, &prediction, args.tolerance);
+    let text = match args.format {
+        OutputFormat::Text => document.text(),
+        OutputFormat::Json => json_text(&document)?,
+    };
+    Stdout::default().print(&text)
+}
+
+/// The job of one run of a prediction: the one `#JOB` names, else the one that ran
+/// `executable`, else the recording's only job.
+fn predicted_job<'a>(
+    recording: &'a Recording,
+    run: &RunArg,
+    executable: Option<&str>,
+) -> anyhow::Result<&'a Job> {
+    let path = &run.recording;
+    if run.job.is_some() || executable.is_none() {
+        return pick_job(
+            recording,
+            path,
+            run.job.as_deref(),
+            "name the run's job as RECORDING#JOB=X, or its program with --executable",
+        );
+    }
+    let wanted = executable.unwrap_or_default();
+    let ran = |job: &&Job| {
+        let exe = std::path::Path::new(&job.meta.executable);
+        exe == std::path::Path::new(wanted) || exe.file_name() == Some(std::ffi::OsStr::new(wanted))
+    };
+    let matching: Vec<&Job> = recording.jobs.values().filter(ran).collect();
+    match matching[..] {
+        [job] => Ok(job),
+        [] => anyhow::bail!(
+            "no job in {} ran {wanted}; it holds: {}",
+            path.display(),
+            recording
+                .jobs
+                .values()
+                .map(|j| format!("{} ({})", j.meta.id, j.meta.executable))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => anyhow::bail!(
+            "{} holds several jobs that ran {wanted} ({}); name one as RECORDING#JOB=X",
+            path.display(),
+            matching
+                .iter()
+                .map(|j| j.meta.id.0.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+fn app_identity(job: &Job) -> AppIdentity {
+    AppIdentity {
+        build_id: job.meta.build_id.clone(),
+        executable: job.meta.executable.clone(),
+    }
 }
 
 /// Standard output that stops printing, without failing, once its reader has gone (`| head`), so

@@ -71,6 +71,7 @@ pub mod msa;
 pub mod online;
 pub mod points;
 pub mod roles;
+pub mod signature;
 pub mod stats;
 pub mod synthetic;
 pub mod tracking;

@@ -1,0 +1,139 @@
+//! Application signatures and run-time prediction on real MPI runs: tests/mpi/workload under the
+//! real daemon, whose two phases cost n and n² and repeat 10·n times at workload n. The run time
+//! compared with is the one `mpiburst report` shows (the slowest rank's region of interest), and
+//! that in turn with the program's own clock.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use mpiburst::{
+    analysis::{analyse, signature::signature, AnalysisParams},
+    export::{phases::node_ranks, signature::regions},
+    model::Burst,
+};
+use mpiburst_tests::*;
+
+const MPI: Mpi = Mpi::OpenMpi;
+const RANKS: u32 = 2;
+
+/// Runs `workload n=N` under the running daemon; returns rank 0's own region of interest in s.
+fn run_workload(n: u32, dir: &Path) -> f64 {
+    let out = dir.join(format!("workload-{n}.out"));
+    let mut cmd = MPI.launcher(RANKS);
+    cmd.arg(program("workload", MPI))
+        .arg(format!("n={n}"))
+        .stdout(std::fs::File::create(&out).unwrap());
+    let st = run_with_timeout(cmd, Duration::from_secs(300));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(st.success(), "workload n={n} failed: {st}\n{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix("workload: ")?.split(" region_s=").nth(1))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no region_s in the output of workload n={n}:\n{text}"))
+}
+
+fn mpiburst(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(std::env::var_os("MPIBURST_BIN").expect("MPIBURST_BIN"))
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mpiburst {args:?} failed");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The run time `mpiburst report` shows for a job: its slowest rank's region of interest.
+fn reported_runtime_s(recording: &Path, job: &str) -> f64 {
+    let report = mpiburst(&[
+        "report",
+        &recording.to_string_lossy(),
+        "--job",
+        job,
+        "--format",
+        "json",
+    ]);
+    report["jobs"][0]["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["region"]["runtime_ns"].as_f64().unwrap() / 1e9)
+        .fold(0.0, f64::max)
+}
+
+#[test]
+#[ignore = "needs root (BPF) and MPI: run by `cargo xtask test`"]
+fn the_signature_of_a_run_reproduces_its_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(&[]);
+    let own_region_s = run_workload(6, dir.path());
+    let recording = daemon.stop();
+    let job = job_of(&recording, &program("workload", MPI));
+    let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
+    let analysis = analyse(&bursts, node_ranks(job), &AnalysisParams::default()).unwrap();
+    let end = job.meta.ended_ns.expect("the job ended");
+    let s = signature(&bursts, &analysis, &regions(job, end)).unwrap();
+    let runtime_s = s.runtime_ns as f64 / 1e9;
+    let paet_s = s.paet_ns() / 1e9;
+    println!(
+        "runtime {runtime_s:.4} s (program's own {own_region_s:.4} s), PAET {paet_s:.4} s, \
+         coverage {:.4}, phases {:#?}",
+        s.coverage(),
+        s.phases
+    );
+    // The two phases of the loop, each repeated 60 times per rank, exactly.
+    assert_eq!(s.phases.len(), 2, "{:#?}", s.phases);
+    for phase in &s.phases {
+        assert_eq!(phase.weight, 60.0, "{phase:?}");
+    }
+    assert!(
+        (paet_s - runtime_s).abs() <= 0.02 * runtime_s,
+        "PAET {paet_s} s against the run time {runtime_s} s"
+    );
+    // The daemon's region of interest is the program's own, up to the probes' and the clocks'
+    // few milliseconds and the other rank's later end.
+    assert!(
+        (runtime_s - own_region_s).abs() <= 0.01 * own_region_s + 0.005,
+        "run time {runtime_s} s against the program's {own_region_s} s"
+    );
+}
+
+#[test]
+#[ignore = "needs root (BPF) and MPI: run by `cargo xtask test`"]
+fn runs_at_four_sizes_predict_a_fifth_within_five_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept: PathBuf = dir.path().join("runs.jsonl");
+    let daemon = Daemon::start(&[]);
+    // The run predicted in the middle, so that a change of the machine's load over the test
+    // weighs on both sides.
+    let sizes = [4, 10, 7, 6, 8];
+    for n in sizes {
+        run_workload(n, dir.path());
+    }
+    let recording = daemon.stop_keeping(Some(&kept));
+    let mut jobs = jobs_of(&recording, &program("workload", MPI));
+    assert_eq!(jobs.len(), sizes.len(), "one job per run");
+    jobs.sort_by_key(|j| j.meta.first_seen_ns);
+    let arg = |i: usize| format!("{}#{}={}", kept.display(), jobs[i].meta.id, sizes[i]);
+    let args: Vec<String> = [0, 1, 3, 4].map(arg).into();
+    let mut command = vec!["predict", "--at", "7", "--format", "json"];
+    command.extend(args.iter().map(String::as_str));
+    let prediction = mpiburst(&command);
+    let predicted = prediction["predicted_runtime_s"].as_f64().unwrap();
+    let measured = reported_runtime_s(&kept, &jobs[2].meta.id.0);
+    println!(
+        "predicted {predicted:.4} s, measured {measured:.4} s\n{}",
+        serde_json::to_string_pretty(&prediction).unwrap()
+    );
+    assert!(
+        (predicted - measured).abs() <= 0.05 * measured,
+        "predicted {predicted} s, the run at 7 took {measured} s"
+    );
+    // The weights are the loop's iteration counts, exactly linear in n.
+    for phase in prediction["phases"].as_array().unwrap() {
+        assert_eq!(phase["weight"]["family"], "linear", "{phase}");
+        assert!((phase["weight"]["predicted"].as_f64().unwrap() - 70.0).abs() < 1e-6);
+    }
+}
