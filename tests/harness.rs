@@ -222,14 +222,20 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        // A failed test shows what the daemon said: a failed request may be a daemon-side error.
-        if thread::panicking() {
-            eprintln!("the daemon's log:\n{}", self.log_text());
-        }
+        let log = &self.log;
+        kill_daemon_left_running(&mut self.child, || log.lock().unwrap().join("\n"));
+    }
+}
+
+/// Kills a daemon a test leaves running (it panicked), and shows what the daemon said: a failed
+/// request may be a daemon-side error.
+pub fn kill_daemon_left_running(child: &mut Child, log: impl FnOnce() -> String) {
+    if let Ok(None) = child.try_wait() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    if thread::panicking() {
+        eprintln!("the daemon's log:\n{}", log());
     }
 }
 

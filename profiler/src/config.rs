@@ -60,6 +60,10 @@ pub struct DaemonConfig {
     pub cgroup: String,
     /// Most bursts kept in memory per job (oldest dropped first; totals stay exact).
     pub max_bursts_per_job: usize,
+    /// Lock file that keeps a second daemon from starting (it holds the running one's pid);
+    /// empty means mpiburst.lock in the runtime directory systemd gives the service, or none
+    /// when there is none (the listen address then keeps a second daemon away).
+    pub lock_file: String,
 }
 
 impl Default for DaemonConfig {
@@ -72,6 +76,7 @@ impl Default for DaemonConfig {
             max_jobs: 64,
             cgroup: String::new(),
             max_bursts_per_job: 1_000_000,
+            lock_file: String::new(),
         }
     }
 }
@@ -141,7 +146,12 @@ impl Config {
              # hierarchy (e.g. \"/system.slice/slurmstepd.scope\"); empty profiles every process.\n\
              cgroup = \"\"\n\
              # Most bursts kept in memory per job (oldest dropped first; totals stay exact).\n\
-             max_bursts_per_job = {}\n\n",
+             max_bursts_per_job = {}\n\
+             # Lock file that keeps a second daemon from starting; it holds the running one's pid.\n\
+             # Empty: mpiburst.lock in the runtime directory systemd gives the service\n\
+             # ($RUNTIME_DIRECTORY), or none outside systemd (the listen address then keeps a\n\
+             # second daemon away).\n\
+             lock_file = \"\"\n\n",
             d.daemon.listen,
             d.daemon.report_interval_s,
             d.daemon.ended_job_grace_s,

@@ -1,10 +1,18 @@
 //! The daemon loop: attaches to MPI libraries as they are found, drains the kernel on timers,
 //! maps processes to jobs, keeps the per-job store, and feeds the exports.
+//!
+//! Start-up goes from what costs nothing to what changes the node: the capabilities are checked,
+//! the HTTP port bound and the lock file taken before the recording is truncated and the BPF
+//! programs are loaded, so a daemon that cannot run, or a second one, changes nothing.
+
+mod instance;
+pub mod privileges;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::PathBuf,
     sync::Arc,
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -45,16 +53,30 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error(transparent)]
+    Privileges(#[from] privileges::PrivilegeError),
+    #[error(transparent)]
+    Instance(#[from] instance::InstanceError),
+    #[error(transparent)]
     Capture(#[from] CaptureError),
     #[error(transparent)]
     Recording(#[from] crate::export::recording::RecordingError),
-    #[error("cannot serve HTTP on {addr}: {source}; choose another `daemon.listen` address (or --listen)")]
+    #[error("cannot serve HTTP on {addr}: {source}; {}", listen_advice(source))]
     Listen {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
     #[error("no MPI library found in the ld.so cache, in running processes or in `mpi.libraries`; install Open MPI or MPICH, or list the library files in `mpi.libraries` in the config")]
     NoLibraries,
+}
+
+/// What to do when the HTTP port cannot be bound.
+fn listen_advice(error: &std::io::Error) -> &'static str {
+    if error.kind() == std::io::ErrorKind::AddrInUse {
+        "the port is in use, most likely by an mpiburst daemon already running: stop it first \
+         (`systemctl stop mpiburst`), or choose another `daemon.listen` address (or --listen)"
+    } else {
+        "choose another `daemon.listen` address (or --listen)"
+    }
 }
 
 /// Scan an exec'ed process's maps after these delays (counted from when the exec notification
@@ -86,6 +108,8 @@ struct NodeState {
     properties: BTreeMap<JobId, Arc<LiveProperties>>,
     /// Each job's kernel usage (CPU time, memory, file I/O) on this node.
     usage: BTreeMap<JobId, UsageTotals>,
+    /// The start-up has attached the probes to the MPI libraries it found.
+    probes_attached: bool,
 }
 
 impl NodeState {
@@ -109,6 +133,7 @@ impl NodeState {
             phases: self.phases.clone(),
             properties: self.properties.clone(),
             usage: self.usage.clone(),
+            probes_attached: self.probes_attached,
         }
     }
 }
@@ -122,6 +147,11 @@ pub struct Daemon {
     /// The HTTP server's view of `state`, replaced after every stats update and whenever a
     /// process joins a job.
     publisher: watch::Sender<Arc<Published>>,
+    /// Where the HTTP server listens; it runs until `publisher` is dropped.
+    addr: std::net::SocketAddr,
+    _server: JoinHandle<()>,
+    /// Held until the daemon exits.
+    _instance: Option<instance::InstanceLock>,
     /// A process joined a job since the last publication.
     members_changed: bool,
     resolver: AddressResolver,
@@ -179,9 +209,22 @@ fn process_alive(pid: u32) -> bool {
 }
 
 impl Daemon {
-    /// Loads the BPF programs, attaches every MPI library already known, and opens the
-    /// recording if one is asked for.
+    /// Checks the capabilities, binds the HTTP port and takes the lock file; then opens the
+    /// recording if one is asked for, loads the BPF programs and attaches every MPI library
+    /// already known.
     pub fn start(config: Config, recording: Option<PathBuf>) -> Result<Self, DaemonError> {
+        privileges::check()?;
+        let publisher = watch::Sender::new(Arc::new(Published::default()));
+        let listen = config.daemon.listen;
+        let (addr, server) =
+            http::serve(listen, publisher.subscribe()).map_err(|source| DaemonError::Listen {
+                addr: listen,
+                source,
+            })?;
+        let runtime_directory = std::env::var("RUNTIME_DIRECTORY").ok();
+        let instance = instance::lock_path(&config.daemon.lock_file, runtime_directory.as_deref())
+            .map(|path| instance::InstanceLock::acquire(&path))
+            .transpose()?;
         let node = config.node_name();
         // C libraries are probed from the start so no MPI_Init is missed. Fortran libraries wait
         // until a process maps one (they add hundreds of probes, and every probe costs a grace
@@ -267,7 +310,10 @@ impl Daemon {
             capture,
             functions,
             state: NodeState::default(),
-            publisher: watch::Sender::new(Arc::new(Published::default())),
+            publisher,
+            addr,
+            _server: server,
+            _instance: instance,
             members_changed: false,
             resolver: AddressResolver::new(),
             members: HashMap::new(),
@@ -298,6 +344,8 @@ impl Daemon {
             daemon.libraries,
             daemon.counters_note
         );
+        daemon.state.probes_attached = true;
+        daemon.publish();
         Ok(daemon)
     }
 
@@ -828,14 +876,7 @@ impl Daemon {
     /// Runs until SIGINT or SIGTERM, then drains once more, writes the final state and detaches
     /// (dropping the BPF object closes every link).
     pub async fn run(mut self) -> Result<(), DaemonError> {
-        let listen = self.config.daemon.listen;
-        let (addr, _server) =
-            http::serve(listen, self.publisher.subscribe()).map_err(|source| {
-                DaemonError::Listen {
-                    addr: listen,
-                    source,
-                }
-            })?;
+        let addr = self.addr;
         eprintln!(
             "mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs"
         );

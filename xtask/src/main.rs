@@ -12,6 +12,8 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+mod install;
+
 /// Pinned with the nightly in profiler-ebpf/rust-toolchain.toml: newer bpf-linker releases need
 /// a newer LLVM than that toolchain has.
 const BPF_LINKER_VERSION: &str = "0.10.4";
@@ -43,6 +45,9 @@ const USAGE: &str = "usage: cargo xtask <command>
                           gated by `cargo fmt --check`, clippy and rustdoc with warnings
                           as errors
   bench overhead|cluster  measure probe cost per call and application slowdown, or clustering speed
+  install                 build the release daemon and install it with its systemd unit, sysusers.d
+                          entry, default config and docs/deploy.md; honours PREFIX (/usr/local)
+                          and DESTDIR
   install-deps            only install the system packages and toolchain pieces";
 
 fn main() -> Result<()> {
@@ -66,6 +71,7 @@ fn main() -> Result<()> {
             std::hint::spin_loop();
         },
         "bench" => bench(rest),
+        "install" => install::install(&build(Profile::Release)?),
         "install-deps" => install_deps(),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");

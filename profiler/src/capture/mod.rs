@@ -31,8 +31,6 @@ use config::CaptureConfig;
 static BPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
 
-use tracefs::TRACEFS;
-
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
     #[error(
@@ -75,8 +73,8 @@ pub enum CaptureError {
         what: String,
         source: std::io::Error,
     },
-    #[error("tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mount it with `mount -t tracefs nodev {TRACEFS}`")]
-    Tracefs(std::io::Error),
+    #[error(transparent)]
+    Tracefs(#[from] tracefs::TracefsError),
     #[error("tracepoint {event}: {detail}")]
     TracepointFormat { event: String, detail: String },
 }

@@ -1,16 +1,39 @@
 //! tracefs: mounted when missing, and the field offsets of the classic tracepoints read from
 //! their `format` files, because fields move between kernel versions (sched_process_exit's
-//! `group_dead` did).
+//! `group_dead` did). Attaching a classic tracepoint reads its `id` file there too.
+//!
+//! tracefs is root's alone (mode 0700): a daemon that is not root reads it with
+//! CAP_DAC_READ_SEARCH, and cannot mount it (that takes CAP_SYS_ADMIN, which the service is
+//! not given), so the errors tell a missing mount from a missing permission.
 
-use std::path::Path;
+use std::{io::ErrorKind, path::Path};
 
 use super::CaptureError;
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
+/// What the daemon needs to read tracefs, for the errors that say it is missing.
+const READ_PERMISSION: &str = "reading it takes root or CAP_DAC_READ_SEARCH (docs/deploy.md)";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TracefsError {
+    #[error("cannot read tracefs at {TRACEFS} ({0}); {READ_PERMISSION}")]
+    Unreadable(std::io::Error),
+    #[error(
+        "tracefs is not mounted at {TRACEFS} and mounting it failed ({0}); mounting takes root \
+         (CAP_SYS_ADMIN), so mount it at boot: `mount -t tracefs nodev {TRACEFS}`, or the fstab \
+         line `tracefs {TRACEFS} tracefs defaults 0 0`"
+    )]
+    NotMounted(std::io::Error),
+}
+
 pub fn ensure_mounted() -> Result<(), CaptureError> {
-    if Path::new(TRACEFS).join("events").is_dir() {
-        return Ok(());
+    match std::fs::metadata(Path::new(TRACEFS).join("events")) {
+        Ok(events) if events.is_dir() => return Ok(()),
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+            return Err(TracefsError::Unreadable(e).into())
+        }
+        _ => {}
     }
     let target = std::ffi::CString::new(TRACEFS).unwrap();
     // SAFETY: all pointers are valid NUL-terminated strings; data may be NULL for tracefs.
@@ -24,7 +47,7 @@ pub fn ensure_mounted() -> Result<(), CaptureError> {
         )
     };
     if rc != 0 {
-        return Err(CaptureError::Tracefs(std::io::Error::last_os_error()));
+        return Err(TracefsError::NotMounted(std::io::Error::last_os_error()).into());
     }
     tracing::info!("mounted tracefs at {TRACEFS}");
     Ok(())
@@ -41,8 +64,14 @@ pub fn field_offset(category: &str, event: &str, field: &str) -> Result<u64, Cap
         event: format!("{category}/{event}"),
         detail,
     };
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| error(format!("cannot read {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        let hint = if e.kind() == ErrorKind::PermissionDenied {
+            format!("; {READ_PERMISSION}")
+        } else {
+            String::new()
+        };
+        error(format!("cannot read {}: {e}{hint}", path.display()))
+    })?;
     parse_field_offset(&text, field).ok_or_else(|| {
         error(format!(
             "{} has no field {field:?} with an offset",

@@ -1,5 +1,6 @@
-//! HTTP server: Prometheus `/metrics` and the JSON API (`/api/jobs`, `/api/jobs/{id}`,
-//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`).
+//! HTTP server: Prometheus `/metrics`, the JSON API (`/api/jobs`, `/api/jobs/{id}`,
+//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`) and `/healthz` for the service manager
+//! and the node's health checks.
 //!
 //! The server runs on a thread of its own and reads only what the daemon last published (a
 //! [`Published`] view behind a watch channel): a scrape never waits for the daemon to drain
@@ -46,6 +47,8 @@ pub struct Published {
     pub properties: BTreeMap<JobId, Arc<LiveProperties>>,
     /// Each job's kernel usage (CPU time, memory, file I/O) on this node.
     pub usage: BTreeMap<JobId, UsageTotals>,
+    /// The start-up has attached the probes: from here on MPI calls are counted.
+    pub probes_attached: bool,
 }
 
 /// The server's end of the daemon's watch channel: the latest [`Published`] view.
@@ -84,6 +87,19 @@ fn metrics(registry: &Metrics) -> Response {
             format!("cannot encode the metrics: {e}"),
         )
             .into_response(),
+    }
+}
+
+/// `/healthz`: 200 once the probes are attached, 503 while the daemon starts (the server
+/// listens before the BPF programs are loaded).
+async fn healthz(State(state): State<PublishedState>) -> impl IntoResponse {
+    if state.borrow().probes_attached {
+        (StatusCode::OK, "ok: probes attached\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: the probes are not attached yet\n",
+        )
     }
 }
 
@@ -180,6 +196,7 @@ pub fn serve(
             "/metrics",
             get(move || std::future::ready(metrics(&registry))),
         )
+        .route("/healthz", get(healthz))
         .route("/api/jobs", get(jobs))
         .route("/api/jobs/{id}", get(job))
         .route("/api/jobs/{id}/phases", get(job_phases))
@@ -208,4 +225,28 @@ pub fn serve(
             }
         })?;
     Ok((local, thread))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::client::{ClientError, DaemonClient};
+
+    #[test]
+    fn healthz_answers_200_only_once_the_probes_are_attached() {
+        let publisher = watch::Sender::new(Arc::new(Published::default()));
+        let (addr, server) = serve("127.0.0.1:0".parse().unwrap(), publisher.subscribe()).unwrap();
+        let client = DaemonClient::parse(&addr.to_string()).unwrap().unwrap();
+        match client.get("/healthz") {
+            Err(ClientError::Status { status, .. }) => assert_eq!(status, 503),
+            other => panic!("before the probes are attached: {other:?}"),
+        }
+        publisher.send_replace(Arc::new(Published {
+            probes_attached: true,
+            ..Published::default()
+        }));
+        assert_eq!(client.get("/healthz").unwrap(), b"ok: probes attached\n");
+        drop(publisher);
+        server.join().unwrap();
+    }
 }
