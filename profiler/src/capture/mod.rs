@@ -28,8 +28,8 @@ use profiler_common::{
 
 use config::CaptureConfig;
 
-static BPF_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
+/// The BPF object profiler/build.rs built; empty when the build skipped it (AYA_BUILD_SKIP).
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
 use tracefs::TRACEFS;
 
@@ -40,6 +40,11 @@ pub enum CaptureError {
          kernel with BTF and uprobes"
     )]
     Load(#[from] aya::EbpfError),
+    #[error(
+        "this mpiburst binary carries no BPF programs: it was built with AYA_BUILD_SKIP set; \
+         build it with `cargo xtask build`"
+    )]
+    NoBpfObject,
     #[error("BPF program {program}: {source}")]
     Program {
         program: &'static str,
@@ -176,6 +181,9 @@ impl Capture {
     /// Loads the programs and attaches the scheduler tracepoints. MPI libraries are attached
     /// afterwards with [`Capture::attach_library`].
     pub fn load(config: &CaptureConfig, ompi_dtype_size_offset: u64) -> Result<Self, CaptureError> {
+        if BPF_OBJECT.is_empty() {
+            return Err(CaptureError::NoBpfObject);
+        }
         tracefs::ensure_mounted()?;
         let exec_pid_offset = tracefs::field_offset("sched", "sched_process_exec", "pid")?;
         let exit_group_dead_offset =
