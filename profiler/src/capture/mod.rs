@@ -20,6 +20,7 @@ use aya::{
     programs::{RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
+use counters::Counters;
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion,
@@ -126,6 +127,10 @@ pub struct Lost {
     pub execs: u64,
     pub thread_states: u64,
     pub thread_stats: u64,
+    /// Per-CPU counters that were off the PMU for part of their enabled time (another user of
+    /// the PMU took their slot), so the bursts on their CPUs undercount.
+    #[serde(default)]
+    pub counters_descheduled: u64,
 }
 
 /// Cumulative run time and run count of one BPF program (kernel BPF stats).
@@ -173,7 +178,8 @@ pub struct Capture {
     links: Vec<OwnedFd>,
     /// Names of the counter events when counters are on, or why they are off.
     pub counters: Result<[CounterEvent; 2], String>,
-    _counter_fds: Vec<OwnedFd>,
+    /// The per-CPU counters in the BPF arrays; they count while open.
+    open_counters: Option<Counters>,
     _stats_fd: Option<OwnedFd>,
 }
 
@@ -209,7 +215,7 @@ impl Capture {
             .map_err(|e| tracing::warn!("BPF run-time statistics unavailable: {e}"))
             .ok();
 
-        let (counter_events, counter_fds) = match setup {
+        let (counter_events, open_counters) = match setup {
             CounterSetup::Enabled(c) => {
                 for (slot, map) in ["COUNTER_INSTRUCTIONS", "COUNTER_CYCLES"]
                     .into_iter()
@@ -218,15 +224,14 @@ impl Capture {
                     let Some(aya::maps::Map::PerfEventArray(data)) = ebpf.map(map) else {
                         return Err(CaptureError::MissingMap(map));
                     };
-                    for (fd, &cpu) in c.fds[slot].iter().zip(&cpus) {
-                        counters::set_perf_array_fd(data.fd().as_fd(), cpu, fd.as_fd())
+                    for (counter, &cpu) in c.counters[slot].iter().zip(&cpus) {
+                        counters::set_perf_array_fd(data.fd().as_fd(), cpu, counter)
                             .map_err(|source| CaptureError::CounterMap { map, source })?;
                     }
                 }
-                let [a, b] = c.fds;
-                (Ok(c.events), a.into_iter().chain(b).collect())
+                (Ok(c.events), Some(c))
             }
-            CounterSetup::Disabled(reason) => (Err(reason), Vec::new()),
+            CounterSetup::Disabled(reason) => (Err(reason), None),
         };
 
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
@@ -272,7 +277,7 @@ impl Capture {
             uprobe_programs,
             links: Vec::new(),
             counters: counter_events,
-            _counter_fds: counter_fds,
+            open_counters,
             _stats_fd: stats_fd,
         })
     }
@@ -464,7 +469,7 @@ impl Capture {
         remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", |v| pids.contains(&v.pid))
     }
 
-    pub fn lost(&self) -> Result<Lost, CaptureError> {
+    pub fn lost(&mut self) -> Result<Lost, CaptureError> {
         let array: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, "LOST")?;
         let sum = |index: u32| -> u64 { array.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
         Ok(Lost {
@@ -472,6 +477,7 @@ impl Capture {
             execs: sum(lost::EXECS),
             thread_states: sum(lost::THREAD_STATES),
             thread_stats: sum(lost::THREAD_STATS),
+            counters_descheduled: self.open_counters.as_mut().map_or(0, Counters::descheduled),
         })
     }
 
