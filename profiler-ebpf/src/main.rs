@@ -104,7 +104,11 @@ fn count_lost(index: u32) {
 
 #[inline(always)]
 fn read_counter(array: &PerfEventArray<u32>) -> u64 {
-    let mut value = bpf_perf_event_value { counter: 0, enabled: 0, running: 0 };
+    let mut value = bpf_perf_event_value {
+        counter: 0,
+        enabled: 0,
+        running: 0,
+    };
     let rc = unsafe {
         bpf_perf_event_read_value(
             array as *const _ as *mut _,
@@ -125,7 +129,10 @@ fn read_counters() -> [u64; NUM_COUNTERS] {
     if config(&COUNTERS_ENABLED) == 0 {
         return [0; NUM_COUNTERS];
     }
-    [read_counter(&COUNTER_INSTRUCTIONS), read_counter(&COUNTER_CYCLES)]
+    [
+        read_counter(&COUNTER_INSTRUCTIONS),
+        read_counter(&COUNTER_CYCLES),
+    ]
 }
 
 /// On-CPU time and counter totals of the running thread (the caller's), up to `now`. The
@@ -136,7 +143,9 @@ fn read_counters() -> [u64; NUM_COUNTERS] {
 #[inline(always)]
 fn thread_now(st: &ThreadState, now: u64) -> (u64, [u64; NUM_COUNTERS]) {
     let mut counters = st.counters;
-    let Some(cpu) = CPU_SWITCH.get(0) else { return (st.oncpu_ns, counters) };
+    let Some(cpu) = CPU_SWITCH.get(0) else {
+        return (st.oncpu_ns, counters);
+    };
     let since = st.oncpu_accounted_ns.max(cpu.last_switch_ns);
     // 0 until the first update after load: the time in progress is not counted.
     if since == 0 {
@@ -177,7 +186,10 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
         }
     }
     let task = unsafe { bpf_get_current_task() };
-    if TASK_THREADS.insert(&task, &TaskThread { tid, pid }, 0).is_err() {
+    if TASK_THREADS
+        .insert(&task, &TaskThread { tid, pid }, 0)
+        .is_err()
+    {
         count_lost(lost::THREAD_STATES);
     }
 
@@ -211,7 +223,14 @@ fn arg(regs: &pt_regs, index: u64) -> u64 {
     // compiles to: load every register at its fixed offset first, then select.
     let [a0, a1, a2, a3, a4, a5] = unsafe {
         use core::ptr::read_volatile as rv;
-        [rv(&regs.rdi), rv(&regs.rsi), rv(&regs.rdx), rv(&regs.rcx), rv(&regs.r8), rv(&regs.r9)]
+        [
+            rv(&regs.rdi),
+            rv(&regs.rsi),
+            rv(&regs.rdx),
+            rv(&regs.rcx),
+            rv(&regs.r8),
+            rv(&regs.r9),
+        ]
     };
     match index {
         0 => a0,
@@ -253,7 +272,9 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
         return;
     }
     let (oncpu_now, counters_now) = thread_now(st, now);
-    let duration = now.saturating_sub(st.burst_start_ns).saturating_sub(st.polled_ns);
+    let duration = now
+        .saturating_sub(st.burst_start_ns)
+        .saturating_sub(st.polled_ns);
     // The scheduler accounts runtime on its run-queue clock, a few microseconds behind this
     // clock, so the estimate can pass the wall time of a burst that ran throughout; a thread is
     // never on a CPU longer than the wall time.
@@ -265,8 +286,13 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
     st.burst_start_ns = 0;
 
     // Entries are per thread, so plain adds are exact: one thread runs on one CPU at a time.
-    let initial = BurstTotals { pid: st.pid, ..BurstTotals::default() };
-    let Some(totals) = get_or_insert(&BURST_TOTALS, &tid, initial) else { return };
+    let initial = BurstTotals {
+        pid: st.pid,
+        ..BurstTotals::default()
+    };
+    let Some(totals) = get_or_insert(&BURST_TOTALS, &tid, initial) else {
+        return;
+    };
     let counters_on = config(&COUNTERS_ENABLED) != 0;
     let mut counters = [0u64; NUM_COUNTERS];
     if counters_on {
@@ -324,7 +350,9 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let id = bpf_get_current_pid_tgid();
     let (tid, pid) = (id as u32, (id >> 32) as u32);
-    let Some(st) = thread_state(tid, pid) else { return 0 };
+    let Some(st) = thread_state(tid, pid) else {
+        return 0;
+    };
     let regs = unsafe { &*ctx.regs };
     if st.depth == 0 {
         st.outer_func = cookie::func(c);
@@ -339,7 +367,11 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
             st.poll_entry_oncpu = oncpu;
             st.poll_entry_counters = counters;
         } else {
-            st.outer_flags = if c & cookie::REGION_START != 0 { OUTER_REGION_START } else { 0 };
+            st.outer_flags = if c & cookie::REGION_START != 0 {
+                OUTER_REGION_START
+            } else {
+                0
+            };
             close_burst(st, tid, now, cookie::func(c));
         }
     }
@@ -361,7 +393,9 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
 pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(p) = THREADS.get_ptr_mut(tid) else { return 0 };
+    let Some(p) = THREADS.get_ptr_mut(tid) else {
+        return 0;
+    };
     let st = unsafe { &mut *p };
     // Depth 0 here means the daemon attached while this call was already running.
     if st.depth == 0 {
@@ -375,8 +409,14 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     if st.outer_flags & OUTER_REGION_START != 0 {
         set_region(st.pid, |r| r.init_return_ns = now);
     }
-    let key = FuncKey { tid, func: st.outer_func };
-    let initial = FuncStats { pid: st.pid, ..FuncStats::default() };
+    let key = FuncKey {
+        tid,
+        func: st.outer_func,
+    };
+    let initial = FuncStats {
+        pid: st.pid,
+        ..FuncStats::default()
+    };
     if let Some(s) = get_or_insert(&FUNC_STATS, &key, initial) {
         s.calls += 1;
         s.time_ns += elapsed;
@@ -418,7 +458,9 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
 /// Records a region boundary of a process (the first thread to reach it sets it).
 #[inline(always)]
 fn set_region(pid: u32, set: impl FnOnce(&mut RankRegion)) {
-    let Some(region) = get_or_insert(&REGIONS, &pid, RankRegion::default()) else { return };
+    let Some(region) = get_or_insert(&REGIONS, &pid, RankRegion::default()) else {
+        return;
+    };
     set(region);
 }
 
@@ -450,7 +492,9 @@ pub fn sched_stat_runtime(ctx: RawTracePointContext) -> i32 {
     if TASK_FILTER.get(word).is_none_or(|w| w & bit == 0) {
         return 0;
     }
-    let Some(thread) = (unsafe { TASK_THREADS.get(&task) }) else { return 0 };
+    let Some(thread) = (unsafe { TASK_THREADS.get(&task) }) else {
+        return 0;
+    };
     if let Some(p) = THREADS.get_ptr_mut(thread.tid) {
         let st = unsafe { &mut *p };
         st.oncpu_ns += runtime;
@@ -464,7 +508,9 @@ pub fn sched_stat_runtime(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(cpu) = CPU_SWITCH.get_ptr_mut(0) else { return 0 };
+    let Some(cpu) = CPU_SWITCH.get_ptr_mut(0) else {
+        return 0;
+    };
     let cpu = unsafe { &mut *cpu };
     let counters_now = read_counters();
     if config(&COUNTERS_ENABLED) != 0 {
@@ -484,7 +530,10 @@ pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let pid: u32 = unsafe { ctx.read_at(config(&EXEC_PID_OFFSET) as usize) }.unwrap_or(0);
-    if EXECS.output::<ExecRecord>(&ExecRecord { pid, _pad: 0 }, BPF_RB_NO_WAKEUP as u64).is_err() {
+    if EXECS
+        .output::<ExecRecord>(&ExecRecord { pid, _pad: 0 }, BPF_RB_NO_WAKEUP as u64)
+        .is_err()
+    {
         count_lost(lost::EXECS);
     }
     0
@@ -493,7 +542,8 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 /// The exit of a thread; `group_dead` says it is the last thread of its process.
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    let group_dead: u8 = unsafe { ctx.read_at(config(&EXIT_GROUP_DEAD_OFFSET) as usize) }.unwrap_or(0);
+    let group_dead: u8 =
+        unsafe { ctx.read_at(config(&EXIT_GROUP_DEAD_OFFSET) as usize) }.unwrap_or(0);
     if group_dead == 0 {
         return 0;
     }
@@ -519,7 +569,14 @@ const IO_OPEN: u32 = 2;
 #[inline(always)]
 fn io_totals(pid: u32, tid: u32) -> Option<&'static mut IoTotals> {
     unsafe { TRACKED.get(&pid) }?;
-    get_or_insert(&IO_TOTALS, &tid, IoTotals { pid, ..IoTotals::default() })
+    get_or_insert(
+        &IO_TOTALS,
+        &tid,
+        IoTotals {
+            pid,
+            ..IoTotals::default()
+        },
+    )
 }
 
 /// The first argument of the system call, from the registers it was entered with.
@@ -586,7 +643,9 @@ pub fn io_sys_exit(ctx: RawTracePointContext) -> i32 {
     if ret < 0 {
         return 0;
     }
-    let Some(t) = io_totals(pid, tid) else { return 0 };
+    let Some(t) = io_totals(pid, tid) else {
+        return 0;
+    };
     match pending.kind {
         IO_WRITE => {
             t.write_bytes += ret as u64;

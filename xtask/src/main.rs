@@ -239,7 +239,9 @@ fn cargo() -> Command {
 fn build(profile: Profile) -> Result<PathBuf> {
     install_toolchain()?;
     let mut cmd = cargo();
-    cmd.args(["build", "-p", "profiler", "--bin", "mpiburst"]);
+    cmd.args(["build", "-p", "profiler", "--bin", "mpiburst"])
+        // The daemon this builds always carries its BPF programs.
+        .env_remove("AYA_BUILD_SKIP");
     if let Profile::Release = profile {
         cmd.arg("--release");
     }

@@ -20,6 +20,7 @@ use aya::{
     programs::{RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
+use counters::Counters;
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion,
@@ -28,8 +29,8 @@ use profiler_common::{
 
 use config::CaptureConfig;
 
-static BPF_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
+/// The BPF object profiler/build.rs built; empty when the build skipped it (AYA_BUILD_SKIP).
+static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
@@ -38,6 +39,11 @@ pub enum CaptureError {
          kernel with BTF and uprobes"
     )]
     Load(#[from] aya::EbpfError),
+    #[error(
+        "this mpiburst binary carries no BPF programs: it was built with AYA_BUILD_SKIP set; \
+         build it with `cargo xtask build`"
+    )]
+    NoBpfObject,
     #[error("BPF program {program}: {source}")]
     Program {
         program: &'static str,
@@ -119,6 +125,10 @@ pub struct Lost {
     pub execs: u64,
     pub thread_states: u64,
     pub thread_stats: u64,
+    /// Per-CPU counters that were off the PMU for part of their enabled time (another user of
+    /// the PMU took their slot), so the bursts on their CPUs undercount.
+    #[serde(default)]
+    pub counters_descheduled: u64,
 }
 
 /// Cumulative run time and run count of one BPF program (kernel BPF stats).
@@ -166,7 +176,8 @@ pub struct Capture {
     links: Vec<OwnedFd>,
     /// Names of the counter events when counters are on, or why they are off.
     pub counters: Result<[CounterEvent; 2], String>,
-    _counter_fds: Vec<OwnedFd>,
+    /// The per-CPU counters in the BPF arrays; they count while open.
+    open_counters: Option<Counters>,
     _stats_fd: Option<OwnedFd>,
 }
 
@@ -174,6 +185,9 @@ impl Capture {
     /// Loads the programs and attaches the scheduler tracepoints. MPI libraries are attached
     /// afterwards with [`Capture::attach_library`].
     pub fn load(config: &CaptureConfig, ompi_dtype_size_offset: u64) -> Result<Self, CaptureError> {
+        if BPF_OBJECT.is_empty() {
+            return Err(CaptureError::NoBpfObject);
+        }
         tracefs::ensure_mounted()?;
         let exec_pid_offset = tracefs::field_offset("sched", "sched_process_exec", "pid")?;
         let exit_group_dead_offset =
@@ -199,7 +213,7 @@ impl Capture {
             .map_err(|e| tracing::warn!("BPF run-time statistics unavailable: {e}"))
             .ok();
 
-        let (counter_events, counter_fds) = match setup {
+        let (counter_events, open_counters) = match setup {
             CounterSetup::Enabled(c) => {
                 for (slot, map) in ["COUNTER_INSTRUCTIONS", "COUNTER_CYCLES"]
                     .into_iter()
@@ -208,15 +222,14 @@ impl Capture {
                     let Some(aya::maps::Map::PerfEventArray(data)) = ebpf.map(map) else {
                         return Err(CaptureError::MissingMap(map));
                     };
-                    for (fd, &cpu) in c.fds[slot].iter().zip(&cpus) {
-                        counters::set_perf_array_fd(data.fd().as_fd(), cpu, fd.as_fd())
+                    for (counter, &cpu) in c.counters[slot].iter().zip(&cpus) {
+                        counters::set_perf_array_fd(data.fd().as_fd(), cpu, counter)
                             .map_err(|source| CaptureError::CounterMap { map, source })?;
                     }
                 }
-                let [a, b] = c.fds;
-                (Ok(c.events), a.into_iter().chain(b).collect())
+                (Ok(c.events), Some(c))
             }
-            CounterSetup::Disabled(reason) => (Err(reason), Vec::new()),
+            CounterSetup::Disabled(reason) => (Err(reason), None),
         };
 
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
@@ -262,7 +275,7 @@ impl Capture {
             uprobe_programs,
             links: Vec::new(),
             counters: counter_events,
-            _counter_fds: counter_fds,
+            open_counters,
             _stats_fd: stats_fd,
         })
     }
@@ -454,7 +467,7 @@ impl Capture {
         remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", |v| pids.contains(&v.pid))
     }
 
-    pub fn lost(&self) -> Result<Lost, CaptureError> {
+    pub fn lost(&mut self) -> Result<Lost, CaptureError> {
         let array: PerCpuArray<&MapData, u64> = map_ref(&self.ebpf, "LOST")?;
         let sum = |index: u32| -> u64 { array.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
         Ok(Lost {
@@ -462,6 +475,7 @@ impl Capture {
             execs: sum(lost::EXECS),
             thread_states: sum(lost::THREAD_STATES),
             thread_stats: sum(lost::THREAD_STATS),
+            counters_descheduled: self.open_counters.as_mut().map_or(0, Counters::descheduled),
         })
     }
 

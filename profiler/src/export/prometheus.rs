@@ -399,6 +399,7 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
             ("execs", health.lost.execs),
             ("thread_states", health.lost.thread_states),
             ("thread_stats", health.lost.thread_stats),
+            ("counters_descheduled", health.lost.counters_descheduled),
         ]
         .map(|(k, v)| (vec![("kind", k.to_string())], v as f64)),
     );
