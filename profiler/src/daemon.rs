@@ -5,6 +5,7 @@
 //! the HTTP port bound and the lock file taken before the recording is truncated and the BPF
 //! programs are loaded, so a daemon that cannot run, or a second one, changes nothing.
 
+mod analysis;
 mod instance;
 pub mod privileges;
 
@@ -20,11 +21,7 @@ use profiler_common::{cookie, BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
 use tokio::{signal::unix::SignalKind, sync::watch};
 
 use crate::{
-    analysis::{
-        analyse,
-        online::{JobPhases, PhaseEvent, PhasesSnapshot},
-        AnalysisParams,
-    },
+    analysis::online::PhasesSnapshot,
     capture::{
         self,
         config::{FunctionClass, FunctionSpec},
@@ -158,8 +155,12 @@ pub struct Daemon {
     members: HashMap<u32, Member>,
     /// Processes outside `daemon.cgroup`: their data is dropped.
     outside: HashSet<u32>,
-    /// Online phase analysis per job, fed with every burst.
-    phases: BTreeMap<JobId, JobPhases>,
+    /// Online phase analysis of every job, on its own thread; `None` once shut down.
+    analysis: Option<analysis::AnalysisWorker>,
+    /// Its snapshots after each tick, for the loop to publish.
+    analysis_updates: tokio::sync::mpsc::UnboundedReceiver<analysis::Update>,
+    /// The bursts of the current drain for the analysis, by job, with the job's rank count.
+    analysis_batch: BTreeMap<JobId, (u32, Vec<Burst>)>,
     /// Kernel usage (CPU time, memory, file I/O) per job, and the property evaluation.
     usage: BTreeMap<JobId, JobUsage>,
     evaluators: BTreeMap<JobId, LiveEvaluator>,
@@ -179,19 +180,6 @@ pub struct Daemon {
     last_report: Instant,
 }
 
-/// The phases of an ended job, clustered over its most recent bursts (the same analysis as
-/// `mpiburst report --phases`).
-fn final_phases(job: &Job) -> String {
-    const MOST_BURSTS: usize = 100_000;
-    let skip = job.bursts.len().saturating_sub(MOST_BURSTS);
-    let bursts: Vec<Burst> = job.bursts.iter().skip(skip).cloned().collect();
-    match analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default()) {
-        Ok(analysis) => phases::render_phases(&job.meta.id, &analysis),
-        Err(e) => format!("   phases of job {}: not analysed ({e})", job.meta.id),
-    }
-}
-
-/// The cookie flags of a probed function: polling, or a bound of the region of interest.
 fn cookie_flags(spec: &FunctionSpec) -> u64 {
     if spec.class == FunctionClass::Polling {
         cookie::POLLING
@@ -305,6 +293,13 @@ impl Daemon {
             )?),
             None => None,
         };
+        let (analysis, analysis_updates) = analysis::AnalysisWorker::start(config.analysis.clone())
+            .map_err(|source| {
+                DaemonError::Capture(CaptureError::Io {
+                    what: "the phase analysis thread".into(),
+                    source,
+                })
+            })?;
         let mut daemon = Daemon {
             node,
             capture,
@@ -318,7 +313,9 @@ impl Daemon {
             resolver: AddressResolver::new(),
             members: HashMap::new(),
             outside: HashSet::new(),
-            phases: BTreeMap::new(),
+            analysis: Some(analysis),
+            analysis_updates,
+            analysis_batch: BTreeMap::new(),
             usage: BTreeMap::new(),
             evaluators: BTreeMap::new(),
             property_config,
@@ -554,24 +551,9 @@ impl Daemon {
             })?;
         }
         if let Some(job) = state.store.jobs.get_mut(&member.job) {
-            let phases = match self.phases.entry(member.job.clone()) {
-                std::collections::btree_map::Entry::Occupied(e) => Some(e.into_mut()),
-                std::collections::btree_map::Entry::Vacant(e) => {
-                    match JobPhases::new(
-                        job.ranks.len().max(1) as u32,
-                        self.config.analysis.clone(),
-                    ) {
-                        Ok(p) => Some(e.insert(p)),
-                        Err(err) => {
-                            tracing::error!("phase analysis of job {} disabled: {err}", member.job);
-                            None
-                        }
-                    }
-                }
-            };
-            if let Some(phases) = phases {
-                phases.push(&burst);
-            }
+            let batch = self.analysis_batch.entry(member.job.clone()).or_default();
+            batch.0 = job.ranks.len().max(1) as u32;
+            batch.1.push(burst.clone());
             job.push_burst(burst, self.config.daemon.max_bursts_per_job);
         }
         Ok(())
@@ -611,6 +593,9 @@ impl Daemon {
         self.capture.drain_bursts(|r| records.push(r));
         for r in &records {
             self.ingest(*r, state)?;
+        }
+        for (job, (ranks, bursts)) in std::mem::take(&mut self.analysis_batch) {
+            self.send_analysis(analysis::Request::Bursts { job, ranks, bursts });
         }
         Ok(records.len())
     }
@@ -752,14 +737,18 @@ impl Daemon {
         }
         for id in &finished {
             let job = &state.store.jobs[id];
-            println!("{}", report::render(job, now, &self.counters_note));
-            println!("{}", final_phases(job));
-            if let Some(live) = state.properties.get(id) {
-                println!(
-                    "{}",
-                    bottlenecks::render(&live.job, "over its life on this node")
-                );
-            }
+            // Printed by the analysis thread once it has clustered the job: together, and
+            // without holding up the loop.
+            self.send_analysis(analysis::Request::Ended {
+                job: id.clone(),
+                ranks: phases::node_ranks(job),
+                bursts: job.bursts.iter().cloned().collect(),
+                report: report::render(job, now, &self.counters_note),
+                bottlenecks: state
+                    .properties
+                    .get(id)
+                    .map(|live| bottlenecks::render(&live.job, "over its life on this node")),
+            });
         }
         let interval = self.config.daemon.report_interval_s;
         if final_update || (interval > 0.0 && self.last_report.elapsed().as_secs_f64() >= interval)
@@ -779,7 +768,7 @@ impl Daemon {
                 self.config.daemon.ended_job_grace_s,
                 self.config.daemon.max_jobs
             );
-            self.phases.remove(&id);
+            self.send_analysis(analysis::Request::Forget(id.clone()));
             self.usage.remove(&id);
             self.evaluators.remove(&id);
             state.phases.remove(&id);
@@ -848,29 +837,40 @@ impl Daemon {
         }
     }
 
-    /// Advances every job's online analysis (windows close on Unix time), logs what changed, and
-    /// publishes the snapshots.
-    fn tick_phases(&mut self, state: &mut NodeState, now: u64) {
-        for (id, phases) in &mut self.phases {
-            if let Some(job) = state.store.jobs.get(id) {
-                phases.set_ranks(job.ranks.len().max(1) as u32);
-            }
-            for event in phases.tick(now) {
-                match event {
-                    PhaseEvent::Reclustered { window, partial, phases, spmd_score, .. } => tracing::info!(
-                        "job {id}: window {window}{} clustered: {phases} phases, SPMD score {spmd_score:.3}",
-                        if partial { " (early)" } else { "" }
-                    ),
-                    PhaseEvent::Tracking(t) => {
-                        tracing::info!("job {id}: phase {:?} {:?} → {:?} in window {}", t.kind, t.from, t.to, t.window)
-                    }
-                    PhaseEvent::AnalysisFailed { window, error } => {
-                        tracing::warn!("job {id}: clustering window {window} failed: {error}")
-                    }
+    /// Asks the analysis thread to close the windows due (they close on Unix time); it sends
+    /// back every job's snapshot, which [`Daemon::take_analysis_updates`] publishes.
+    fn tick_phases(&mut self, state: &NodeState, now: u64) {
+        let ranks = state
+            .store
+            .jobs
+            .iter()
+            .map(|(id, job)| (id.clone(), job.ranks.len().max(1) as u32))
+            .collect();
+        self.send_analysis(analysis::Request::Tick { now_ns: now, ranks });
+    }
+
+    fn send_analysis(&self, request: analysis::Request) {
+        if let Some(worker) = &self.analysis {
+            worker.send(request);
+        }
+    }
+
+    /// Takes the snapshots the analysis thread has sent since the last call, and publishes them.
+    fn take_analysis_updates(&mut self, first: analysis::Update) {
+        let mut update = Some(first);
+        while let Some((id, snapshot)) = update {
+            match snapshot {
+                // A snapshot of a job evicted meanwhile is dropped with it.
+                Some(s) if self.state.store.jobs.contains_key(&id) => {
+                    self.state.phases.insert(id, s);
+                }
+                _ => {
+                    self.state.phases.remove(&id);
                 }
             }
-            state.phases.insert(id.clone(), Arc::new(phases.snapshot()));
+            update = self.analysis_updates.try_recv().ok();
         }
+        self.publish();
     }
 
     /// Runs until SIGINT or SIGTERM, then drains once more, writes the final state and detaches
@@ -900,6 +900,7 @@ impl Daemon {
             tokio::select! {
                 _ = drain.tick() => { self.drain()?; }
                 _ = stats.tick() => { self.update_totals(false)?; }
+                Some(update) = self.analysis_updates.recv() => self.take_analysis_updates(update),
                 _ = sigint.recv() => break,
                 _ = sigterm.recv() => break,
             }
@@ -911,6 +912,10 @@ impl Daemon {
                 ended_ns: unix_now_ns(),
                 lost: self.capture.lost()?,
             })?;
+        }
+        // The phases of the jobs that ended last are printed before the daemon exits.
+        if let Some(worker) = self.analysis.take() {
+            worker.finish();
         }
         // Dropping the daemon drops the publisher, which stops the server.
         Ok(())
