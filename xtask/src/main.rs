@@ -44,7 +44,9 @@ const USAGE: &str = "usage: cargo xtask <command>
                           loop per online CPU competes for every core. The whole suite is
                           gated by `cargo fmt --check`, clippy and rustdoc with warnings
                           as errors
-  bench overhead|cluster  measure probe cost per call and application slowdown, or clustering speed
+  bench overhead|cluster|daemon
+                          measure probe cost per call and application slowdown, clustering
+                          speed, or the daemon's own cost under a burst storm
   install                 build the release daemon and install it with its systemd unit, sysusers.d
                           entry, default config and docs/deploy.md; honours PREFIX (/usr/local)
                           and DESTDIR
@@ -775,8 +777,34 @@ fn bench(args: &[String]) -> Result<()> {
             "--example",
             "bench_cluster",
         ])),
-        _ => bail!("usage: cargo xtask bench overhead|cluster"),
+        Some("daemon") => bench_daemon(),
+        _ => bail!("usage: cargo xtask bench overhead|cluster|daemon"),
     }
+}
+
+/// The daemon's own cost under a burst storm: CPU per 10⁵ bursts/s, losses, peak memory and the
+/// latency of /metrics while windows are clustered (profiler/examples/bench_daemon.rs).
+fn bench_daemon() -> Result<()> {
+    install_deps()?;
+    let bin = build(Profile::Release)?;
+    if !is_root() {
+        bail!("the daemon benchmark loads BPF programs and must run as root");
+    }
+    let programs = build_mpi_programs()?;
+    status(
+        cargo()
+            .args([
+                "run",
+                "--release",
+                "-p",
+                "profiler",
+                "--example",
+                "bench_daemon",
+                "--",
+            ])
+            .arg(&bin)
+            .arg(programs.join("call_loop.openmpi")),
+    )
 }
 
 fn bench_overhead() -> Result<()> {
