@@ -769,14 +769,7 @@ impl Drop for BusyLoops {
 fn bench(args: &[String]) -> Result<()> {
     match args.first().map(String::as_str) {
         Some("overhead") => bench_overhead(),
-        Some("cluster") => status(cargo().args([
-            "run",
-            "--release",
-            "-p",
-            "profiler",
-            "--example",
-            "bench_cluster",
-        ])),
+        Some("cluster") => status(&mut example("bench_cluster")),
         Some("daemon") => bench_daemon(),
         _ => bail!("usage: cargo xtask bench overhead|cluster|daemon"),
     }
@@ -785,48 +778,43 @@ fn bench(args: &[String]) -> Result<()> {
 /// The daemon's own cost under a burst storm: CPU per 10⁵ bursts/s, losses, peak memory and the
 /// latency of /metrics while windows are clustered (profiler/examples/bench_daemon.rs).
 fn bench_daemon() -> Result<()> {
-    install_deps()?;
-    let bin = build(Profile::Release)?;
-    if !is_root() {
-        bail!("the daemon benchmark loads BPF programs and must run as root");
-    }
-    let programs = build_mpi_programs()?;
+    let (bin, programs) = bpf_bench_setup("daemon")?;
     status(
-        cargo()
-            .args([
-                "run",
-                "--release",
-                "-p",
-                "profiler",
-                "--example",
-                "bench_daemon",
-                "--",
-            ])
+        example("bench_daemon")
             .arg(&bin)
             .arg(programs.join("call_loop.openmpi")),
     )
 }
 
-fn bench_overhead() -> Result<()> {
+/// What the benchmarks that load BPF programs need: the daemon binary and the MPI programs, as
+/// root. Returns the binary and the programs' folder.
+fn bpf_bench_setup(name: &str) -> Result<(PathBuf, PathBuf)> {
     install_deps()?;
     let bin = build(Profile::Release)?;
     if !is_root() {
-        bail!("the overhead benchmark loads BPF programs and must run as root");
+        bail!("the {name} benchmark loads BPF programs and must run as root");
     }
-    let programs = build_mpi_programs()?;
-    status(
-        cargo()
-            .args([
-                "run",
-                "--release",
-                "-p",
-                "profiler",
-                "--example",
-                "bench_overhead",
-                "--",
-            ])
-            .arg(programs.join("call_loop.openmpi")),
-    )?;
+    Ok((bin, build_mpi_programs()?))
+}
+
+/// `cargo run --release -p profiler --example NAME --`, for the caller's arguments.
+fn example(name: &str) -> Command {
+    let mut cmd = cargo();
+    cmd.args([
+        "run",
+        "--release",
+        "-p",
+        "profiler",
+        "--example",
+        name,
+        "--",
+    ]);
+    cmd
+}
+
+fn bench_overhead() -> Result<()> {
+    let (bin, programs) = bpf_bench_setup("overhead")?;
+    status(example("bench_overhead").arg(programs.join("call_loop.openmpi")))?;
     // Whole application: the demo with and without the daemon, alternating to cancel drift.
     let demo = programs.join("demo.openmpi");
     // The demo's last line reads "demo: done, N steps on R ranks in S s (X ms/step), ...".
