@@ -58,8 +58,9 @@ pub struct DaemonConfig {
     /// Profile only processes in this cgroup or below it (a path as in /proc/PID/cgroup, in any
     /// hierarchy); empty profiles every process.
     pub cgroup: String,
-    /// Most bursts kept in memory per job (oldest dropped first; totals stay exact).
-    pub max_bursts_per_job: usize,
+    /// Most bursts kept in memory on the node, over all jobs, for the phases printed when a job
+    /// ends: the oldest of the job holding the most go first; totals stay exact.
+    pub max_bursts: usize,
     /// Lock file that keeps a second daemon from starting (it holds the running one's pid);
     /// empty means mpiburst.lock in the runtime directory systemd gives the service, or none
     /// when there is none (the listen address then keeps a second daemon away).
@@ -75,7 +76,7 @@ impl Default for DaemonConfig {
             ended_job_grace_s: 300.0,
             max_jobs: 64,
             cgroup: String::new(),
-            max_bursts_per_job: 1_000_000,
+            max_bursts: 200_000,
             lock_file: String::new(),
         }
     }
@@ -145,8 +146,9 @@ impl Config {
              # Profile only processes in this cgroup or below it, as /proc/PID/cgroup names it in any\n\
              # hierarchy (e.g. \"/system.slice/slurmstepd.scope\"); empty profiles every process.\n\
              cgroup = \"\"\n\
-             # Most bursts kept in memory per job (oldest dropped first; totals stay exact).\n\
-             max_bursts_per_job = {}\n\
+             # Most bursts kept in memory on the node, over all jobs, for the phases printed when a\n\
+             # job ends: the oldest of the job holding the most go first; totals stay exact.\n\
+             max_bursts = {}\n\
              # Lock file that keeps a second daemon from starting; it holds the running one's pid.\n\
              # Empty: mpiburst.lock in the runtime directory systemd gives the service\n\
              # ($RUNTIME_DIRECTORY), or none outside systemd (the listen address then keeps a\n\
@@ -156,7 +158,7 @@ impl Config {
             d.daemon.report_interval_s,
             d.daemon.ended_job_grace_s,
             d.daemon.max_jobs,
-            d.daemon.max_bursts_per_job
+            d.daemon.max_bursts
         ));
         out.push_str(&CaptureConfig::default_toml());
         out.push_str(&MpiConfig::default_toml());

@@ -550,11 +550,13 @@ impl Daemon {
                 event_counts: has_counters.then_some(record.counters),
             })?;
         }
-        if let Some(job) = state.store.jobs.get_mut(&member.job) {
+        if let Some(job) = state.store.jobs.get(&member.job) {
             let batch = self.analysis_batch.entry(member.job.clone()).or_default();
             batch.0 = job.ranks.len().max(1) as u32;
             batch.1.push(burst.clone());
-            job.push_burst(burst, self.config.daemon.max_bursts_per_job);
+            state
+                .store
+                .push_burst(&member.job, burst, self.config.daemon.max_bursts);
         }
         Ok(())
     }

@@ -179,12 +179,11 @@ impl Job {
         }
     }
 
-    pub fn push_burst(&mut self, burst: Burst, max_bursts: usize) {
-        if self.bursts.len() >= max_bursts {
-            self.bursts.pop_front();
+    /// Drops the job's oldest burst from memory (its time stays in the totals).
+    fn evict_oldest_burst(&mut self) {
+        if self.bursts.pop_front().is_some() {
             self.bursts_evicted += 1;
         }
-        self.bursts.push_back(burst);
     }
 
     /// The job's records without its burst buffer (the count of evicted bursts is kept): what the
@@ -243,6 +242,25 @@ pub struct JobStore {
 }
 
 impl JobStore {
+    /// Keeps `burst` in its job's memory within a budget of `max_bursts` over the whole node:
+    /// when the jobs hold that many, the oldest burst of the job holding the most goes first, so
+    /// a burst storm in one job never pushes out the bursts of the others. Nothing happens for a
+    /// job that is not held.
+    pub fn push_burst(&mut self, id: &JobId, burst: Burst, max_bursts: usize) {
+        if !self.jobs.contains_key(id) {
+            return;
+        }
+        let held: usize = self.jobs.values().map(|j| j.bursts.len()).sum();
+        if held >= max_bursts.max(1) {
+            if let Some(largest) = self.jobs.values_mut().max_by_key(|j| j.bursts.len()) {
+                largest.evict_oldest_burst();
+            }
+        }
+        if let Some(job) = self.jobs.get_mut(id) {
+            job.bursts.push_back(burst);
+        }
+    }
+
     /// Drops jobs that ended more than `grace_ns` before `now_ns`, and then, while more than
     /// `max_jobs` are held, the ended jobs that ended first (running jobs are never dropped);
     /// returns their ids.
@@ -324,8 +342,7 @@ mod tests {
     }
 
     #[test]
-    fn burst_window_is_bounded_and_counts_evictions() {
-        let mut job = Job::new(meta(None));
+    fn the_node_wide_burst_budget_takes_from_the_job_holding_most() {
         let b = Burst {
             pid: 1,
             tid: 1,
@@ -339,17 +356,24 @@ mod tests {
             start_site: crate::model::CallSite::unknown(1),
             end_site: crate::model::CallSite::unknown(2),
         };
-        for i in 0..5 {
-            job.push_burst(
-                Burst {
-                    start_ns: i,
-                    ..b.clone()
-                },
-                3,
-            );
+        let (storm, quiet) = (JobId("storm".into()), JobId("quiet".into()));
+        let mut store = JobStore::default();
+        for id in [&storm, &quiet] {
+            store.jobs.insert(id.clone(), Job::new(meta(None)));
         }
-        assert_eq!(job.bursts.len(), 3);
-        assert_eq!(job.bursts_evicted, 2);
-        assert_eq!(job.bursts.front().unwrap().start_ns, 2);
+        let at = |start_ns| Burst {
+            start_ns,
+            ..b.clone()
+        };
+        store.push_burst(&quiet, at(0), 4);
+        for i in 1..=6 {
+            store.push_burst(&storm, at(i), 4);
+        }
+        store.push_burst(&JobId("gone".into()), at(9), 4);
+        let (s, q) = (&store.jobs[&storm], &store.jobs[&quiet]);
+        assert_eq!((s.bursts.len(), q.bursts.len()), (3, 1));
+        assert_eq!(s.bursts_evicted, 3);
+        assert_eq!(s.bursts.front().unwrap().start_ns, 4);
+        assert_eq!(q.bursts_evicted, 0);
     }
 }
