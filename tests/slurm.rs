@@ -9,6 +9,7 @@
 //! prints why and is reported skipped.
 
 use std::{
+    cell::RefCell,
     fs,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -19,8 +20,8 @@ use std::{
 
 use mpiburst_tests::*;
 
-/// The tests start one cluster at a time: Slurm names its cgroups by node and job id, and two
-/// clusters on one node would both start at job 1.
+/// The tests start one cluster at a time: Slurm names its cgroups by node and job id, and the
+/// clusters of one test process start at the same job id.
 static CLUSTER_LOCK: Mutex<()> = Mutex::new(());
 
 /// Ranks of every MPI job here: more than two cores' worth, so srun must overcommit.
@@ -32,6 +33,8 @@ struct Cluster {
     dir: tempfile::TempDir,
     conf: PathBuf,
     daemons: Vec<(&'static str, Child)>,
+    /// The job cgroups its jobs ran in: slurmd leaves the empty directories above them.
+    cgroups: RefCell<Vec<String>>,
 }
 
 impl Cluster {
@@ -50,6 +53,7 @@ impl Cluster {
             conf: dir.path().join("slurm.conf"),
             dir,
             daemons: Vec::new(),
+            cgroups: RefCell::default(),
         };
         let socket = cluster.path("munge.socket");
         cluster.start_munged(&socket)?;
@@ -142,11 +146,16 @@ impl Cluster {
              JobAcctGatherType=jobacct_gather/none\n\
              AccountingStorageType=accounting_storage/none\n\
              ReturnToService=2\n\
+             # Slurm names cgroups by job id: ids of this test process's own, apart from those\n\
+             # of a test run from another checkout at the same time.\n\
+             FirstJobId={first_job}\n\
              {node} NodeAddr=127.0.0.1 State=UNKNOWN\n\
              PartitionName=test Nodes={name} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE\n",
             ctld = port(free_loopback_addr()),
             slurmd = port(free_loopback_addr()),
             socket = munge_socket.display(),
+            // Below Slurm's largest job id (67043328) for any pid (at most 2^22).
+            first_job = std::process::id() * 8,
         );
         for sub in ["state", "spool"] {
             fs::create_dir(self.path(sub)).unwrap();
@@ -296,6 +305,7 @@ impl Cluster {
         paths.sort_unstable();
         paths.dedup();
         assert_eq!(paths.len(), 1, "one cgroup of job {job} in {text}");
+        self.cgroups.borrow_mut().push(paths[0].to_string());
         paths[0].to_string()
     }
 
@@ -348,8 +358,35 @@ impl Drop for Cluster {
                 eprintln!("{name} did not stop within 20 s of SIGTERM: killed");
             }
         }
+        self.remove_empty_cgroups();
         if thread::panicking() {
             eprintln!("the cluster's logs:\n{}", self.logs());
+        }
+    }
+}
+
+impl Cluster {
+    /// Removes the cgroups Slurm made above its jobs' (`/slurm_<node>/uid_0` on cgroup v1) in
+    /// every hierarchy, deepest first, up to the first one Slurm did not name. The kernel removes
+    /// only empty cgroups, so those another slurmd still uses stay.
+    fn remove_empty_cgroups(&self) {
+        let mounts: Vec<PathBuf> = fs::read_dir("/sys/fs/cgroup")
+            .map(|dirs| dirs.flatten().map(|d| d.path()).collect())
+            .unwrap_or_default();
+        for job in self.cgroups.borrow().iter() {
+            for above in Path::new(job.trim_start_matches('/')).ancestors().skip(1) {
+                let name = above.file_name().unwrap_or_default().to_string_lossy();
+                if !(name.starts_with("slurm") || name.starts_with("uid_")) {
+                    break;
+                }
+                for mount in mounts
+                    .iter()
+                    .map(PathBuf::as_path)
+                    .chain([Path::new("/sys/fs/cgroup")])
+                {
+                    let _ = fs::remove_dir(mount.join(above));
+                }
+            }
         }
     }
 }
@@ -460,10 +497,8 @@ fn srun_jobs_are_named_by_slurm_job_and_step_counted_exactly_and_seen_to_end() {
     for (mpi, job, cgroup, program, outputs) in &runs {
         let what = format!("counts under {mpi:?} with srun in Slurm job {job} ({cgroup})");
         assert_slurm_job(job_of(&recording, program), *job, cgroup, outputs, &what);
-        eprintln!(
-            "{what}: recorded as {}",
-            job_of(&recording, program).meta.id
-        );
+        let meta = &job_of(&recording, program).meta;
+        eprintln!("{what}: recorded as {} ({})", meta.id, meta.source);
     }
 }
 
