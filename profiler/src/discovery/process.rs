@@ -93,10 +93,10 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
             (rank as u32, members.len() as u32, IdentitySource::Launcher)
         }
     };
-    let cgroup = match &env.slurm_job_id {
-        Some(job) => slurm_job_cgroup(pid, job)?,
-        None => None,
-    };
+    let cgroup = env
+        .slurm_job_id
+        .as_deref()
+        .and_then(|job| slurm_job_cgroup(pid, job));
     Ok(ProcessIdentity {
         pid,
         job: JobId(job),
@@ -112,26 +112,22 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
 /// component (proctrack/cgroup and task/cgroup make `…/job_<id>/step_<id>/…`, on cgroup v1 in
 /// each controller's hierarchy, on v2 in the unified one). The unified hierarchy's path comes
 /// first when both have one, as it is the one cgroup v2 tools show.
-fn slurm_job_cgroup(pid: u32, job: &str) -> Result<Option<String>, DiscoveryError> {
+fn slurm_job_cgroup(pid: u32, job: &str) -> Option<String> {
+    // The cgroup is extra: a process whose file cannot be read is still identified, without it.
     let cgroups = Process::new(pid as i32)
         .and_then(|process| process.cgroups())
-        .map_err(|e| DiscoveryError::procfs(pid, format!("/proc/{pid}/cgroup"), e))?;
-    Ok(job_cgroup_of(&cgroups, job))
+        .ok()?;
+    job_cgroup_of(&cgroups, job)
 }
 
 fn job_cgroup_of(cgroups: &ProcessCGroups, job: &str) -> Option<String> {
     let component = format!("job_{job}");
-    let mut paths: Vec<(u32, &str)> = cgroups
-        .into_iter()
-        .map(|cgroup| (cgroup.hierarchy, cgroup.pathname.as_str()))
-        .collect();
-    paths.sort_by_key(|&(hierarchy, _)| hierarchy);
-    paths.into_iter().find_map(|(_, path)| {
-        let end = path
-            .match_indices(&format!("/{component}"))
-            .map(|(at, _)| at + 1 + component.len())
-            .find(|&end| path[end..].is_empty() || path[end..].starts_with('/'))?;
-        Some(path[..end].to_string())
+    let mut cgroups: Vec<_> = cgroups.into_iter().collect();
+    cgroups.sort_by_key(|cgroup| cgroup.hierarchy);
+    cgroups.iter().find_map(|cgroup| {
+        let parts: Vec<&str> = cgroup.pathname.split('/').collect();
+        let at = parts.iter().position(|part| *part == component)?;
+        Some(parts[..=at].join("/"))
     })
 }
 
