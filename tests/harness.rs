@@ -5,6 +5,7 @@
 //! MPIBURST_BIN and MPIBURST_MPI_PROGRAMS.
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
@@ -26,6 +27,18 @@ pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     assert!(euid == 0, "this test loads BPF programs and needs root, not uid {euid}: run `sudo -E cargo xtask test`");
+}
+
+/// How a test that cannot run on this machine says so: `cargo xtask test` reads lines starting
+/// with this from the test's output and reports the test skipped with the reason that follows.
+pub const SKIPPED_AT_RUN_TIME: &str = "mpiburst-test skipped at run time: ";
+
+/// Reports test `test` skipped because of `reason` (a test that calls this then returns). The
+/// line goes to the process's standard error directly: libtest captures only `eprintln!`.
+pub fn skip_at_run_time(test: &str, reason: &str) {
+    use std::io::Write as _;
+    let reason = reason.replace('\n', " / ");
+    let _ = writeln!(std::io::stderr(), "{SKIPPED_AT_RUN_TIME}{test}: {reason}");
 }
 
 /// The CPUs this process may run on: how many ranks a machine runs without oversubscription.
@@ -236,6 +249,21 @@ pub fn kill_daemon_left_running(child: &mut Child, log: impl FnOnce() -> String)
     }
     if thread::panicking() {
         eprintln!("the daemon's log:\n{}", log());
+    }
+}
+
+/// Every rank's calls per MPI function, as the daemon recorded them, equal the program's own.
+pub fn assert_calls_exact(job: &Job, outputs: &[serde_json::Value], what: &str) {
+    assert_eq!(job.ranks.len(), outputs.len(), "{what}: ranks seen");
+    for out in outputs {
+        let rank = out["rank"].as_u64().unwrap() as u32;
+        let own: BTreeMap<String, u64> = serde_json::from_value(out["calls"].clone()).unwrap();
+        let recorded: BTreeMap<String, u64> = job.ranks[&rank]
+            .functions
+            .iter()
+            .map(|(function, stats)| (function.clone(), stats.calls))
+            .collect();
+        assert_eq!(recorded, own, "{what}: calls per function of rank {rank}");
     }
 }
 

@@ -8,7 +8,6 @@
 //! docs/deploy.md says how they were checked.
 
 use std::{
-    collections::BTreeMap,
     fs,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
@@ -24,7 +23,6 @@ use mpiburst::{
         client::{ClientError, DaemonClient},
         recording::Recording,
     },
-    store::Job,
 };
 use mpiburst_tests::*;
 
@@ -262,21 +260,6 @@ fn run_counts(mpi: Mpi) -> (PathBuf, Vec<serde_json::Value>) {
     let program = program("counts", mpi);
     run_mpi(mpi, 3, &program, &[out.path().to_str().unwrap()]);
     (program, rank_outputs(out.path(), "counts", 3))
-}
-
-/// Every rank's calls per MPI function, as the daemon recorded them, equal the program's own.
-fn assert_calls_exact(job: &Job, outputs: &[serde_json::Value], what: &str) {
-    assert_eq!(job.ranks.len(), outputs.len(), "{what}: ranks seen");
-    for out in outputs {
-        let rank = out["rank"].as_u64().unwrap() as u32;
-        let own: BTreeMap<String, u64> = serde_json::from_value(out["calls"].clone()).unwrap();
-        let recorded: BTreeMap<String, u64> = job.ranks[&rank]
-            .functions
-            .iter()
-            .map(|(function, stats)| (function.clone(), stats.calls))
-            .collect();
-        assert_eq!(recorded, own, "{what}: calls per function of rank {rank}");
-    }
 }
 
 #[test]

@@ -469,6 +469,7 @@ impl Daemon {
                     )))
                     .ok()
                     .flatten(),
+                    cgroup: id.cgroup.clone(),
                     first_seen_ns,
                     ended_ns: None,
                 },
@@ -485,6 +486,7 @@ impl Daemon {
                         source: format!("unidentified ({e})"),
                         executable: String::new(),
                         build_id: None,
+                        cgroup: None,
                         first_seen_ns,
                         ended_ns: None,
                     },

@@ -145,6 +145,10 @@ pub struct JobMeta {
     /// from runs of a rebuilt one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_id: Option<String>,
+    /// The Slurm job's cgroup, when Slurm put the job in one (see
+    /// [`crate::discovery::ProcessIdentity::cgroup`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
     pub first_seen_ns: u64,
     pub ended_ns: Option<u64>,
 }
@@ -297,6 +301,7 @@ mod tests {
             source: "test".into(),
             executable: "x".into(),
             build_id: None,
+            cgroup: None,
             first_seen_ns: 0,
             ended_ns: ended,
         }

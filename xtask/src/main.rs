@@ -30,6 +30,10 @@ const APT_PACKAGES: &[&str] = &[
     "binutils",
     "curl",
     "linux-perf",
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "munge",
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>
@@ -428,6 +432,10 @@ fn demo(args: &[String]) -> Result<()> {
 /// The reason the privileged tests carry in their `#[ignore = ...]`.
 const NEEDS_ROOT: &str = "needs root to load BPF programs";
 
+/// How a test that cannot run on this machine reports itself skipped, and why (the tests'
+/// harness.rs writes it).
+const SKIPPED_AT_RUN_TIME: &str = "mpiburst-test skipped at run time: ";
+
 enum Outcome {
     Passed,
     Failed,
@@ -558,6 +566,9 @@ struct TestRun {
     passed: u64,
     failed: Vec<String>,
     skipped: Vec<(String, String)>,
+    /// Tests of the current binary that reported themselves skipped at run time: libtest counts
+    /// them as passed.
+    skipped_at_run_time: u64,
     /// The names under the last "failures:" line so far; libtest lists the failed tests of a
     /// binary there, just before its result line.
     failure_list: Option<Vec<String>>,
@@ -610,7 +621,8 @@ impl TestRun {
         } else if line.starts_with("test result: ") {
             self.results.push(line.to_string());
             self.binaries.push(binary.clone());
-            self.passed += count_before(line, " passed");
+            self.passed += count_before(line, " passed")
+                .saturating_sub(std::mem::take(&mut self.skipped_at_run_time));
             let failed = self.failure_list.take().unwrap_or_default();
             self.failed
                 .extend(failed.into_iter().map(|name| format!("{binary}::{name}")));
@@ -621,6 +633,15 @@ impl TestRun {
             list.push(name.trim().to_string());
         } else if !line.is_empty() {
             self.failure_list = None;
+        }
+        // Anywhere in the line: with one test thread, libtest has printed "test NAME ... " before.
+        if let Some((name, reason)) = line
+            .split_once(SKIPPED_AT_RUN_TIME)
+            .and_then(|(_, rest)| rest.split_once(": "))
+        {
+            self.skipped
+                .push((format!("{binary}::{name}"), reason.to_string()));
+            self.skipped_at_run_time += 1;
         }
         // Skipped tests are not run, so nothing a test prints can come between name and verdict.
         if let Some((name, verdict)) = line
@@ -875,22 +896,34 @@ failures:
     kill_9
 
 test result: FAILED. 1 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.00s
-error: test failed, to rerun pass `-p mpiburst-tests --test capture`";
+error: test failed, to rerun pass `-p mpiburst-tests --test capture`
+     Running tests/slurm.rs (target/release/deps/slurm-0011aabb)
+running 2 tests
+test runs ... mpiburst-test skipped at run time: runs: Slurm cannot run here: slurmd exited
+ok
+test scoped ... ok
+test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 3.00s";
         let mut run = TestRun::default();
         let mut binary = String::new();
         for line in output.lines() {
             run.read_line(line, &mut binary);
         }
-        assert_eq!(run.binaries, ["mpiburst (bin)", "capture"]);
-        assert_eq!(run.passed, 1);
+        assert_eq!(run.binaries, ["mpiburst (bin)", "capture", "slurm"]);
+        assert_eq!(run.passed, 2);
         assert_eq!(run.failed, ["capture::kill_9"]);
         assert_eq!(
             run.skipped,
-            [(
-                "capture::call_sites".to_string(),
-                "needs root to load BPF programs: run `sudo -E cargo xtask test`".to_string()
-            )]
+            [
+                (
+                    "capture::call_sites".to_string(),
+                    "needs root to load BPF programs: run `sudo -E cargo xtask test`".to_string()
+                ),
+                (
+                    "slurm::runs".to_string(),
+                    "Slurm cannot run here: slurmd exited".to_string()
+                )
+            ]
         );
-        assert_eq!(run.results.len(), 2);
+        assert_eq!(run.results.len(), 3);
     }
 }

@@ -38,6 +38,10 @@ pub struct ProcessIdentity {
     pub size: u32,
     pub node: String,
     pub source: IdentitySource,
+    /// The Slurm job's cgroup (the `job_<id>` directory above the process's step cgroup, as
+    /// /proc/PID/cgroup names it), when Slurm's cgroup plugins put the process in one: the path
+    /// to give `--cgroup` to profile this job alone.
+    pub cgroup: Option<String>,
 }
 
 /// Identifies MPI process `pid` on node `node`.
@@ -89,6 +93,10 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
             (rank as u32, members.len() as u32, IdentitySource::Launcher)
         }
     };
+    let cgroup = env
+        .slurm_job_id
+        .as_deref()
+        .and_then(|job| slurm_job_cgroup(pid, job));
     Ok(ProcessIdentity {
         pid,
         job: JobId(job),
@@ -96,6 +104,30 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
         size,
         node: node.to_string(),
         source,
+        cgroup,
+    })
+}
+
+/// The cgroup of Slurm job `job` that process `pid` is in: its cgroup path up to the `job_<job>`
+/// component (proctrack/cgroup and task/cgroup make `…/job_<id>/step_<id>/…`, on cgroup v1 in
+/// each controller's hierarchy, on v2 in the unified one). The unified hierarchy's path comes
+/// first when both have one, as it is the one cgroup v2 tools show.
+fn slurm_job_cgroup(pid: u32, job: &str) -> Option<String> {
+    // The cgroup is extra: a process whose file cannot be read is still identified, without it.
+    let cgroups = Process::new(pid as i32)
+        .and_then(|process| process.cgroups())
+        .ok()?;
+    job_cgroup_of(&cgroups, job)
+}
+
+fn job_cgroup_of(cgroups: &ProcessCGroups, job: &str) -> Option<String> {
+    let component = format!("job_{job}");
+    let mut cgroups: Vec<_> = cgroups.into_iter().collect();
+    cgroups.sort_by_key(|cgroup| cgroup.hierarchy);
+    cgroups.iter().find_map(|cgroup| {
+        let parts: Vec<&str> = cgroup.pathname.split('/').collect();
+        let at = parts.iter().position(|part| *part == component)?;
+        Some(parts[..=at].join("/"))
     })
 }
 
@@ -178,7 +210,8 @@ impl LaunchEnv {
             b"PMI_RANK" => self.pmi_rank = number(),
             b"PMI_SIZE" => self.pmi_size = number(),
             b"SLURM_JOB_ID" => self.slurm_job_id = text(),
-            b"SLURM_STEP_ID" => self.slurm_step_id = text(),
+            // Slurm sets both; releases before 15.08 only SLURM_STEPID.
+            b"SLURM_STEP_ID" | b"SLURM_STEPID" => self.slurm_step_id = text(),
             b"SLURM_PROCID" => self.slurm_procid = number(),
             b"SLURM_NTASKS" => self.slurm_ntasks = number(),
             b"SLURM_STEP_NUM_TASKS" => self.slurm_step_num_tasks = number(),
@@ -593,5 +626,29 @@ mod tests {
         assert!(cgroup_lines_match(v2, "/"));
         assert!(in_cgroup(std::process::id(), "/"));
         assert!(!in_cgroup(u32::MAX, "/"));
+    }
+
+    #[test]
+    fn slurm_job_cgroup_is_the_job_directory_above_the_step() {
+        let of = |text: &str, job: &str| {
+            job_cgroup_of(
+                &ProcessCGroups::from_buf_read(text.as_bytes()).unwrap(),
+                job,
+            )
+        };
+        let v1 = "6:freezer:/slurm_vm/uid_0/job_12/step_0\n4:memory:/other\n0::/\n";
+        assert_eq!(of(v1, "12").as_deref(), Some("/slurm_vm/uid_0/job_12"));
+        assert_eq!(of(v1, "1"), None);
+        let v2 = "0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_1\n";
+        assert_eq!(
+            of(v2, "7").as_deref(),
+            Some("/system.slice/slurmstepd.scope/job_7")
+        );
+        let both =
+            "6:freezer:/slurm/uid_0/job_7/step_0\n0::/system.slice/slurmstepd.scope/job_7/step_0\n";
+        assert_eq!(
+            of(both, "7").as_deref(),
+            Some("/system.slice/slurmstepd.scope/job_7")
+        );
     }
 }

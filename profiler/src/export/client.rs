@@ -509,6 +509,7 @@ mod tests {
             source: "test".into(),
             executable: "/bin/app".into(),
             build_id: None,
+            cgroup: None,
             first_seen_ns: 0,
             ended_ns: Some(4_000_000_000),
         });

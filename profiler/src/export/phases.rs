@@ -987,6 +987,7 @@ mod tests {
             source: "t".into(),
             executable: "x".into(),
             build_id: None,
+            cgroup: None,
             first_seen_ns: 0,
             ended_ns: None,
         });

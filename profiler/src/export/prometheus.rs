@@ -822,6 +822,7 @@ mod tests {
             source: "SlurmEnv".into(),
             executable: "/bin/x".into(),
             build_id: None,
+            cgroup: None,
             first_seen_ns: 0,
             ended_ns: None,
         });
@@ -884,6 +885,7 @@ mod tests {
             source: "SlurmEnv".into(),
             executable: "/bin/app".into(),
             build_id: None,
+            cgroup: None,
             first_seen_ns: 0,
             ended_ns: None,
         };

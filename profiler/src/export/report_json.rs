@@ -302,6 +302,7 @@ mod tests {
                 source: "test".into(),
                 executable: "/bin/synthetic".into(),
                 build_id: None,
+                cgroup: None,
                 first_seen_ns: T0,
                 ended_ns: Some(end),
             },

@@ -268,6 +268,7 @@ mod tests {
             source: "test".into(),
             executable: "/bin/x".into(),
             build_id: None,
+            cgroup: None,
             first_seen_ns: 100 * W,
             ended_ns: None,
         });

@@ -1,0 +1,538 @@
+//! Slurm: the test starts a real munged, slurmctld and slurmd on this machine, each with a
+//! configuration it writes into a temporary directory, and runs MPI jobs with srun under Open MPI
+//! (`--mpi=pmix`) and MPICH (`--mpi=pmi2`). The daemon names each job by its Slurm job and step
+//! ids, counts every rank's calls exactly, records the job's cgroup, profiles that job alone when
+//! `--cgroup` names it, and sees the job end.
+//!
+//! Where the cluster cannot start on this machine (Slurm or munge not installed, a Slurm daemon
+//! that exits or never brings the node up, e.g. cgroup v2 without systemd's delegation), the test
+//! prints why and is reported skipped.
+
+use std::{
+    cell::RefCell,
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Mutex, MutexGuard, PoisonError},
+    thread,
+    time::{Duration, Instant},
+};
+
+use mpiburst_tests::*;
+
+/// The tests start one cluster at a time: Slurm names its cgroups by node and job id, and the
+/// clusters of one test process start at the same job id.
+static CLUSTER_LOCK: Mutex<()> = Mutex::new(());
+
+/// Ranks of every MPI job here: more than two cores' worth, so srun must overcommit.
+const RANKS: u32 = 3;
+
+/// One node's Slurm. Its daemons are stopped by pid, in reverse order of start, when it is
+/// dropped (also when a test panics), after its jobs are cancelled.
+struct Cluster {
+    dir: tempfile::TempDir,
+    conf: PathBuf,
+    daemons: Vec<(&'static str, Child)>,
+    /// The job cgroups its jobs ran in: slurmd leaves the empty directories above them.
+    cgroups: RefCell<Vec<String>>,
+}
+
+impl Cluster {
+    /// Starts munged, slurmctld and slurmd, and waits for the node to be idle; or says why the
+    /// cluster cannot run on this machine.
+    fn start() -> Result<Cluster, String> {
+        for program in ["munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo"] {
+            if !on_path(program) {
+                return Err(format!(
+                    "{program} is not installed: `cargo xtask install-deps` installs Slurm and munge"
+                ));
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = Cluster {
+            conf: dir.path().join("slurm.conf"),
+            dir,
+            daemons: Vec::new(),
+            cgroups: RefCell::default(),
+        };
+        let socket = cluster.path("munge.socket");
+        cluster.start_munged(&socket)?;
+        cluster.write_config(&socket)?;
+        let conf = cluster.conf.display().to_string();
+        cluster.spawn("slurmctld", &["-D", "-f", &conf])?;
+        cluster.spawn("slurmd", &["-D", "-f", &conf])?;
+        cluster.wait_until_idle()?;
+        for plugin in [Mpi::OpenMpi, Mpi::Mpich].map(mpi_plugin) {
+            let list = cluster.output(cluster.command("srun").arg("--mpi=list"))?;
+            if !list.lines().any(|l| l.trim() == plugin) {
+                return Err(format!(
+                    "srun has no MPI plugin {plugin}: `srun --mpi=list` says {list:?}"
+                ));
+            }
+        }
+        Ok(cluster)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// munged with a fresh key, listening on a socket of its own (Slurm finds it by AuthInfo).
+    fn start_munged(&mut self, socket: &Path) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let key = self.path("munge.key");
+        let mut bytes = vec![0u8; 1024];
+        fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+            .map_err(|e| format!("cannot read /dev/urandom for a munge key: {e}"))?;
+        fs::write(&key, &bytes).unwrap();
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
+        let arg = |option: &str, name: &Path| format!("--{option}={}", name.display());
+        self.spawn(
+            "munged",
+            &[
+                "--foreground",
+                &arg("key-file", &key),
+                &arg("socket", socket),
+                &arg("pid-file", &self.path("munged.pid")),
+                &arg("log-file", &self.path("munged.log")),
+                &arg("seed-file", &self.path("munged.seed")),
+            ],
+        )?;
+        self.wait_for("munged to open its socket", Duration::from_secs(20), |_| {
+            Ok(socket.exists())
+        })
+    }
+
+    /// slurm.conf (and cgroup.conf beside it): this node, as `slurmd -C` finds its hardware,
+    /// is the controller and the only compute node, everything listens on loopback ports that
+    /// are free now, and all state stays in the temporary directory.
+    fn write_config(&self, munge_socket: &Path) -> Result<(), String> {
+        let hardware = self.output(Command::new("slurmd").arg("-C"))?;
+        let node = hardware
+            .lines()
+            .find(|l| l.starts_with("NodeName="))
+            .ok_or_else(|| format!("`slurmd -C` did not describe this node: {hardware:?}"))?;
+        let name = node["NodeName=".len()..]
+            .split_whitespace()
+            .next()
+            .unwrap_or_default();
+        let port = |addr: String| addr.rsplit_once(':').unwrap().1.to_string();
+        let d = self.dir.path().display();
+        let config = format!(
+            "ClusterName=mpiburst\n\
+             SlurmctldHost={name}(127.0.0.1)\n\
+             SlurmctldPort={ctld}\n\
+             SlurmdPort={slurmd}\n\
+             # Listen on the configured (loopback) addresses only, srun included.\n\
+             CommunicationParameters=NoInAddrAny,NoCtldInAddrAny\n\
+             AuthType=auth/munge\n\
+             CredType=cred/munge\n\
+             AuthInfo=socket={socket}\n\
+             SlurmUser=root\n\
+             SlurmdUser=root\n\
+             StateSaveLocation={d}/state\n\
+             SlurmdSpoolDir={d}/spool\n\
+             SlurmctldPidFile={d}/slurmctld.pid\n\
+             SlurmdPidFile={d}/slurmd.pid\n\
+             SlurmctldLogFile={d}/slurmctld.log\n\
+             SlurmdLogFile={d}/slurmd.log\n\
+             # Each step in a cgroup of its job, which the daemon records and --cgroup selects.\n\
+             ProctrackType=proctrack/cgroup\n\
+             TaskPlugin=task/none\n\
+             SelectType=select/cons_tres\n\
+             SelectTypeParameters=CR_Core\n\
+             MpiDefault=none\n\
+             JobAcctGatherType=jobacct_gather/none\n\
+             AccountingStorageType=accounting_storage/none\n\
+             ReturnToService=2\n\
+             # Slurm names cgroups by job id: ids of this test process's own, apart from those\n\
+             # of a test run from another checkout at the same time.\n\
+             FirstJobId={first_job}\n\
+             {node} NodeAddr=127.0.0.1 State=UNKNOWN\n\
+             PartitionName=test Nodes={name} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE\n",
+            ctld = port(free_loopback_addr()),
+            slurmd = port(free_loopback_addr()),
+            socket = munge_socket.display(),
+            // Below Slurm's largest job id (67043328) for any pid (at most 2^22).
+            first_job = std::process::id() * 8,
+        );
+        for sub in ["state", "spool"] {
+            fs::create_dir(self.path(sub)).unwrap();
+        }
+        fs::write(&self.conf, config).unwrap();
+        // cgroup v1 or v2, whichever this machine mounts.
+        fs::write(self.path("cgroup.conf"), "CgroupPlugin=autodetect\n").unwrap();
+        Ok(())
+    }
+
+    fn wait_until_idle(&mut self) -> Result<(), String> {
+        self.wait_for("the node to be idle", Duration::from_secs(60), |cluster| {
+            let state = cluster.output(cluster.command("sinfo").args(["-h", "-N", "-o", "%T"]));
+            Ok(state.is_ok_and(|s| s.trim() == "idle"))
+        })
+    }
+
+    /// A Slurm command for this cluster.
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("SLURM_CONF", &self.conf);
+        cmd
+    }
+
+    /// Starts a daemon in the foreground, logging to `<name>.out` in the temporary directory.
+    fn spawn(&mut self, name: &'static str, args: &[&str]) -> Result<(), String> {
+        let out = fs::File::create(self.path(&format!("{name}.out"))).unwrap();
+        let child = self
+            .command(name)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        self.daemons.push((name, child));
+        Ok(())
+    }
+
+    /// Polls `ready` until it holds, failing with the daemons' logs if one of them exits or
+    /// `limit` passes.
+    fn wait_for(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        ready: impl Fn(&Cluster) -> Result<bool, String>,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let exited = self
+                .daemons
+                .iter_mut()
+                .find_map(|(name, child)| Some((*name, child.try_wait().ok()??)));
+            if let Some((name, status)) = exited {
+                return Err(format!(
+                    "{name} exited ({status}) while waiting for {what}; {}",
+                    self.logs()
+                ));
+            }
+            if ready(self)? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no {what} within {limit:?}; {}", self.logs()));
+            }
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last lines of every daemon's log.
+    fn logs(&self) -> String {
+        let mut text = String::new();
+        for name in [
+            "munged.out",
+            "munged.log",
+            "slurmctld.out",
+            "slurmd.out",
+            "slurmd.log",
+        ] {
+            if let Ok(log) = fs::read_to_string(self.path(name)) {
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(8)..].join("\n");
+                text += &format!("{name}:\n{tail}\n");
+            }
+        }
+        text
+    }
+
+    /// A command's standard output, or what went wrong with its standard error.
+    fn output(&self, cmd: &mut Command) -> Result<String, String> {
+        let shown = format!("{cmd:?}");
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {shown}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{shown} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A new job allocation (one core, which its steps overcommit), by its job id.
+    fn allocate(&self) -> u32 {
+        let out = self
+            .command("salloc")
+            .args(["--no-shell", "-n", "1", "--overcommit"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run salloc");
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        said.lines()
+            .find_map(|l| l.split("Granted job allocation ").nth(1))
+            .and_then(|id| id.trim().parse().ok())
+            .unwrap_or_else(|| {
+                panic!(
+                    "salloc did not grant an allocation ({}): {said}",
+                    out.status
+                )
+            })
+    }
+
+    /// The cgroup Slurm puts job `job` in, as its next step (one task) finds in its own
+    /// /proc/self/cgroup: the path up to `job_<id>`, the same in every hierarchy that has it.
+    fn job_cgroup(&self, job: u32) -> String {
+        let text = self
+            .output(self.command("srun").args([
+                &format!("--jobid={job}"),
+                "-n",
+                "1",
+                "cat",
+                "/proc/self/cgroup",
+            ]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let component = format!("/job_{job}/");
+        let mut paths: Vec<&str> = text
+            .lines()
+            .filter_map(|line| {
+                let path = line.splitn(3, ':').nth(2)?;
+                let at = path.find(&component)?;
+                Some(&path[..at + component.len() - 1])
+            })
+            .collect();
+        paths.sort_unstable();
+        paths.dedup();
+        assert_eq!(paths.len(), 1, "one cgroup of job {job} in {text}");
+        self.cgroups.borrow_mut().push(paths[0].to_string());
+        paths[0].to_string()
+    }
+
+    /// srun of the `counts` program in job `job` under `mpi`, with where its ranks write their
+    /// own counts.
+    fn srun_counts(&self, job: u32, mpi: Mpi) -> CountsRun {
+        let out = tempfile::tempdir().unwrap();
+        let program = program("counts", mpi);
+        let mut cmd = self.command("srun");
+        cmd.args([
+            &format!("--jobid={job}"),
+            &format!("--mpi={}", mpi_plugin(mpi)),
+            "--overcommit",
+            "-n",
+            &RANKS.to_string(),
+        ])
+        .arg(&program)
+        .arg(out.path());
+        if mpi == Mpi::OpenMpi {
+            // What mpirun's --allow-run-as-root and --mca mpi_yield_when_idle 1 set.
+            cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+                .env("OMPI_MCA_mpi_yield_when_idle", "1");
+        }
+        CountsRun {
+            child: cmd.spawn().expect("start srun"),
+            shown: format!("{cmd:?}"),
+            program,
+            out,
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Jobs first, so that no step outlives slurmd.
+        if let Ok(jobs) = self.output(self.command("squeue").args(["-h", "-o", "%i"])) {
+            for job in jobs.split_whitespace() {
+                let _ = self.output(self.command("scancel").arg(job));
+            }
+            let _ = self.wait_for("the jobs to end", Duration::from_secs(30), |cluster| {
+                let left = cluster.output(cluster.command("squeue").args(["-h", "-o", "%i"]));
+                Ok(left.is_ok_and(|l| l.trim().is_empty()))
+            });
+        }
+        while let Some((name, mut child)) = self.daemons.pop() {
+            // SAFETY: kill has no memory preconditions; the pid is our unreaped child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            if wait_with_timeout(&mut child, Duration::from_secs(20)).is_none() {
+                eprintln!("{name} did not stop within 20 s of SIGTERM: killed");
+            }
+        }
+        self.remove_empty_cgroups();
+        if thread::panicking() {
+            eprintln!("the cluster's logs:\n{}", self.logs());
+        }
+    }
+}
+
+impl Cluster {
+    /// Removes the cgroups Slurm made above its jobs' (`/slurm_<node>/uid_0` on cgroup v1) in
+    /// every hierarchy, deepest first, up to the first one Slurm did not name. The kernel removes
+    /// only empty cgroups, so those another slurmd still uses stay.
+    fn remove_empty_cgroups(&self) {
+        let mounts: Vec<PathBuf> = fs::read_dir("/sys/fs/cgroup")
+            .map(|dirs| dirs.flatten().map(|d| d.path()).collect())
+            .unwrap_or_default();
+        for job in self.cgroups.borrow().iter() {
+            for above in Path::new(job.trim_start_matches('/')).ancestors().skip(1) {
+                let name = above.file_name().unwrap_or_default().to_string_lossy();
+                if !(name.starts_with("slurm") || name.starts_with("uid_")) {
+                    break;
+                }
+                for mount in mounts
+                    .iter()
+                    .map(PathBuf::as_path)
+                    .chain([Path::new("/sys/fs/cgroup")])
+                {
+                    let _ = fs::remove_dir(mount.join(above));
+                }
+            }
+        }
+    }
+}
+
+/// An srun of the `counts` program.
+struct CountsRun {
+    child: Child,
+    shown: String,
+    program: PathBuf,
+    out: tempfile::TempDir,
+}
+
+impl CountsRun {
+    /// Waits for srun to succeed and returns the program with its ranks' own counts.
+    fn finish(mut self) -> (PathBuf, Vec<serde_json::Value>) {
+        let status = wait_with_timeout(&mut self.child, Duration::from_secs(180))
+            .unwrap_or_else(|| panic!("{} did not finish within 180 s", self.shown));
+        assert!(status.success(), "{} failed: {status}", self.shown);
+        let outputs = rank_outputs(self.out.path(), "counts", RANKS);
+        (self.program, outputs)
+    }
+}
+
+/// The srun MPI plugin each implementation starts under: Debian's Open MPI uses PMIx, its MPICH
+/// speaks PMI-2.
+fn mpi_plugin(mpi: Mpi) -> &'static str {
+    match mpi {
+        Mpi::OpenMpi => "pmix",
+        Mpi::Mpich => "pmi2",
+    }
+}
+
+fn on_path(program: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .any(|dir| dir.join(program).is_file())
+}
+
+/// The calling test's turn and cluster, or `None` when the cluster cannot run here and the test
+/// has reported itself skipped.
+fn cluster_for_this_test() -> Option<(MutexGuard<'static, ()>, Cluster)> {
+    require_root();
+    let turn = CLUSTER_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    match Cluster::start() {
+        Ok(cluster) => Some((turn, cluster)),
+        Err(reason) => {
+            // libtest runs each test on a thread named after it.
+            let current = thread::current();
+            let test = current.name().unwrap_or("a Slurm test");
+            skip_at_run_time(test, &format!("Slurm cannot run here: {reason}"));
+            None
+        }
+    }
+}
+
+/// The recorded job's identity and end, and its calls against the ranks' own counts.
+fn assert_slurm_job(
+    job: &mpiburst::store::Job,
+    slurm_job: u32,
+    cgroup: &str,
+    outputs: &[serde_json::Value],
+    what: &str,
+) {
+    // Step 0 read the job's cgroup; the MPI program is step 1.
+    assert_eq!(
+        job.meta.id.0,
+        format!("slurm:{slurm_job}.1"),
+        "{what}: job id"
+    );
+    assert_eq!(job.meta.size, RANKS, "{what}: job size");
+    assert_eq!(
+        job.meta.cgroup.as_deref(),
+        Some(cgroup),
+        "{what}: job cgroup"
+    );
+    assert!(job.meta.ended_ns.is_some(), "{what}: job seen to end");
+    assert_calls_exact(job, outputs, what);
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn srun_jobs_are_named_by_slurm_job_and_step_counted_exactly_and_seen_to_end() {
+    let Some((_turn, cluster)) = cluster_for_this_test() else {
+        return;
+    };
+    let daemon = Daemon::start(&[]);
+    let mut runs = Vec::new();
+    for mpi in Mpi::ALL {
+        let job = cluster.allocate();
+        let cgroup = cluster.job_cgroup(job);
+        let (program, outputs) = cluster.srun_counts(job, mpi).finish();
+        runs.push((mpi, job, cgroup, program, outputs));
+    }
+    // The API shows each job's Slurm ids and cgroup.
+    let listed = get_json(&daemon.addr, "/api/jobs");
+    for (mpi, job, cgroup, ..) in &runs {
+        let id = format!("slurm:{job}.1");
+        let entry = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["meta"]["id"] == id.as_str())
+            .unwrap_or_else(|| panic!("{mpi:?}: no job {id} in /api/jobs: {listed}"));
+        assert_eq!(entry["meta"]["cgroup"], cgroup.as_str(), "{mpi:?}: {entry}");
+    }
+    let recording = daemon.stop();
+    for (mpi, job, cgroup, program, outputs) in &runs {
+        let what = format!("counts under {mpi:?} with srun in Slurm job {job} ({cgroup})");
+        assert_slurm_job(job_of(&recording, program), *job, cgroup, outputs, &what);
+        let meta = &job_of(&recording, program).meta;
+        eprintln!("{what}: recorded as {} ({})", meta.id, meta.source);
+    }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn with_cgroup_set_to_a_slurm_jobs_cgroup_the_daemon_profiles_that_job_alone() {
+    let Some((_turn, cluster)) = cluster_for_this_test() else {
+        return;
+    };
+    let chosen = cluster.allocate();
+    let other = cluster.allocate();
+    let cgroup = cluster.job_cgroup(chosen);
+    cluster.job_cgroup(other);
+    let daemon = Daemon::start(&["--cgroup", &cgroup]);
+    // Both jobs run at the same time: the other job's ranks are MPI processes the daemon sees
+    // and must leave out.
+    let other_run = cluster.srun_counts(other, Mpi::OpenMpi);
+    let (program, outputs) = cluster.srun_counts(chosen, Mpi::Mpich).finish();
+    let (_, other_outputs) = other_run.finish();
+    assert_eq!(other_outputs.len(), RANKS as usize, "the other job ran");
+    let recording = daemon.stop();
+    let ids: Vec<&str> = recording.jobs.keys().map(|id| id.0.as_str()).collect();
+    assert_eq!(
+        ids,
+        [format!("slurm:{chosen}.1")],
+        "jobs recorded with --cgroup {cgroup}"
+    );
+    let what =
+        format!("counts under MPICH in Slurm job {chosen} ({cgroup}), job {other} beside it");
+    assert_slurm_job(
+        job_of(&recording, &program),
+        chosen,
+        &cgroup,
+        &outputs,
+        &what,
+    );
+}
