@@ -287,11 +287,16 @@ mod tests {
     fn a_counter_that_did_not_run_all_its_enabled_time_is_reported() {
         let cpus = online_cpus().unwrap();
         let [run_on, count_on, ..] = cpus[..] else {
-            panic!(
-                "this check needs two online CPUs (one to run on, one to count on); this \
-                 machine has {}",
+            // The line `cargo xtask test` reads to report a test skipped (tests/harness.rs).
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
+                "mpiburst-test skipped at run time: \
+                 a_counter_that_did_not_run_all_its_enabled_time_is_reported: it needs two \
+                 online CPUs (one to run on, one to count on); this machine has {}",
                 cpus.len()
             );
+            return;
         };
         // SAFETY: cpu_set_t is plain data; CPU_SET writes inside it; pid 0 is this thread.
         unsafe {
