@@ -80,6 +80,18 @@ pub struct AddressResolver {
     /// Module id per mapped file, keyed by inode and path; libraries are shared by every rank
     /// of a job, so each build-id is read once.
     modules: HashMap<(u64, PathBuf), Arc<str>>,
+    /// The last call sites resolved, direct-mapped by pid and address: a rank's bursts start and
+    /// end at the same few return addresses, and under a burst storm the search of the maps was
+    /// a fifth of the daemon's time.
+    recent: Vec<Option<(u32, u64, CallSite)>>,
+}
+
+/// Slots of [`AddressResolver::recent`] (a power of 2).
+const RECENT_SLOTS: usize = 256;
+
+fn recent_slot(pid: u32, address: u64) -> usize {
+    let key = address ^ (u64::from(pid) << 32) ^ (address >> 17);
+    (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % RECENT_SLOTS
 }
 
 impl AddressResolver {
@@ -91,6 +103,24 @@ impl AddressResolver {
     /// offset. Anonymous memory, and processes that exited before their maps were read, give
     /// [`CallSite::unknown`].
     pub fn resolve(&mut self, pid: u32, address: u64) -> CallSite {
+        if self.recent.is_empty() {
+            self.recent = vec![None; RECENT_SLOTS];
+        }
+        let slot = recent_slot(pid, address);
+        if let Some((p, a, site)) = &self.recent[slot] {
+            if (*p, *a) == (pid, address) {
+                return site.clone();
+            }
+        }
+        let site = self.search(pid, address);
+        if site.module.as_ref() != "?" {
+            self.recent[slot] = Some((pid, address, site.clone()));
+        }
+        site
+    }
+
+    /// [`AddressResolver::resolve`] through the cached maps, read again on a miss.
+    fn search(&mut self, pid: u32, address: u64) -> CallSite {
         if let Some(site) = self.lookup(pid, address) {
             return site;
         }
@@ -111,6 +141,11 @@ impl AddressResolver {
     /// Drops the cached maps of a process that has exited.
     pub fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
+        for slot in &mut self.recent {
+            if slot.as_ref().is_some_and(|(p, _, _)| *p == pid) {
+                *slot = None;
+            }
+        }
     }
 
     /// `None` when no cached mapping contains the address, so the maps must be read again.
