@@ -18,6 +18,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
+use aya_log_ebpf::warn;
 use profiler_common::{
     cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion, TaskThread, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
     OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_POLLING, OUTER_REGION_START,
@@ -108,8 +109,31 @@ fn config<T: Copy>(v: &'static T) -> T {
 #[inline(always)]
 fn count_lost(index: u32) {
     if let Some(p) = LOST.get_ptr_mut(index) {
-        unsafe { *p += 1 };
+        let count = unsafe { *p } + 1;
+        unsafe { *p = count };
+        if count == 1 {
+            log_first_loss(index);
+        }
     }
+}
+
+/// Logs the first loss of a kind on this CPU through aya-log (the daemon forwards the record to
+/// its log); later ones are only counted (`mpiburst_lost_events_total`). Not inlined: the
+/// logging code is one subprogram, out of the probes that call `count_lost`.
+#[inline(never)]
+fn log_first_loss(index: u32) {
+    let what = match index {
+        lost::BURSTS => "a burst record: the ring buffer BURSTS is full (raise capture.ring_buffer_mib)",
+        lost::EXECS => "an exec notification: the ring buffer EXECS is full",
+        lost::THREAD_STATES => "a thread's state: the map THREADS or TASK_THREADS is full",
+        _ => "a thread's statistics: FUNC_STATS, BURST_TOTALS, REGIONS or IO_TOTALS is full",
+    };
+    // aya-log 0.2 writes to its own ring buffer and does not use the program context.
+    warn!(
+        (),
+        "lost {}; further losses of this kind on this CPU are only counted",
+        what
+    );
 }
 
 #[inline(always)]

@@ -137,10 +137,10 @@ pub struct ProgramStats {
 /// only the overhead benchmark uses.
 const UPROBE_PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit"];
 
-/// Where each classic tracepoint program attaches: (program, category, event).
-const TRACEPOINTS: [(&str, &str, &str); 2] = [
-    ("sched_process_exec", "sched", "sched_process_exec"),
-    ("sched_process_exit", "sched", "sched_process_exit"),
+/// Where each classic tracepoint program attaches: (program, category, events).
+const TRACEPOINTS: [(&str, &str, &[&str]); 2] = [
+    ("sched_process_exec", "sched", &["sched_process_exec"]),
+    ("sched_process_exit", "sched", &["sched_process_exit"]),
 ];
 
 /// The raw tracepoint programs (program, tracepoint): the scheduler's, always on.
@@ -149,14 +149,15 @@ const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] = [
     ("sched_switch", "sched_switch"),
 ];
 
-/// The file I/O programs and the system call tracepoints each attaches to (category
-/// `syscalls`): with `capture.file_io` only. Per-syscall tracepoints, not the raw `sys_enter` and
+/// The file I/O programs and the system call tracepoints each attaches to, as in TRACEPOINTS:
+/// with `capture.file_io` only. Per-syscall tracepoints, not the raw `sys_enter` and
 /// `sys_exit` of every system call, so that no other call (sched_yield, poll, futex: the polling
 /// of MPI libraries) runs a program. The calls are those of x86_64 that read, write, open or
 /// close a file descriptor.
-const IO_TRACEPOINTS: [(&str, &[&str]); 4] = [
+const IO_TRACEPOINTS: [(&str, &str, &[&str]); 4] = [
     (
         "io_read_exit",
+        "syscalls",
         &[
             "sys_exit_read",
             "sys_exit_pread64",
@@ -167,6 +168,7 @@ const IO_TRACEPOINTS: [(&str, &[&str]); 4] = [
     ),
     (
         "io_write_exit",
+        "syscalls",
         &[
             "sys_exit_write",
             "sys_exit_pwrite64",
@@ -177,6 +179,7 @@ const IO_TRACEPOINTS: [(&str, &[&str]); 4] = [
     ),
     (
         "io_open_exit",
+        "syscalls",
         &[
             "sys_exit_open",
             "sys_exit_creat",
@@ -184,7 +187,7 @@ const IO_TRACEPOINTS: [(&str, &[&str]); 4] = [
             "sys_exit_openat2",
         ],
     ),
-    ("io_close_enter", &["sys_enter_close"]),
+    ("io_close_enter", "syscalls", &["sys_enter_close"]),
 ];
 
 pub struct Capture {
@@ -203,6 +206,10 @@ pub struct Capture {
     pub counters: Result<[CounterEvent; 2], String>,
     _counter_fds: Vec<OwnedFd>,
     _stats_fd: Option<OwnedFd>,
+    /// Reads the records the BPF programs log with aya-log (rare events, such as the first loss
+    /// of a kind on a CPU) and hands them to the `log` facade, which the daemon's tracing
+    /// subscriber receives.
+    bpf_log: Box<dyn FnMut() + Send>,
 }
 
 impl Capture {
@@ -262,51 +269,34 @@ impl Capture {
         };
 
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
-        for (name, category, event) in TRACEPOINTS {
+        let io: &[_] = if config.file_io { &IO_TRACEPOINTS } else { &[] };
+        for &(name, category, events) in TRACEPOINTS.iter().chain(io) {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program {
+            let failed = |source| CaptureError::Program {
                 program: name,
                 source,
-            })?;
-            program
-                .attach(category, event)
-                .map_err(|source| CaptureError::Program {
-                    program: name,
-                    source,
-                })?;
+            };
+            program.load().map_err(failed)?;
+            for event in events {
+                program.attach(category, event).map_err(failed)?;
+            }
         }
         for (name, tracepoint) in SCHED_RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program {
+            let failed = |source| CaptureError::Program {
                 program: name,
                 source,
-            })?;
-            program
-                .attach(tracepoint)
-                .map_err(|source| CaptureError::Program {
-                    program: name,
-                    source,
-                })?;
-        }
-        if config.file_io {
-            for (name, events) in IO_TRACEPOINTS {
-                let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
-                program.load().map_err(|source| CaptureError::Program {
-                    program: name,
-                    source,
-                })?;
-                for event in events {
-                    program
-                        .attach("syscalls", event)
-                        .map_err(|source| CaptureError::Program {
-                            program: name,
-                            source,
-                        })?;
-                }
-            }
+            };
+            program.load().map_err(failed)?;
+            program.attach(tracepoint).map_err(failed)?;
         }
         let bursts = take_ring(&mut ebpf, "BURSTS")?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
+        // After the uprobe programs were relocated against the maps: this takes AYA_LOGS out.
+        let mut logger = aya_log::EbpfLogger::init(&mut ebpf).map_err(|e| CaptureError::Io {
+            what: "reading the BPF programs' log (aya-log)".into(),
+            source: std::io::Error::other(e),
+        })?;
         Ok(Capture {
             ebpf,
             bursts,
@@ -318,6 +308,7 @@ impl Capture {
             counters: counter_events,
             _counter_fds: counter_fds,
             _stats_fd: stats_fd,
+            bpf_log: Box::new(move || logger.flush()),
         })
     }
 
@@ -400,6 +391,11 @@ impl Capture {
             }
         }
         n
+    }
+
+    /// Passes what the BPF programs logged since the last call to the daemon's log.
+    pub fn forward_bpf_log(&mut self) {
+        (self.bpf_log)();
     }
 
     /// Pids that called exec since the last drain.
@@ -547,7 +543,7 @@ impl Capture {
             .iter()
             .map(|&(name, _, _)| name)
             .chain(SCHED_RAW_TRACEPOINTS.iter().map(|&(name, _)| name))
-            .chain(IO_TRACEPOINTS.iter().map(|&(name, _)| name))
+            .chain(IO_TRACEPOINTS.iter().map(|&(name, _, _)| name))
             .filter_map(|name| {
                 let fd = self.ebpf.program(name)?.fd().ok()?;
                 Some((name, fd.as_fd()))
@@ -573,7 +569,10 @@ impl Capture {
 fn io_field_offsets() -> Result<(u64, u64), CaptureError> {
     let mut fd = None;
     let mut ret = None;
-    for event in IO_TRACEPOINTS.iter().flat_map(|(_, events)| events.iter()) {
+    for event in IO_TRACEPOINTS
+        .iter()
+        .flat_map(|(_, _, events)| events.iter())
+    {
         let (field, seen) = if event.starts_with("sys_enter_") {
             ("fd", &mut fd)
         } else {
