@@ -41,7 +41,8 @@ const USAGE: &str = "usage: cargo xtask <command>
                           even when another fails; --under-load runs them while one busy
                           loop per online CPU competes for every core. The whole suite is
                           gated by `cargo fmt --check` and clippy with warnings as errors
-  bench overhead|cluster  measure probe cost per call and application slowdown, or clustering speed
+  bench overhead|cluster  measure probe cost per call, the system call tax on processes the
+                          daemon does not track, and application slowdown; or clustering speed
   install-deps            only install the system packages and toolchain pieces";
 
 fn main() -> Result<()> {
