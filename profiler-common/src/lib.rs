@@ -236,16 +236,6 @@ pub struct IoTotals {
 }
 const _: () = assert!(core::mem::size_of::<IoTotals>() == 56);
 
-/// A read, write or open system call between its entry and exit: what the exit must add to.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IoPending {
-    /// Read, write or open (the BPF side's constants).
-    pub kind: u32,
-    pub _pad: u32,
-}
-const _: () = assert!(core::mem::size_of::<IoPending>() == 8);
-
 /// Indices of the per-CPU self-monitoring counters.
 pub mod lost {
     /// Bursts lost because the ring buffer was full.

@@ -1,24 +1,27 @@
 //! mpiburst BPF programs: one uprobe/uretprobe pair attached to every MPI entry point (the attach
 //! cookie says which function it is), the raw sched_stat_runtime and sched_switch tracepoints
 //! for per-thread on-CPU time and counter virtualisation, sched_process_exec to find new MPI libraries, sched_process_exit for the exit
-//! time of the MPI processes the daemon tracks, and the file I/O syscall tracepoints of those.
+//! time of the MPI processes the daemon tracks, and the tracepoints of the file I/O system calls,
+//! which count those of the tracked processes.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
     bindings::{bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns,
-        bpf_perf_event_read_value, bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_perf_event_read_value,
+        bpf_probe_read_kernel, bpf_probe_read_user, bpf_task_pt_regs,
     },
     macros::{map, raw_tracepoint, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerfEventArray, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
+use aya_log_ebpf::warn;
 use profiler_common::{
-    cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoPending,
-    IoTotals, RankRegion, TaskThread, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
+    cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoTotals,
+    RankRegion, TaskThread, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
     OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_POLLING, OUTER_REGION_START,
 };
 
@@ -38,6 +41,12 @@ static COUNTERS_ENABLED: u32 = 0;
 static EXEC_PID_OFFSET: u64 = 0;
 #[no_mangle]
 static EXIT_GROUP_DEAD_OFFSET: u64 = 0;
+/// The same for the system call tracepoints of the file I/O programs: the descriptor argument
+/// of close's entry and the return value of the exits.
+#[no_mangle]
+static IO_FD_OFFSET: u64 = 0;
+#[no_mangle]
+static IO_RET_OFFSET: u64 = 0;
 
 #[map]
 static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(65536, 0);
@@ -66,17 +75,20 @@ static CPU_SWITCH: PerCpuArray<CpuSwitch> = PerCpuArray::with_max_entries(1, 0);
 static BURSTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 #[map]
 static EXECS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
-/// The MPI processes the daemon identified: their file I/O is counted, and the value becomes
-/// the process's exit time (0 while it runs).
+/// The MPI processes the daemon identified, by pid: the value becomes the process's exit time
+/// (0 while it runs).
 #[map]
 static TRACKED: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
+/// The same processes as one bit per pid (bit pid % 64 of word pid / 64, up to the kernel's
+/// largest pid_max, 2^22), written only by the daemon: their file I/O is counted. Every process
+/// on the node passes the test in the file I/O programs, and an array read is far cheaper than
+/// a hash lookup.
+#[map]
+static TRACKED_PIDS: Array<u64> = Array::with_max_entries(1 << 16, 0);
 /// (pid << 32 | fd) of the descriptors the tracked processes opened: the files whose reads and
 /// writes count.
 #[map]
 static IO_FILES: LruHashMap<u64, u32> = LruHashMap::with_max_entries(65536, 0);
-/// Read or write in flight, by tid.
-#[map]
-static IO_PENDING: LruHashMap<u32, IoPending> = LruHashMap::with_max_entries(16384, 0);
 #[map]
 static IO_TOTALS: HashMap<u32, IoTotals> = HashMap::with_max_entries(16384, 0);
 #[map]
@@ -98,8 +110,32 @@ fn config<T: Copy>(v: &'static T) -> T {
 #[inline(always)]
 fn count_lost(index: u32) {
     if let Some(p) = LOST.get_ptr_mut(index) {
-        unsafe { *p += 1 };
+        let count = unsafe { *p } + 1;
+        unsafe { *p = count };
+        if count == 1 {
+            log_first_loss(index);
+        }
     }
+}
+
+/// Logs the first loss of a kind on this CPU through aya-log (the daemon forwards the record to
+/// its log); later ones are only counted (`mpiburst_lost_events_total`). Not inlined: the
+/// logging code is one subprogram, out of the probes that call `count_lost`.
+#[inline(never)]
+fn log_first_loss(index: u32) {
+    let what = match index {
+        lost::BURSTS => {
+            "a burst record: the ring buffer BURSTS is full (raise capture.ring_buffer_mib)"
+        }
+        lost::EXECS => "an exec notification: the ring buffer EXECS is full",
+        lost::THREAD_STATES => "a thread's state: the map THREADS or TASK_THREADS is full",
+        _ => "a thread's statistics: FUNC_STATS, BURST_TOTALS, REGIONS or IO_TOTALS is full",
+    };
+    // aya-log 0.2 writes to its own ring buffer and does not use the program context.
+    warn!(
+        (),
+        "lost {}; further losses of this kind on this CPU are only counted", what
+    );
 }
 
 #[inline(always)]
@@ -554,21 +590,26 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-// x86_64 system call numbers of the file I/O calls counted.
-const SYS_READS: [i64; 5] = [0, 17, 19, 295, 327]; // read pread64 readv preadv preadv2
-const SYS_WRITES: [i64; 5] = [1, 18, 20, 296, 328]; // write pwrite64 writev pwritev pwritev2
-const SYS_OPENS: [i64; 4] = [2, 85, 257, 437]; // open creat openat openat2
-const SYS_CLOSE: i64 = 3;
+// The file I/O programs sit on the per-syscall tracepoints of the calls they count (attached by
+// the daemon, see `capture::IO_TRACEPOINTS`), so no other system call runs any of them. Every
+// process on the node makes those calls: the first test, whether the caller's process is
+// tracked, is one bit of an array. Reads and writes are counted at their exit alone, which has
+// both the descriptor (in the registers the call was made with) and the bytes: an entry
+// tracepoint would be a second program run per call, and the kernel copies the data of write
+// and pwrite64 into their entry records before any program runs.
 
-/// What the exit of a pending call adds to.
-const IO_READ: u32 = 0;
-const IO_WRITE: u32 = 1;
-const IO_OPEN: u32 = 2;
+/// Whether the calling thread's process is tracked, and its (pid, tid).
+#[inline(always)]
+fn tracked_caller() -> Option<(u32, u32)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let word = TRACKED_PIDS.get(pid >> 6)?;
+    (word & (1 << (pid & 63)) != 0).then_some((pid, tid))
+}
 
-/// The calling thread's I/O totals, if its process is tracked.
+/// The calling thread's I/O totals (its process is tracked).
 #[inline(always)]
 fn io_totals(pid: u32, tid: u32) -> Option<&'static mut IoTotals> {
-    unsafe { TRACKED.get(&pid) }?;
     get_or_insert(
         &IO_TOTALS,
         &tid,
@@ -579,87 +620,100 @@ fn io_totals(pid: u32, tid: u32) -> Option<&'static mut IoTotals> {
     )
 }
 
-/// The first argument of the system call, from the registers it was entered with.
+/// The IO_FILES key of a descriptor of process `pid`, if it is a counted file.
 #[inline(always)]
-fn syscall_fd(ctx: &RawTracePointContext) -> Option<u64> {
-    let regs: *const pt_regs = ctx.arg(0);
-    let fd = unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdi)) }.ok()?;
-    (fd <= u32::MAX as u64).then_some(fd)
+fn counted_file(pid: u32, fd: u64) -> Option<u64> {
+    if fd > u32::MAX as u64 {
+        return None;
+    }
+    let key = ((pid as u64) << 32) | fd;
+    unsafe { IO_FILES.get(&key) }?;
+    Some(key)
 }
 
-/// Entry of every system call on the node (a raw tracepoint: far cheaper per call than the
-/// per-syscall tracepoints, which build a trace record before any program runs). Anything but
-/// the file calls of a tracked process returns at once.
-#[raw_tracepoint(tracepoint = "sys_enter")]
-pub fn io_sys_enter(ctx: RawTracePointContext) -> i32 {
-    let id: i64 = ctx.arg(1);
-    let kind = if SYS_READS.contains(&id) {
-        IO_READ
-    } else if SYS_WRITES.contains(&id) {
-        IO_WRITE
-    } else if SYS_OPENS.contains(&id) {
-        IO_OPEN
-    } else if id == SYS_CLOSE {
-        u32::MAX
-    } else {
-        return 0;
+/// The value a system call returned, from its exit record.
+#[inline(always)]
+fn syscall_ret(ctx: &TracePointContext) -> i64 {
+    unsafe { ctx.read_at(config(&IO_RET_OFFSET) as usize) }.unwrap_or(-1)
+}
+
+/// Exit of a read or write of a tracked process: on a counted file, adds what it returned. The
+/// descriptor is the first argument, still in the registers the call was made with.
+#[inline(always)]
+fn io_exit(ctx: &TracePointContext, write: bool) {
+    let Some((pid, tid)) = tracked_caller() else {
+        return;
     };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    if unsafe { TRACKED.get(&pid) }.is_none() {
-        return 0;
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    let Ok(fd) = (unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdi)) }) else {
+        return;
+    };
+    if counted_file(pid, fd).is_none() {
+        return;
     }
-    if kind == IO_OPEN {
-        let _ = IO_PENDING.insert(&tid, &IoPending { kind, _pad: 0 }, 0);
-        return 0;
+    let ret = syscall_ret(ctx);
+    if ret < 0 {
+        return;
     }
-    let Some(fd) = syscall_fd(&ctx) else { return 0 };
-    let key = ((pid as u64) << 32) | fd;
-    if unsafe { IO_FILES.get(&key) }.is_none() {
-        return 0;
-    }
-    if kind == u32::MAX {
-        // A counted descriptor stops counting (its number may be reused for a pipe).
-        let _ = IO_FILES.remove(&key);
-        if let Some(t) = io_totals(pid, tid) {
-            t.closes += 1;
-        }
+    let Some(t) = io_totals(pid, tid) else { return };
+    if write {
+        t.write_bytes += ret as u64;
+        t.write_calls += 1;
     } else {
-        let _ = IO_PENDING.insert(&tid, &IoPending { kind, _pad: 0 }, 0);
+        t.read_bytes += ret as u64;
+        t.read_calls += 1;
     }
+}
+
+/// Exit of read, pread64, readv, preadv and preadv2.
+#[tracepoint]
+pub fn io_read_exit(ctx: TracePointContext) -> u32 {
+    io_exit(&ctx, false);
     0
 }
 
-/// Exit of every system call: completes the pending file call of the thread, if any.
-#[raw_tracepoint(tracepoint = "sys_exit")]
-pub fn io_sys_exit(ctx: RawTracePointContext) -> i32 {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    let Some(pending) = (unsafe { IO_PENDING.get(&tid) }).copied() else {
+/// Exit of write, pwrite64, writev, pwritev and pwritev2.
+#[tracepoint]
+pub fn io_write_exit(ctx: TracePointContext) -> u32 {
+    io_exit(&ctx, true);
+    0
+}
+
+/// Exit of open, creat, openat and openat2: the new descriptor is a file whose reads and writes
+/// count.
+#[tracepoint]
+pub fn io_open_exit(ctx: TracePointContext) -> u32 {
+    let Some((pid, tid)) = tracked_caller() else {
         return 0;
     };
-    let _ = IO_PENDING.remove(&tid);
-    let ret: i64 = ctx.arg(1);
+    let ret = syscall_ret(&ctx);
     if ret < 0 {
         return 0;
     }
-    let Some(t) = io_totals(pid, tid) else {
+    if let Some(t) = io_totals(pid, tid) {
+        t.opens += 1;
+    }
+    let _ = IO_FILES.insert(&(((pid as u64) << 32) | ret as u64), &1, 0);
+    0
+}
+
+/// Entry of close: a counted descriptor stops counting (its number may be reused for a pipe).
+/// At the entry, not the exit: once closed, the number may already belong to a file another
+/// thread opened.
+#[tracepoint]
+pub fn io_close_enter(ctx: TracePointContext) -> u32 {
+    let Some((pid, tid)) = tracked_caller() else {
         return 0;
     };
-    match pending.kind {
-        IO_WRITE => {
-            t.write_bytes += ret as u64;
-            t.write_calls += 1;
-        }
-        IO_READ => {
-            t.read_bytes += ret as u64;
-            t.read_calls += 1;
-        }
-        _ => {
-            // The new descriptor is a file whose reads and writes count.
-            t.opens += 1;
-            let _ = IO_FILES.insert(&(((pid as u64) << 32) | ret as u64), &1, 0);
-        }
+    let Ok(fd) = (unsafe { ctx.read_at::<u64>(config(&IO_FD_OFFSET) as usize) }) else {
+        return 0;
+    };
+    let Some(key) = counted_file(pid, fd) else {
+        return 0;
+    };
+    let _ = IO_FILES.remove(&key);
+    if let Some(t) = io_totals(pid, tid) {
+        t.closes += 1;
     }
     0
 }

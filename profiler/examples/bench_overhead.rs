@@ -9,16 +9,20 @@
 //! cost(b) ≤ 1.3 × cost(a). Configurations alternate over several rounds and medians are taken,
 //! so drift on the machine hits all three alike.
 //!
-//! The file I/O programs on the raw syscall tracepoints make every system call on the node take
-//! the kernel's traced path, so their cost is measured too, on 1-byte pwrite calls to a file: without the BPF programs, with them
-//! loaded (a process the daemon does not track: every other process on the node), and in a
-//! tracked process writing to a file it opened (a counted request).
+//! The file I/O programs sit on system call tracepoints, and while any system call tracepoint is
+//! in use every system call on the node takes the kernel's traced path, so the tax on a process
+//! the daemon does not track (every other process on the node) is measured too: 1-byte pwrite
+//! calls to a file (a call the file I/O programs look at) and sched_yield (one they do not, the
+//! polling of MPI libraries), in this process's CPU time, without the daemon, with the daemon
+//! but file I/O off (the scheduler programs alone) and with file I/O on, alternating. Last,
+//! 1-byte pwrite calls of a tracked process to a file it opened (counted requests, checked to be
+//! counted exactly).
 
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Context, Result};
 use mpiburst::{
-    capture::{AttachPoint, Capture},
+    capture::{config::CaptureConfig, usage, AttachPoint, Capture},
     config::Config,
     daemon::Daemon,
     discovery::{self, Binding, MpiFlavor},
@@ -26,18 +30,35 @@ use mpiburst::{
 
 const CALLS: &str = "2000000";
 const ROUNDS: usize = 5;
-const WRITES: u32 = 1_000_000;
+const SYSCALLS: u32 = 1_000_000;
 
-/// ns per 1-byte pwrite to a fresh file in a temporary directory (page cache).
+/// This thread's CPU time per call of `call`, made SYSCALLS times. CPU time, not wall time:
+/// what other tasks run on the CPU meanwhile (sched_yield hands it to them) is not the caller's
+/// cost.
+fn cpu_ns_per_call(mut call: impl FnMut() -> std::io::Result<()>) -> Result<f64> {
+    let start = usage::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+    for _ in 0..SYSCALLS {
+        call()?;
+    }
+    let spent = usage::clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - start;
+    Ok(spent as f64 / f64::from(SYSCALLS))
+}
+
+/// CPU ns per 1-byte pwrite to a fresh file in a temporary directory (page cache).
 fn ns_per_write() -> Result<f64> {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir()?;
     let file = std::fs::File::create(dir.path().join("w"))?;
-    let start = std::time::Instant::now();
-    for _ in 0..WRITES {
-        file.write_at(b"x", 0)?;
-    }
-    Ok(start.elapsed().as_nanos() as f64 / WRITES as f64)
+    cpu_ns_per_call(|| file.write_at(b"x", 0).map(drop))
+}
+
+/// CPU ns per sched_yield call.
+fn ns_per_yield() -> Result<f64> {
+    cpu_ns_per_call(|| {
+        // SAFETY: no arguments, no memory touched.
+        unsafe { libc::sched_yield() };
+        Ok(())
+    })
 }
 
 fn ns_per_call(program: &PathBuf) -> Result<f64> {
@@ -111,25 +132,59 @@ fn main() -> Result<()> {
             real[round]
         );
     }
-    let (mut plain, mut loaded, mut tracked) = (Vec::new(), Vec::new(), Vec::new());
+    // Untracked system calls: without the daemon, with it but without file I/O counting (the
+    // scheduler programs alone), and with file I/O counting.
+    let io_off = Config {
+        capture: CaptureConfig {
+            file_io: false,
+            ..config.capture.clone()
+        },
+        ..config.clone()
+    };
+    let io_on = Config {
+        capture: CaptureConfig {
+            file_io: true,
+            ..config.capture.clone()
+        },
+        ..config.clone()
+    };
+    let mut writes: [Vec<f64>; 3] = Default::default();
+    let mut yields: [Vec<f64>; 3] = Default::default();
     for round in 0..ROUNDS {
-        plain.push(ns_per_write()?);
-        let mut capture = Capture::load(&config.capture, 0)?;
-        loaded.push(ns_per_write()?);
+        for (setup, daemon_config) in [None, Some(&io_off), Some(&io_on)].into_iter().enumerate() {
+            let _daemon = daemon_config
+                .map(|c| Daemon::start(c.clone(), None))
+                .transpose()?;
+            writes[setup].push(ns_per_write()?);
+            yields[setup].push(ns_per_yield()?);
+        }
+        eprintln!(
+            "round {}: untracked pwrite {:.1} / {:.1} / {:.1} ns, sched_yield {:.1} / {:.1} / {:.1} ns \
+             (without the daemon / file I/O off / on)",
+            round + 1,
+            writes[0][round],
+            writes[1][round],
+            writes[2][round],
+            yields[0][round],
+            yields[1][round],
+            yields[2][round]
+        );
+    }
+    let mut tracked = Vec::new();
+    for round in 0..ROUNDS {
+        let mut capture = Capture::load(&io_on.capture, 0)?;
         capture.track(std::process::id())?;
         tracked.push(ns_per_write()?);
         let counted = capture
             .read_io()?
             .get(&std::process::id())
             .map_or(0, |t| t.write_calls);
-        if counted != u64::from(WRITES) {
-            bail!("the tracked writes were counted {counted} times, not {WRITES}");
+        if counted != u64::from(SYSCALLS) {
+            bail!("the tracked writes were counted {counted} times, not {SYSCALLS}");
         }
         eprintln!(
-            "round {}: pwrite {:.1} ns without the programs, {:.1} ns untracked, {:.1} ns tracked and counted",
+            "round {}: pwrite {:.1} ns tracked and counted",
             round + 1,
-            plain[round],
-            loaded[round],
             tracked[round]
         );
     }
@@ -148,16 +203,30 @@ fn main() -> Result<()> {
         "  ratio b/a of probe costs: {:.3} (budget 1.3)",
         (b - c) / (a - c)
     );
-    let (p, l, t) = (median(plain), median(loaded), median(tracked));
-    println!("1-byte pwrite to a file, {WRITES} calls, median of {ROUNDS} rounds:");
-    println!("  without the BPF programs {p:>9.1} ns per call");
     println!(
-        "  untracked process        {l:>9.1} ns per call  -> tracepoint cost {:.1} ns",
-        l - p
+        "system calls of a process the daemon does not track, CPU time, {SYSCALLS} calls, median \
+         of {ROUNDS} alternating rounds:"
     );
     println!(
-        "  tracked, counted file    {t:>9.1} ns per call  -> tracepoint cost {:.1} ns",
-        t - p
+        "                          without daemon   daemon, file I/O off   daemon, file I/O on   \
+         tax of file I/O (on - off)   tax of the daemon (on - without)"
+    );
+    let [write_bare, write_off, write_on] = writes.map(median);
+    let [yield_bare, yield_off, yield_on] = yields.map(median);
+    for (name, bare, off, on) in [
+        ("1-byte pwrite to a file", write_bare, write_off, write_on),
+        ("sched_yield", yield_bare, yield_off, yield_on),
+    ] {
+        println!(
+            "  {name:<24} {bare:>9.1} ns {off:>18.1} ns {on:>19.1} ns {:>23.1} ns {:>29.1} ns",
+            on - off,
+            on - bare
+        );
+    }
+    let t = median(tracked);
+    println!(
+        "tracked process, counted 1-byte pwrite: {t:.1} ns per call (tax {:.1} ns)",
+        t - write_bare
     );
     Ok(())
 }

@@ -593,6 +593,7 @@ impl Daemon {
                 self.member(pid, state);
             }
         }
+        self.capture.forward_bpf_log();
         let mut records = Vec::new();
         self.capture.drain_bursts(|r| records.push(r));
         for r in &records {

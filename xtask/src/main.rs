@@ -49,8 +49,9 @@ const USAGE: &str = "usage: cargo xtask <command>
                           gated by `cargo fmt --check`, clippy and rustdoc with warnings
                           as errors
   bench overhead|cluster|daemon
-                          measure probe cost per call and application slowdown, clustering
-                          speed, or the daemon's own cost under a burst storm
+                          measure probe cost per call, the system call tax on processes the
+                          daemon does not track, and application slowdown; clustering speed;
+                          or the daemon's own cost under a burst storm
   install                 build the release daemon and install it with its systemd unit, sysusers.d
                           entry, default config and docs/deploy.md; honours PREFIX (/usr/local)
                           and DESTDIR

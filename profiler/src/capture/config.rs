@@ -22,9 +22,10 @@ pub struct CaptureConfig {
     /// them, else none), "hardware" (fail without a PMU), "software" (the software cpu-clock event
     /// in both slots: exercises the counter path where no PMU exists), or "off".
     pub counters: CounterMode,
-    /// Count the file I/O of the MPI processes from the raw syscall tracepoints. While they are
-    /// attached every system call on the node takes the kernel's traced path;
-    /// `cargo xtask bench overhead` measures what that adds per call.
+    /// Count the file I/O of the MPI processes from the tracepoints of the file system calls.
+    /// While they are attached every system call on the node takes the kernel's traced path, and
+    /// the file calls of every process run a program; `cargo xtask bench overhead` measures what
+    /// that adds per call.
     pub file_io: bool,
 }
 
@@ -86,10 +87,10 @@ impl CaptureConfig {
              # \"auto\" (hardware instructions+cycles if the PMU has them, else none), \"hardware\",\n\
              # \"software\" (cpu-clock in both slots, to exercise the counter path), or \"off\".\n\
              counters = \"auto\"\n\
-             # Count the MPI processes' file I/O from the raw syscall tracepoints (read, write, open,\n\
-             # close). While attached, every system call on the node takes the kernel's traced path\n\
-             # (about 0.4 us more per call on a VM; `cargo xtask bench overhead` measures it here);\n\
-             # false turns the I/O properties into \"not measured\".\n\
+             # Count the MPI processes' file I/O from the tracepoints of read, write, open and close.\n\
+             # While attached, every system call on the node takes the kernel's traced path (on a VM\n\
+             # about 0.07 us more per call, 0.27 us per read or write; `cargo xtask bench overhead`\n\
+             # measures it here); false turns the I/O properties into \"not measured\".\n\
              file_io = true\n\n",
             d.min_burst_us, d.drain_interval_ms, d.stats_interval_ms, d.ring_buffer_mib
         )

@@ -16,7 +16,7 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
@@ -145,10 +145,10 @@ pub struct ProgramStats {
 /// only the overhead benchmark uses.
 const UPROBE_PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit"];
 
-/// Where each classic tracepoint program attaches: (program, category, event).
-const TRACEPOINTS: [(&str, &str, &str); 2] = [
-    ("sched_process_exec", "sched", "sched_process_exec"),
-    ("sched_process_exit", "sched", "sched_process_exit"),
+/// Where each classic tracepoint program attaches: (program, category, events).
+const TRACEPOINTS: [(&str, &str, &[&str]); 2] = [
+    ("sched_process_exec", "sched", &["sched_process_exec"]),
+    ("sched_process_exit", "sched", &["sched_process_exit"]),
 ];
 
 /// The raw tracepoint programs (program, tracepoint): the scheduler's, always on.
@@ -157,10 +157,46 @@ const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] = [
     ("sched_switch", "sched_switch"),
 ];
 
-/// The file I/O programs, on the raw syscall tracepoints (program, tracepoint): with
-/// `capture.file_io` only.
-const IO_RAW_TRACEPOINTS: [(&str, &str); 2] =
-    [("io_sys_enter", "sys_enter"), ("io_sys_exit", "sys_exit")];
+/// The file I/O programs and the system call tracepoints each attaches to, as in TRACEPOINTS:
+/// with `capture.file_io` only. Per-syscall tracepoints, not the raw `sys_enter` and
+/// `sys_exit` of every system call, so that no other call (sched_yield, poll, futex: the polling
+/// of MPI libraries) runs a program. The calls are those of x86_64 that read, write, open or
+/// close a file descriptor.
+const IO_TRACEPOINTS: [(&str, &str, &[&str]); 4] = [
+    (
+        "io_read_exit",
+        "syscalls",
+        &[
+            "sys_exit_read",
+            "sys_exit_pread64",
+            "sys_exit_readv",
+            "sys_exit_preadv",
+            "sys_exit_preadv2",
+        ],
+    ),
+    (
+        "io_write_exit",
+        "syscalls",
+        &[
+            "sys_exit_write",
+            "sys_exit_pwrite64",
+            "sys_exit_writev",
+            "sys_exit_pwritev",
+            "sys_exit_pwritev2",
+        ],
+    ),
+    (
+        "io_open_exit",
+        "syscalls",
+        &[
+            "sys_exit_open",
+            "sys_exit_creat",
+            "sys_exit_openat",
+            "sys_exit_openat2",
+        ],
+    ),
+    ("io_close_enter", "syscalls", &["sys_enter_close"]),
+];
 
 pub struct Capture {
     ebpf: Ebpf,
@@ -179,6 +215,10 @@ pub struct Capture {
     /// The per-CPU counters in the BPF arrays; they count while open.
     open_counters: Option<Counters>,
     _stats_fd: Option<OwnedFd>,
+    /// Reads the records the BPF programs log with aya-log (rare events, such as the first loss
+    /// of a kind on a CPU) and hands them to the `log` facade, which the daemon's tracing
+    /// subscriber receives.
+    bpf_log: Box<dyn FnMut() + Send>,
 }
 
 impl Capture {
@@ -192,6 +232,11 @@ impl Capture {
         let exec_pid_offset = tracefs::field_offset("sched", "sched_process_exec", "pid")?;
         let exit_group_dead_offset =
             tracefs::field_offset("sched", "sched_process_exit", "group_dead")?;
+        let (io_fd_offset, io_ret_offset) = if config.file_io {
+            io_field_offsets()?
+        } else {
+            (0, 0)
+        };
         let cpus = online_cpus()?;
         let setup = counters::open(config.counters, &cpus)?;
         let ring_bytes = (config.ring_buffer_mib.next_power_of_two()) << 20;
@@ -204,6 +249,8 @@ impl Capture {
             .override_global("OMPI_DTYPE_SIZE_OFFSET", &ompi_dtype_size_offset, true)
             .override_global("EXEC_PID_OFFSET", &exec_pid_offset, true)
             .override_global("EXIT_GROUP_DEAD_OFFSET", &exit_group_dead_offset, true)
+            .override_global("IO_FD_OFFSET", &io_fd_offset, true)
+            .override_global("IO_RET_OFFSET", &io_ret_offset, true)
             .map_max_entries("BURSTS", ring_bytes)
             .map_max_entries("COUNTER_INSTRUCTIONS", max_cpu)
             .map_max_entries("COUNTER_CYCLES", max_cpu)
@@ -233,39 +280,34 @@ impl Capture {
         };
 
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
-        for (name, category, event) in TRACEPOINTS {
+        let io: &[_] = if config.file_io { &IO_TRACEPOINTS } else { &[] };
+        for &(name, category, events) in TRACEPOINTS.iter().chain(io) {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program {
+            let failed = |source| CaptureError::Program {
                 program: name,
                 source,
-            })?;
-            program
-                .attach(category, event)
-                .map_err(|source| CaptureError::Program {
-                    program: name,
-                    source,
-                })?;
+            };
+            program.load().map_err(failed)?;
+            for event in events {
+                program.attach(category, event).map_err(failed)?;
+            }
         }
-        let io = if config.file_io {
-            &IO_RAW_TRACEPOINTS[..]
-        } else {
-            &[]
-        };
-        for &(name, tracepoint) in SCHED_RAW_TRACEPOINTS.iter().chain(io) {
+        for (name, tracepoint) in SCHED_RAW_TRACEPOINTS {
             let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program {
+            let failed = |source| CaptureError::Program {
                 program: name,
                 source,
-            })?;
-            program
-                .attach(tracepoint)
-                .map_err(|source| CaptureError::Program {
-                    program: name,
-                    source,
-                })?;
+            };
+            program.load().map_err(failed)?;
+            program.attach(tracepoint).map_err(failed)?;
         }
         let bursts = take_ring(&mut ebpf, "BURSTS")?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
+        // After the uprobe programs were relocated against the maps: this takes AYA_LOGS out.
+        let mut logger = aya_log::EbpfLogger::init(&mut ebpf).map_err(|e| CaptureError::Io {
+            what: "reading the BPF programs' log (aya-log)".into(),
+            source: std::io::Error::other(e),
+        })?;
         Ok(Capture {
             ebpf,
             bursts,
@@ -277,6 +319,7 @@ impl Capture {
             counters: counter_events,
             open_counters,
             _stats_fd: stats_fd,
+            bpf_log: Box::new(move || logger.flush()),
         })
     }
 
@@ -361,6 +404,11 @@ impl Capture {
         n
     }
 
+    /// Passes what the BPF programs logged since the last call to the daemon's log.
+    pub fn forward_bpf_log(&mut self) {
+        (self.bpf_log)();
+    }
+
     /// Pids that called exec since the last drain.
     pub fn drain_execs(&mut self) -> Vec<u32> {
         let mut pids = Vec::new();
@@ -408,7 +456,22 @@ impl Capture {
         pids.insert(pid, 0, 0).map_err(|source| CaptureError::Map {
             map: "TRACKED",
             source,
-        })
+        })?;
+        self.set_tracked_bit(pid, true)
+    }
+
+    /// Sets or clears a pid's bit in TRACKED_PIDS. The daemon is the bitmap's only writer, so a
+    /// read-modify-write of the word loses no other bit.
+    fn set_tracked_bit(&mut self, pid: u32, tracked: bool) -> Result<(), CaptureError> {
+        let map = |source| CaptureError::Map {
+            map: "TRACKED_PIDS",
+            source,
+        };
+        let mut words: Array<&mut MapData, u64> = map_mut(&mut self.ebpf, "TRACKED_PIDS")?;
+        let (index, bit) = (pid / 64, 1u64 << (pid % 64));
+        let word = words.get(&index, 0).map_err(map)?;
+        let word = if tracked { word | bit } else { word & !bit };
+        words.set(index, word, 0).map_err(map)
     }
 
     /// When a tracked process exited (CLOCK_MONOTONIC ns), once it has.
@@ -452,6 +515,9 @@ impl Capture {
         for pid in pids {
             let _ = tracked.remove(pid);
         }
+        for &pid in pids {
+            self.set_tracked_bit(pid, false)?;
+        }
         let mut files: HashMap<&mut MapData, u64, u32> = map_mut(&mut self.ebpf, "IO_FILES")?;
         let open: Vec<u64> = files
             .keys()
@@ -485,14 +551,11 @@ impl Capture {
             .iter()
             .zip(&self.uprobe_programs)
             .map(|(&name, fd)| (name, fd.as_fd()));
-        let raw = SCHED_RAW_TRACEPOINTS
-            .iter()
-            .chain(&IO_RAW_TRACEPOINTS)
-            .map(|&(name, _)| name);
         let tracepoints = TRACEPOINTS
             .iter()
             .map(|&(name, _, _)| name)
-            .chain(raw)
+            .chain(SCHED_RAW_TRACEPOINTS.iter().map(|&(name, _)| name))
+            .chain(IO_TRACEPOINTS.iter().map(|&(name, _, _)| name))
             .filter_map(|name| {
                 let fd = self.ebpf.program(name)?.fd().ok()?;
                 Some((name, fd.as_fd()))
@@ -510,6 +573,40 @@ impl Capture {
             })
             .collect()
     }
+}
+
+/// The offsets of the descriptor argument in the records of the entry tracepoints and of the
+/// return value in those of the exit tracepoints of IO_TRACEPOINTS. The programs read each at
+/// one offset, so every tracepoint must agree (they share the kernel's record layout).
+fn io_field_offsets() -> Result<(u64, u64), CaptureError> {
+    let mut fd = None;
+    let mut ret = None;
+    for event in IO_TRACEPOINTS
+        .iter()
+        .flat_map(|(_, _, events)| events.iter())
+    {
+        let (field, seen) = if event.starts_with("sys_enter_") {
+            ("fd", &mut fd)
+        } else {
+            ("ret", &mut ret)
+        };
+        let offset = tracefs::field_offset("syscalls", event, field)?;
+        match *seen {
+            None => *seen = Some((event, offset)),
+            Some((first, o)) if o != offset => {
+                return Err(CaptureError::TracepointFormat {
+                    event: format!("syscalls/{event}"),
+                    detail: format!(
+                        "field {field} at offset {offset}, but at {o} in syscalls/{first}; \
+                         run with `capture.file_io = false` on this kernel"
+                    ),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    let offset = |seen: Option<(&&str, u64)>| seen.map_or(0, |(_, o)| o);
+    Ok((offset(fd), offset(ret)))
 }
 
 fn remove_entries<K: aya::Pod, V: aya::Pod>(
