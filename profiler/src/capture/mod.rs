@@ -135,8 +135,10 @@ pub struct Lost {
 #[derive(Clone, Debug)]
 pub struct ProgramStats {
     pub name: &'static str,
-    pub run_time: Duration,
-    pub run_count: u64,
+    /// Run time and run count: `None` while the kernel's BPF statistics are off
+    /// (`capture.bpf_stats`), when the kernel does not count them.
+    pub run_time: Option<Duration>,
+    pub run_count: Option<u64>,
     /// Runs the kernel skipped because another tracing program was active on the CPU.
     pub missed: u64,
 }
@@ -214,7 +216,8 @@ pub struct Capture {
     pub counters: Result<[CounterEvent; 2], String>,
     /// The per-CPU counters in the BPF arrays; they count while open.
     open_counters: Option<Counters>,
-    _stats_fd: Option<OwnedFd>,
+    /// The kernel's BPF run-time statistics are on while this is open (`capture.bpf_stats`).
+    stats_fd: Option<OwnedFd>,
     /// Reads the records the BPF programs log with aya-log (rare events, such as the first loss
     /// of a kind on a CPU) and hands them to the `log` facade, which the daemon's tracing
     /// subscriber receives.
@@ -256,9 +259,20 @@ impl Capture {
             .map_max_entries("COUNTER_CYCLES", max_cpu)
             .load(BPF_OBJECT)?;
         // Kernel BPF statistics (run time per program) are on while this fd is open.
-        let stats_fd = aya::sys::enable_stats(aya::sys::Stats::RunTime)
-            .map_err(|e| tracing::warn!("BPF run-time statistics unavailable: {e}"))
-            .ok();
+        let stats_fd = config
+            .bpf_stats
+            .then(|| {
+                aya::sys::enable_stats(aya::sys::Stats::RunTime)
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "BPF run-time statistics unavailable ({e}): the run-time metrics are \
+                             not exported; `sysctl kernel.bpf_stats_enabled=1` turns them on for \
+                             the node"
+                        )
+                    })
+                    .ok()
+            })
+            .flatten();
 
         let (counter_events, open_counters) = match setup {
             CounterSetup::Enabled(c) => {
@@ -318,7 +332,7 @@ impl Capture {
             links: Vec::new(),
             counters: counter_events,
             open_counters,
-            _stats_fd: stats_fd,
+            stats_fd,
             bpf_log: Box::new(move || logger.flush()),
         })
     }
@@ -547,6 +561,10 @@ impl Capture {
 
     /// Run time and count of each program, from the kernel's BPF statistics.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
+        // On while the daemon holds its statistics fd, or for the whole node by sysctl.
+        let stats_on = self.stats_fd.is_some()
+            || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+                .is_ok_and(|v| v.trim() == "1");
         let probes = UPROBE_PROGRAMS[..2]
             .iter()
             .zip(&self.uprobe_programs)
@@ -566,8 +584,8 @@ impl Capture {
                 let (run_time, run_count, missed) = multi::run_stats(fd)?;
                 Some(ProgramStats {
                     name,
-                    run_time,
-                    run_count,
+                    run_time: stats_on.then_some(run_time),
+                    run_count: stats_on.then_some(run_count),
                     missed,
                 })
             })

@@ -403,27 +403,27 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         ]
         .map(|(k, v)| (vec![("kind", k.to_string())], v as f64)),
     );
-    let programs = |value: fn(&ProgramStats) -> f64| {
+    let programs = |value: fn(&ProgramStats) -> Option<f64>| {
         health
             .programs
             .iter()
-            .map(move |p| (vec![("program", p.name.to_string())], value(p)))
+            .filter_map(move |p| Some((vec![("program", p.name.to_string())], value(p)?)))
             .collect::<Vec<_>>()
     };
     f.counter(
         "mpiburst_bpf_run_seconds_total",
         "Time the kernel spent running each BPF program (kernel BPF statistics).",
-        programs(|p| p.run_time.as_secs_f64()),
+        programs(|p| Some(p.run_time?.as_secs_f64())),
     );
     f.counter(
         "mpiburst_bpf_runs_total",
         "Runs of each BPF program.",
-        programs(|p| p.run_count as f64),
+        programs(|p| Some(p.run_count? as f64)),
     );
     f.counter(
         "mpiburst_bpf_missed_runs_total",
         "Runs of each BPF program the kernel skipped because another tracing program was active on the CPU.",
-        programs(|p| p.missed as f64),
+        programs(|p| Some(p.missed as f64)),
     );
     let process = health.process.as_ref();
     f.counter(
