@@ -32,7 +32,7 @@ use crate::{
         recording::{
             RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION,
         },
-        report, SelfStats,
+        report, sites, SelfStats,
     },
     model::{
         is_lifecycle_function, unix_now_ns, Burst, HwCounters, JobId, FINALIZE_FUNCTION,
@@ -40,6 +40,7 @@ use crate::{
     },
     properties::{LiveEvaluator, LiveProperties, PropertyConfig},
     store::{CallStats, Job, JobMeta, JobStore, RankRecord, RankTotals, RegionMarks},
+    symbols::SiteResolver,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -150,13 +151,17 @@ pub struct Daemon {
 }
 
 /// The phases of an ended job, clustered over its most recent bursts (the same analysis as
-/// `mpiburst report --phases`).
+/// `mpiburst report --phases`), their call sites named from the job's binaries.
 fn final_phases(job: &Job) -> String {
     const MOST_BURSTS: usize = 100_000;
     let skip = job.bursts.len().saturating_sub(MOST_BURSTS);
     let bursts: Vec<Burst> = job.bursts.iter().skip(skip).cloned().collect();
     match analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default()) {
-        Ok(analysis) => phases::render_phases(&job.meta.id, &analysis),
+        Ok(analysis) => {
+            let sites = sites::analysis_sites(&analysis);
+            let names = sites::names(&mut SiteResolver::new(), &[&job.meta], sites);
+            phases::render_phases(&job.meta.id, &analysis, &names)
+        }
         Err(e) => format!("   phases of job {}: not analysed ({e})", job.meta.id),
     }
 }
@@ -424,6 +429,7 @@ impl Daemon {
                     )))
                     .ok()
                     .flatten(),
+                    modules: Default::default(),
                     first_seen_ns,
                     ended_ns: None,
                 },
@@ -440,6 +446,7 @@ impl Daemon {
                         source: format!("unidentified ({e})"),
                         executable: String::new(),
                         build_id: None,
+                        modules: Default::default(),
                         first_seen_ns,
                         ended_ns: None,
                     },
@@ -477,6 +484,30 @@ impl Daemon {
         Some(member)
     }
 
+    /// Keeps where the job's processes mapped the modules of a burst's call sites, so that reports
+    /// can name them (see [`JobMeta::modules`]); the recording gets the job again when one is new.
+    fn note_modules(&mut self, job: &JobId, burst: &Burst, state: &mut NodeState) {
+        let Some(job) = state.store.jobs.get_mut(job) else {
+            return;
+        };
+        let mut added = false;
+        for site in [&burst.start_site, &burst.end_site] {
+            if job.meta.modules.contains_key(site.module.as_ref()) {
+                continue;
+            }
+            if let Some(path) = self.resolver.path_of(&site.module) {
+                let path = path.display().to_string();
+                job.meta.modules.insert(site.module.to_string(), path);
+                added = true;
+            }
+        }
+        if let (true, Some(w)) = (added, &mut self.recording) {
+            if let Err(e) = w.job(&job.meta) {
+                tracing::error!("{e}");
+            }
+        }
+    }
+
     fn ingest(&mut self, record: BurstRecord, state: &mut NodeState) -> Result<(), DaemonError> {
         let Some(member) = self.member(record.pid, state) else {
             return Ok(());
@@ -498,6 +529,7 @@ impl Daemon {
             start_site: self.resolver.resolve(record.pid, record.start_site),
             end_site: self.resolver.resolve(record.pid, record.end_site),
         };
+        self.note_modules(&member.job, &burst, state);
         if let Some(w) = &mut self.recording {
             w.burst(RecordedBurst {
                 job: member.job.clone(),

@@ -145,6 +145,11 @@ pub struct JobMeta {
     /// from runs of a rebuilt one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_id: Option<String>,
+    /// Where the job's processes mapped the modules of its call sites: module id (GNU build-id in
+    /// hex, as [`crate::model::CallSite::module`] holds it) → path of the file as the processes
+    /// saw it. Symbolization reads the file only while it still carries that build-id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub modules: BTreeMap<String, String>,
     pub first_seen_ns: u64,
     pub ended_ns: Option<u64>,
 }
@@ -279,6 +284,7 @@ mod tests {
             source: "test".into(),
             executable: "x".into(),
             build_id: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: ended,
         }

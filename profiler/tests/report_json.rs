@@ -55,6 +55,7 @@ fn record_iterations(path: &Path, id: &str, ms: f64, iterations: u32) {
             source: "synthetic".into(),
             executable: "/opt/app".into(),
             build_id: Some("ab12".into()),
+            modules: Default::default(),
             first_seen_ns: first,
             ended_ns: Some(last),
         },

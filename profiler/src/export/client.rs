@@ -509,6 +509,7 @@ mod tests {
             source: "test".into(),
             executable: "/bin/app".into(),
             build_id: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: Some(4_000_000_000),
         });

@@ -10,6 +10,7 @@ pub mod prometheus;
 pub mod recording;
 pub mod report;
 pub mod report_json;
+pub mod sites;
 
 use crate::capture::{Lost, ProgramStats};
 

@@ -821,6 +821,7 @@ mod tests {
             source: "SlurmEnv".into(),
             executable: "/bin/x".into(),
             build_id: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: None,
         });
@@ -883,6 +884,7 @@ mod tests {
             source: "SlurmEnv".into(),
             executable: "/bin/app".into(),
             build_id: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: None,
         };

@@ -348,6 +348,7 @@ mod tests {
             source: "test".into(),
             executable: "x".into(),
             build_id: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: None,
         }

@@ -334,6 +334,7 @@ mod tests {
             source: "OMPI environment".into(),
             executable: "/bin/app".into(),
             build_id: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: Some(2_000_000_000),
         });

@@ -268,6 +268,7 @@ mod tests {
             source: "test".into(),
             executable: "/bin/x".into(),
             build_id: None,
+            modules: Default::default(),
             first_seen_ns: 100 * W,
             ended_ns: None,
         });

@@ -27,6 +27,7 @@ fn meta() -> JobMeta {
         source: "test".into(),
         executable: "/bin/ats".into(),
         build_id: None,
+        modules: Default::default(),
         first_seen_ns: 0,
         ended_ns: None,
     }
