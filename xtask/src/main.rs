@@ -24,6 +24,7 @@ const APT_PACKAGES: &[&str] = &[
     "libmpich-dev",
     "gfortran",
     "gcc",
+    "g++",
     "prometheus",
     "binutils",
     "curl",
