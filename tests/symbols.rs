@@ -208,6 +208,7 @@ fn call_sites_of_a_real_job_are_named_by_function_file_and_line() {
     write_recording(&recording, &file);
     let file = file.to_str().unwrap();
     let text = mpiburst_report(&[file, "--phases", "--job", &id]);
+    eprintln!("{text}");
     let regions: Vec<&str> = text.lines().filter(|l| l.contains("regions:")).collect();
     assert!(regions.len() >= 3, "{text}");
     // Each phase of `phases` ends in end_phase (the start may be in it or in main).
@@ -217,12 +218,44 @@ fn call_sites_of_a_real_job_are_named_by_function_file_and_line() {
             .all(|l| l.contains("phases.c:") && l.contains(" → phases.c:")),
         "{text}"
     );
+    // The HTML page: the legend names each cluster by its main region, tooltips name the sites.
+    let html = dir.path().join("page.html");
+    mpiburst_report(&[file, "--html", html.to_str().unwrap(), "--job", &id]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains(" · phases.c:"),
+        "the legend names the clusters"
+    );
+    assert!(
+        page.contains("end_phase"),
+        "tooltips and legend name end_phase"
+    );
+    // `mpiburst compare` names each matched phase by its main code region.
+    let bin = std::env::var_os("MPIBURST_BIN").unwrap();
+    let compared = output(Command::new(bin).args([
+        "compare",
+        file,
+        file,
+        "--job-before",
+        &id,
+        "--job-after",
+        &id,
+    ]));
+    let rows: Vec<&str> = compared
+        .lines()
+        .filter(|l| l.trim_start().starts_with(char::is_numeric))
+        .collect();
+    assert!(
+        !rows.is_empty() && rows.iter().all(|l| l.contains("phases.c:")),
+        "{compared}"
+    );
     let json: serde_json::Value = serde_json::from_str(&mpiburst_report(&[
         file, "--phases", "--format", "json", "--job", &id,
     ]))
     .unwrap();
     let named = json["jobs"][0]["phases"]["call_sites"].as_array().unwrap();
     assert!(!named.is_empty());
+    eprintln!("{}", serde_json::to_string_pretty(&named[0]).unwrap());
     for s in named {
         assert_eq!(s["module"], build_id.as_str(), "{s}");
         assert!(s["offset"].is_u64() && s["source"] == "debug_info", "{s}");

@@ -159,26 +159,25 @@ async fn job_phases(
 ) -> impl IntoResponse {
     let s = state.borrow().clone();
     let id = JobId(id);
-    match (s.phases.get(&id), s.store.jobs.get(&id)) {
-        (Some(snapshot), Some(job)) => {
-            let mut resolver = resolver.lock().unwrap_or_else(|e| e.into_inner());
-            let names = sites::names(&mut resolver, &[&job.meta], sites::snapshot_sites(snapshot));
-            let mut body = serde_json::to_value(snapshot.as_ref()).unwrap_or_default();
-            if let Some(fields) = body.as_object_mut() {
-                let call_sites = serde_json::to_value(names.entries()).unwrap_or_default();
-                fields.insert("call_sites".into(), call_sites);
-            }
-            Json(body).into_response()
-        }
-        _ => (
+    let Some(snapshot) = s.phases.get(&id) else {
+        return (
             StatusCode::NOT_FOUND,
             format!(
                 "no phase analysis for job {:?} yet; it starts with the job's first bursts",
                 id.0
             ),
         )
-            .into_response(),
+            .into_response();
+    };
+    let metas: Vec<&JobMeta> = s.store.jobs.get(&id).map(|j| &j.meta).into_iter().collect();
+    let mut resolver = resolver.lock().unwrap_or_else(|e| e.into_inner());
+    let names = sites::names(&mut resolver, &metas, sites::snapshot_sites(snapshot));
+    let mut body = serde_json::to_value(snapshot.as_ref()).unwrap_or_default();
+    if let Some(fields) = body.as_object_mut() {
+        let call_sites = serde_json::to_value(names.entries()).unwrap_or_default();
+        fields.insert("call_sites".into(), call_sites);
     }
+    Json(body).into_response()
 }
 
 /// Binds the listener (so a bad address fails at start-up) and serves on a thread of its own
