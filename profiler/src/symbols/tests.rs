@@ -101,6 +101,22 @@ program main
 end program main
 "#;
 
+const RUST_PROGRAM: &str = r#"
+extern "C" {
+    fn record_site();
+}
+mod solver {
+    #[inline(never)]
+    pub fn relax<T: Into<f64>>(x: T) -> f64 {
+        unsafe { super::record_site() };
+        std::hint::black_box(x.into()) * 2.0
+    }
+}
+fn main() {
+    println!("{}", solver::relax(1i32) + solver::relax(2.0f32));
+}
+"#;
+
 /// A tool the tests need; a missing one fails the test with what to install.
 fn tool(name: &str) -> Command {
     let found = Command::new("sh")
@@ -150,8 +166,12 @@ fn build(
         .args(flags)
         .arg("-o")
         .arg(&bin)
-        .arg(&src)
-        .arg(&recorder_obj);
+        .arg(&src);
+    if compiler == "rustc" {
+        cmd.arg(format!("-Clink-arg={}", recorder_obj.display()));
+    } else {
+        cmd.arg(&recorder_obj);
+    }
     run(cmd);
     bin
 }
@@ -321,6 +341,28 @@ fn cpp_template_functions_are_demangled() {
         "{}",
         name.label()
     );
+}
+
+#[test]
+fn rust_functions_are_demangled() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["-O", "-g", "--edition=2021"];
+    let bin = build(dir.path(), "rustc", "relax", "rs", RUST_PROGRAM, &flags);
+    let sites = sites_of(&bin, &build_id(&bin));
+    assert_eq!(sites.len(), 2);
+    let names = resolve(&mut SiteResolver::new(), &sites, &bin);
+    for site in &sites {
+        let name = names.name(site);
+        assert_eq!(name.source, NameSource::DebugInfo, "{name:?}");
+        let call = name.frames.last().unwrap();
+        assert!(
+            call.function.starts_with("relax::solver::relax"),
+            "{name:?}"
+        );
+        assert_eq!(call.location().as_deref(), Some("relax.rs:8"), "{name:?}");
+        let theirs = addr2line(&bin, site);
+        assert_eq!(theirs.last().unwrap().1, "relax.rs:8");
+    }
 }
 
 #[test]
