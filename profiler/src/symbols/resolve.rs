@@ -12,7 +12,7 @@ use blazesym::symbolize::{
     source::{Elf, Source},
     Input, Sym, Symbolized, Symbolizer,
 };
-use object::{Object, ObjectSymbol};
+use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::names::function_name;
 use super::{short_module_name, Frame, NameSource, SiteName, SiteNames};
@@ -31,11 +31,26 @@ fn file_key(path: &Path) -> std::io::Result<FileKey> {
     Ok((meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec()))
 }
 
+/// A loadable segment: `size` bytes from file offset `offset` are mapped at `address`.
+#[derive(Clone, Copy)]
+struct Segment {
+    offset: u64,
+    size: u64,
+    address: u64,
+}
+
 /// What a module's file gave when it was last checked.
 #[derive(Clone)]
 enum ModuleFile {
-    /// The file carries the module's build-id. `fortran`: it uses the GNU Fortran runtime.
-    Usable { key: FileKey, fortran: bool },
+    /// The file carries the module's build-id. `fortran`: it uses the GNU Fortran runtime;
+    /// `debug_link`: it names its separate debug file (which blazesym then finds); `segments`
+    /// turn its file offsets into the addresses a debug file found by build-id is keyed by.
+    Usable {
+        key: FileKey,
+        fortran: bool,
+        debug_link: bool,
+        segments: Arc<[Segment]>,
+    },
     /// Why the file cannot name the module's sites.
     Unusable(String),
 }
@@ -104,8 +119,26 @@ impl SiteResolver {
                 None => ModuleFile::Unusable(unknown_file_reason(&module)),
             };
             let resolved = match (&checked, &path) {
-                (ModuleFile::Usable { key, fortran }, Some(path)) => {
-                    symbolize(&symbolizer, path, *key, *fortran, &sites, &module_name)
+                (ModuleFile::Usable { key, fortran, .. }, Some(path)) => {
+                    // The call is the instruction before the return address: see `symbolize`.
+                    let offsets: Vec<u64> =
+                        sites.iter().map(|s| s.offset.saturating_sub(1)).collect();
+                    let input = Input::FileOffset(offsets.as_slice());
+                    let file = FileToRead {
+                        path,
+                        key: *key,
+                        fortran: *fortran,
+                    };
+                    symbolize(&symbolizer, &file, input, &sites, &module_name).map(|mut names| {
+                        self.name_from_build_id_debug_file(
+                            &symbolizer,
+                            &module,
+                            &checked,
+                            &sites,
+                            &mut names,
+                        );
+                        names
+                    })
                 }
                 _ => None,
             };
@@ -136,6 +169,82 @@ impl SiteResolver {
             }
         }
         names
+    }
+
+    /// Names the sites that `names` holds without debug information from the debug file
+    /// `<debug dir>/.build-id/xx/yyyy.debug` of the module, when its binary has no debug link to
+    /// it (a binary stripped without one): blazesym follows debug links only.
+    fn name_from_build_id_debug_file(
+        &self,
+        symbolizer: &Symbolizer,
+        module: &str,
+        checked: &ModuleFile,
+        sites: &[&CallSite],
+        names: &mut [SiteName],
+    ) {
+        let ModuleFile::Usable {
+            fortran,
+            debug_link: false,
+            segments,
+            ..
+        } = checked
+        else {
+            return;
+        };
+        let missing: Vec<usize> = (0..sites.len())
+            .filter(|&i| names[i].source != NameSource::DebugInfo)
+            .collect();
+        if missing.is_empty() || module.len() < 3 {
+            return;
+        }
+        let default_dirs = [PathBuf::from("/usr/lib/debug"), PathBuf::from("/lib/debug")];
+        let dirs = self.debug_dirs.as_deref().unwrap_or(&default_dirs);
+        let debug_file = dirs
+            .iter()
+            .map(|d| {
+                d.join(".build-id")
+                    .join(&module[..2])
+                    .join(format!("{}.debug", &module[2..]))
+            })
+            .find(|p| p.is_file());
+        let Some(path) = debug_file else {
+            return;
+        };
+        let Ok(key) = file_key(&path) else {
+            return;
+        };
+        if !matches!(read_elf(&path), Ok(elf) if elf.build_id.as_deref() == Some(module)) {
+            return;
+        }
+        let addresses: Option<Vec<u64>> = missing
+            .iter()
+            .map(|&i| {
+                let offset = sites[i].offset.saturating_sub(1);
+                segments
+                    .iter()
+                    .find(|s| s.offset <= offset && offset < s.offset + s.size)
+                    .map(|s| offset - s.offset + s.address)
+            })
+            .collect();
+        let Some(addresses) = addresses else {
+            return;
+        };
+        let file = FileToRead {
+            path: &path,
+            key,
+            fortran: *fortran,
+        };
+        let wanted: Vec<&CallSite> = missing.iter().map(|&i| sites[i]).collect();
+        let input = Input::VirtOffset(addresses.as_slice());
+        let module_name = names[missing[0]].module_name.clone();
+        let Some(found) = symbolize(symbolizer, &file, input, &wanted, &module_name) else {
+            return;
+        };
+        for (i, name) in missing.into_iter().zip(found) {
+            if name.source == NameSource::DebugInfo {
+                names[i] = name;
+            }
+        }
     }
 
     fn symbolizer(&self) -> Symbolizer {
@@ -181,52 +290,91 @@ fn unknown_file_reason(module: &str) -> String {
     }
 }
 
-/// Reads the build-id (and whether the GNU Fortran runtime is used) of the file at `path`.
+/// What symbolization needs to know of an ELF file besides its symbols.
+struct ElfFacts {
+    build_id: Option<String>,
+    /// It uses the GNU Fortran runtime.
+    fortran: bool,
+    debug_link: bool,
+    segments: Arc<[Segment]>,
+}
+
+fn read_elf(path: &Path) -> Result<ElfFacts, String> {
+    let file = File::open(path).map_err(|e| e.to_string())?;
+    let cache = object::read::ReadCache::new(file);
+    let elf = object::File::parse(&cache).map_err(|e| e.to_string())?;
+    let build_id = elf
+        .build_id()
+        .map_err(|e| e.to_string())?
+        .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+    let fortran = elf
+        .dynamic_symbols()
+        .any(|s| s.name().is_ok_and(|n| n.starts_with("_gfortran_")));
+    let segments = elf
+        .segments()
+        .map(|s| {
+            let (offset, size) = s.file_range();
+            Segment {
+                offset,
+                size,
+                address: s.address(),
+            }
+        })
+        .collect();
+    Ok(ElfFacts {
+        build_id,
+        fortran,
+        debug_link: elf.section_by_name(".gnu_debuglink").is_some(),
+        segments,
+    })
+}
+
+/// Whether the file at `path` carries the build-id `module`, and what symbolization needs of it.
 fn check_file(module: &str, path: &Path, key: FileKey) -> ModuleFile {
-    let read = || -> Result<(Option<String>, bool), String> {
-        let file = File::open(path).map_err(|e| e.to_string())?;
-        let cache = object::read::ReadCache::new(file);
-        let elf = object::File::parse(&cache).map_err(|e| e.to_string())?;
-        let build_id = elf
-            .build_id()
-            .map_err(|e| e.to_string())?
-            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
-        let fortran = elf
-            .dynamic_symbols()
-            .any(|s| s.name().is_ok_and(|n| n.starts_with("_gfortran_")));
-        Ok((build_id, fortran))
-    };
-    match read() {
+    match read_elf(path) {
         Err(e) => ModuleFile::Unusable(format!("cannot read {}: {e}", path.display())),
-        Ok((Some(id), fortran)) if id == module => ModuleFile::Usable { key, fortran },
-        Ok((Some(_), _)) => ModuleFile::Unusable(format!(
+        Ok(elf) if elf.build_id.as_deref() == Some(module) => ModuleFile::Usable {
+            key,
+            fortran: elf.fortran,
+            debug_link: elf.debug_link,
+            segments: elf.segments,
+        },
+        Ok(ElfFacts {
+            build_id: Some(_), ..
+        }) => ModuleFile::Unusable(format!(
             "{} was rebuilt or replaced since the job ran (another build-id)",
             path.display()
         )),
-        Ok((None, _)) => ModuleFile::Unusable(format!(
+        Ok(_) => ModuleFile::Unusable(format!(
             "{} was replaced since the job ran (it has no build-id now)",
             path.display()
         )),
     }
 }
 
-/// Names of `sites` in the file at `path`, in their order; `None` when the file changed while it
-/// was read, so that no name from another file is returned.
-fn symbolize(
-    symbolizer: &Symbolizer,
-    path: &Path,
+/// A file to read names from: its path, its identity when it was checked, and whether its
+/// binary uses the GNU Fortran runtime.
+struct FileToRead<'a> {
+    path: &'a Path,
     key: FileKey,
     fortran: bool,
+}
+
+/// Names of `sites` in `file`, in their order, from `input`: the addresses of the calls (a call
+/// site is a return address: the call is the instruction before it, and the address itself may
+/// already belong to the next line or, after a call that does not return, to the next function).
+/// `None` when the file changed while it was read, so that no name from another file is returned.
+fn symbolize(
+    symbolizer: &Symbolizer,
+    file: &FileToRead<'_>,
+    input: Input<&[u64]>,
     sites: &[&CallSite],
     module_name: &str,
 ) -> Option<Vec<SiteName>> {
-    // A call site is a return address: the call is the instruction before it, and the address
-    // itself may already belong to the next line or, after a call that does not return, to the
-    // next function.
-    let offsets: Vec<u64> = sites.iter().map(|s| s.offset.saturating_sub(1)).collect();
+    let (path, fortran) = (file.path, file.fortran);
     let source = Source::Elf(Elf::new(path));
-    let results = symbolizer.symbolize(&source, Input::FileOffset(&offsets));
-    if file_key(path).ok() != Some(key) {
+    let results = symbolizer.symbolize(&source, input);
+    if file_key(path).ok() != Some(file.key) {
         return None;
     }
     let names = match results {

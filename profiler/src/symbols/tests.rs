@@ -465,7 +465,7 @@ fn assert_debug_frames(names: &SiteNames, sites: &[CallSite], expected: &[Vec<(S
 }
 
 #[test]
-fn a_separate_debug_file_is_found_by_debuglink_and_by_build_id() {
+fn a_separate_debug_file_is_found_by_debug_link_and_by_build_id() {
     let dir = tempfile::tempdir().unwrap();
     let (bin, id, sites) = c_program(dir.path());
     let expected: Vec<_> = sites.iter().map(|s| addr2line(&bin, s)).collect();
@@ -487,6 +487,22 @@ fn a_separate_debug_file_is_found_by_debuglink_and_by_build_id() {
         &sites,
         &expected,
     );
+
+    // Stripped without a debug link: the debug file is found by the build-id alone.
+    let unlinked = dir.path().join("unlinked");
+    let mut strip = tool("objcopy");
+    strip.arg("--strip-all").arg(&bin).arg(&unlinked);
+    run(strip);
+    let mut resolver = SiteResolver::with_debug_dirs(vec![dir.path().join("debug")]);
+    assert_debug_frames(
+        &resolve(&mut resolver, &sites, &unlinked),
+        &sites,
+        &expected,
+    );
+    // Without that debug file the stripped binary has no name for them.
+    let mut resolver = SiteResolver::with_debug_dirs(Vec::new());
+    let names = resolve(&mut resolver, &sites, &unlinked);
+    assert!(sites.iter().all(|s| !names.name(s).is_resolved()));
 
     // A debug link to a file next to the binary.
     let linked_dir = dir.path().join("linked");
