@@ -180,6 +180,7 @@ pub struct Daemon {
     last_report: Instant,
 }
 
+/// The cookie flags of a probed function: polling, or a bound of the region of interest.
 fn cookie_flags(spec: &FunctionSpec) -> u64 {
     if spec.class == FunctionClass::Polling {
         cookie::POLLING
@@ -470,6 +471,7 @@ impl Daemon {
                     .ok()
                     .flatten(),
                     cgroup: id.cgroup.clone(),
+                    modules: Default::default(),
                     first_seen_ns,
                     ended_ns: None,
                 },
@@ -487,6 +489,7 @@ impl Daemon {
                         executable: String::new(),
                         build_id: None,
                         cgroup: None,
+                        modules: Default::default(),
                         first_seen_ns,
                         ended_ns: None,
                     },
@@ -524,6 +527,30 @@ impl Daemon {
         Some(member)
     }
 
+    /// Keeps where the job's processes mapped the modules of a burst's call sites, so that reports
+    /// can name them (see [`JobMeta::modules`]); the recording gets the job again when one is new.
+    fn note_modules(&mut self, job: &JobId, burst: &Burst, state: &mut NodeState) {
+        let Some(job) = state.store.jobs.get_mut(job) else {
+            return;
+        };
+        let mut added = false;
+        for site in [&burst.start_site, &burst.end_site] {
+            if job.meta.modules.contains_key(site.module.as_ref()) {
+                continue;
+            }
+            if let Some(path) = self.resolver.path_of(&site.module) {
+                let path = path.display().to_string();
+                job.meta.modules.insert(site.module.to_string(), path);
+                added = true;
+            }
+        }
+        if let (true, Some(w)) = (added, &mut self.recording) {
+            if let Err(e) = w.job(&job.meta) {
+                tracing::error!("{e}");
+            }
+        }
+    }
+
     fn ingest(&mut self, record: BurstRecord, state: &mut NodeState) -> Result<(), DaemonError> {
         let Some(member) = self.member(record.pid, state) else {
             return Ok(());
@@ -545,6 +572,7 @@ impl Daemon {
             start_site: self.resolver.resolve(record.pid, record.start_site),
             end_site: self.resolver.resolve(record.pid, record.end_site),
         };
+        self.note_modules(&member.job, &burst, state);
         if let Some(w) = &mut self.recording {
             w.burst(RecordedBurst {
                 job: member.job.clone(),
@@ -745,7 +773,7 @@ impl Daemon {
             // Printed by the analysis thread once it has clustered the job: together, and
             // without holding up the loop.
             self.send_analysis(analysis::Request::Ended {
-                job: id.clone(),
+                job: Box::new(job.meta.clone()),
                 ranks: phases::node_ranks(job),
                 bursts: job.bursts.iter().cloned().collect(),
                 report: report::render(job, now, &self.counters_note),

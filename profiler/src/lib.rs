@@ -1,5 +1,6 @@
 //! mpiburst: an always-on, eBPF-based profiler for MPI jobs. One module per stage, see
-//! docs/architecture.md: capture → discovery → store → analysis → properties → export.
+//! docs/architecture.md: capture → discovery → store → analysis → properties → export, with
+//! symbols between the store and the export.
 
 pub mod analysis;
 pub mod capture;
@@ -11,3 +12,4 @@ pub mod export;
 pub mod model;
 pub mod properties;
 pub mod store;
+pub mod symbols;

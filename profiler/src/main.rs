@@ -24,10 +24,12 @@ use mpiburst::{
             RunSide,
         },
         signature::{regions, render_signature, PredictDocument, RunPoint},
+        sites,
     },
     model::{unix_now_ns, Burst, JobId},
     properties::PropertyConfig,
-    store::Job,
+    store::{Job, JobMeta},
+    symbols::{SiteNames, SiteResolver},
 };
 use tracing_subscriber::EnvFilter;
 
@@ -244,6 +246,7 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
     )?;
     let several = ids.len() > 1;
     let mut out = ReportOutput::new(args.format);
+    let mut resolver = SiteResolver::new();
     for id in &ids {
         let job = &r.jobs[id];
         let report = JobReport::new(job, now, &r.header.counters_note);
@@ -278,11 +281,17 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
                 args.html.is_some(),
             )?;
         }
-        if let (true, Some(analysis)) = (args.phases, &analysis) {
-            let text = phases::render_phases(id, analysis);
+        // The sites of the phase table, and of every burst the HTML page shows.
+        let names = analysis.as_ref().map(|a| {
+            let bursts = args.html.as_ref().map(|_| sites::burst_sites(&bursts));
+            let shown = sites::analysis_sites(a).chain(bursts.into_iter().flatten());
+            sites::names(&mut resolver, &[&job.meta], shown)
+        });
+        if let (true, Some(analysis), Some(names)) = (args.phases, &analysis, &names) {
+            let text = phases::render_phases(id, analysis, names);
             let filter = phases::render_kernel_filter(job, Some(r.header.min_burst_ns));
             let signature = match signature(&bursts, analysis, &regions(job, now)) {
-                Ok(s) => render_signature(&s),
+                Ok(s) => render_signature(&s, names),
                 Err(e) => format!("signature: none ({e})\n"),
             };
             out.text(&format!("{text}{filter}\n{signature}\n"))?;
@@ -294,14 +303,15 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
                 min_burst_ns: r.header.min_burst_ns,
                 analysis: analysis.as_ref().map(AnalysisView::from),
                 kernel_filter: KernelFilter::of(job, Some(r.header.min_burst_ns)),
+                call_sites: names.as_ref().map(SiteNames::entries).unwrap_or_default(),
             }),
         })?;
-        if let (Some(html), Some(analysis)) = (&args.html, &analysis) {
+        if let (Some(html), Some(analysis), Some(names)) = (&args.html, &analysis, &names) {
             write_html(
                 html,
                 id,
                 several,
-                html::render_html(job, &bursts, analysis),
+                html::render_html(job, &bursts, analysis, names),
                 &format!("phases of job {id}"),
             )?;
         }
@@ -328,6 +338,7 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
     };
     let several = ids.len() > 1;
     let mut out = ReportOutput::new(args.format);
+    let mut resolver = SiteResolver::new();
     for id in &ids {
         let job = match daemon.job(id) {
             Err(ClientError::Status { status: 404, .. }) => {
@@ -359,8 +370,14 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
                 args.html.is_some(),
             )?;
         }
+        // Named from the binaries the daemon says the job mapped, where this node has them.
+        let names = snapshot
+            .as_ref()
+            .map(|s| sites::names(&mut resolver, &[&job.meta], sites::snapshot_sites(s)))
+            .unwrap_or_default();
         let text = snapshot.as_ref().map(|s| {
-            phases::render_live_phases(id, s, now) + &phases::render_kernel_filter(&job, None)
+            phases::render_live_phases(id, s, now, &names)
+                + &phases::render_kernel_filter(&job, None)
         });
         if let (true, Some(text)) = (args.phases, &text) {
             out.text(&format!("{text}\n"))?;
@@ -371,10 +388,11 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
             phases: args.phases.then(|| PhasesDocument::Daemon {
                 online: snapshot.as_ref().map(|s| OnlineView::new(s, now)),
                 kernel_filter: KernelFilter::of(&job, None),
+                call_sites: names.entries(),
             }),
         })?;
         if let (Some(html), Some(snapshot), Some(text)) = (&args.html, &snapshot, &text) {
-            let page = html::render_live_html(&job, snapshot, text, &daemon.to_string());
+            let page = html::render_live_html(&job, snapshot, text, &daemon.to_string(), &names);
             let what = format!(
                 "phase sequences and tables of job {id}; the scatter plot and the timeline need a recording"
             );
@@ -419,6 +437,7 @@ fn pick_job<'a>(
 fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
     let params = TrackingParams::default();
     let mut signatures = Vec::new();
+    let mut metas = Vec::new();
     for (path, id) in [
         (&args.before, args.job_before.as_deref()),
         (&args.after, args.job_after.as_deref()),
@@ -446,14 +465,23 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
             &bursts,
             &params,
         )?);
+        metas.push(job.meta.clone());
     }
     let matched = match_runs(&signatures[0], &signatures[1], &params);
+    let names = sites::names(
+        &mut SiteResolver::new(),
+        &metas.iter().collect::<Vec<_>>(),
+        signatures.iter().flat_map(sites::signature_sites),
+    );
     let text = match args.format {
-        OutputFormat::Text => phases::render_run_match(&signatures[0], &signatures[1], &matched),
+        OutputFormat::Text => {
+            phases::render_run_match(&signatures[0], &signatures[1], &matched, &names)
+        }
         OutputFormat::Json => json_text(&CompareDocument::new(
             RunSide::new(&args.before, &signatures[0]),
             RunSide::new(&args.after, &signatures[1]),
             &matched,
+            names.entries(),
         ))?,
     };
     Stdout::default().print(&text)
@@ -513,7 +541,13 @@ fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
         .zip(&signatures)
         .map(|((run, job), s)| RunPoint::new(&run.recording, &job.meta.id.0, run.workload, s))
         .collect();
-    let document = PredictDocument::new(runs, &prediction, args.tolerance);
+    let metas: Vec<&JobMeta> = jobs.iter().map(|j| &j.meta).collect();
+    let keys = prediction
+        .phases
+        .iter()
+        .flat_map(|m| [&m.key.start, &m.key.end]);
+    let names = sites::names(&mut SiteResolver::new(), &metas, keys);
+    let document = PredictDocument::new(runs, &prediction, args.tolerance, &names);
     let text = match args.format {
         OutputFormat::Text => document.text(),
         OutputFormat::Json => json_text(&document)?,

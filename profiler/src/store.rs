@@ -149,6 +149,11 @@ pub struct JobMeta {
     /// [`crate::discovery::ProcessIdentity::cgroup`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+    /// Where the job's processes mapped the modules of its call sites: module id (GNU build-id in
+    /// hex, as [`crate::model::CallSite::module`] holds it) → path of the file as the processes
+    /// saw it. Symbolization reads the file only while it still carries that build-id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub modules: BTreeMap<String, String>,
     pub first_seen_ns: u64,
     pub ended_ns: Option<u64>,
 }
@@ -302,6 +307,7 @@ mod tests {
             executable: "x".into(),
             build_id: None,
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: ended,
         }

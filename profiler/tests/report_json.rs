@@ -56,6 +56,7 @@ fn record_iterations(path: &Path, id: &str, ms: f64, iterations: u32) {
             executable: "/opt/app".into(),
             build_id: Some("ab12".into()),
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: first,
             ended_ns: Some(last),
         },

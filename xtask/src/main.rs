@@ -26,6 +26,7 @@ const APT_PACKAGES: &[&str] = &[
     "libmpich-dev",
     "gfortran",
     "gcc",
+    "g++",
     "prometheus",
     "binutils",
     "curl",

@@ -19,8 +19,10 @@ use crate::{
         online::{JobPhases, OnlineParams, PhaseEvent, PhasesSnapshot},
         AnalysisParams,
     },
-    export::phases,
+    export::{phases, sites},
     model::{Burst, JobId},
+    store::JobMeta,
+    symbols::SiteResolver,
 };
 
 /// Messages the loop may be ahead of the analysis before it waits.
@@ -39,9 +41,10 @@ pub enum Request {
         now_ns: u64,
         ranks: BTreeMap<JobId, u32>,
     },
-    /// A job ended: print `report`, its phases over `bursts`, then `bottlenecks`, together.
+    /// A job ended: print `report`, its phases over `bursts` (call sites named from the
+    /// binaries `job` lists), then `bottlenecks`, together.
     Ended {
-        job: JobId,
+        job: Box<JobMeta>,
         ranks: u32,
         bursts: Vec<Burst>,
         report: String,
@@ -107,6 +110,8 @@ struct Analyses {
     jobs: BTreeMap<JobId, JobPhases>,
     /// Jobs whose analysis could not start (the error is logged once).
     disabled: HashSet<JobId>,
+    /// Names the call sites of the phases printed at a job's end; its cache outlives the jobs.
+    sites: SiteResolver,
 }
 
 impl Analyses {
@@ -115,6 +120,7 @@ impl Analyses {
             params,
             jobs: BTreeMap::new(),
             disabled: HashSet::new(),
+            sites: SiteResolver::new(),
         }
     }
 
@@ -150,7 +156,7 @@ impl Analyses {
                     bottlenecks,
                 } => {
                     println!("{report}");
-                    println!("{}", final_phases(&job, ranks, &bursts));
+                    println!("{}", self.final_phases(&job, ranks, &bursts));
                     if let Some(text) = bottlenecks {
                         println!("{text}");
                     }
@@ -161,6 +167,18 @@ impl Analyses {
                     let _ = updates.send((job, None));
                 }
             }
+        }
+    }
+
+    /// The phases of an ended job, clustered over the bursts the node kept of it (the same
+    /// analysis as `mpiburst report --phases`), their call sites named from the job's binaries.
+    fn final_phases(&mut self, job: &JobMeta, ranks: u32, bursts: &[Burst]) -> String {
+        match analyse(bursts, ranks, &AnalysisParams::default()) {
+            Ok(analysis) => {
+                let names = sites::names(&mut self.sites, &[job], sites::analysis_sites(&analysis));
+                phases::render_phases(&job.id, &analysis, &names)
+            }
+            Err(e) => format!("   phases of job {}: not analysed ({e})", job.id),
         }
     }
 
@@ -210,14 +228,5 @@ fn log_events(id: &JobId, events: Vec<PhaseEvent>) {
                 tracing::warn!("job {id}: clustering window {window} failed: {error}")
             }
         }
-    }
-}
-
-/// The phases of an ended job, clustered over its most recent bursts (the same analysis as
-/// `mpiburst report --phases`).
-fn final_phases(id: &JobId, ranks: u32, bursts: &[Burst]) -> String {
-    match analyse(bursts, ranks, &AnalysisParams::default()) {
-        Ok(analysis) => phases::render_phases(id, &analysis),
-        Err(e) => format!("   phases of job {id}: not analysed ({e})"),
     }
 }

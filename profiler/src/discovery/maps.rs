@@ -80,6 +80,8 @@ pub struct AddressResolver {
     /// Module id per mapped file, keyed by inode and path; libraries are shared by every rank
     /// of a job, so each build-id is read once.
     modules: HashMap<(u64, PathBuf), Arc<str>>,
+    /// The path each build-id was last mapped from, for symbolization.
+    paths: HashMap<Arc<str>, PathBuf>,
     /// The last call sites resolved, direct-mapped by pid and address: a rank's bursts start and
     /// end at the same few return addresses, and under a burst storm the search of the maps was
     /// a fifth of the daemon's time.
@@ -138,6 +140,12 @@ impl AddressResolver {
             .unwrap_or_else(|| CallSite::unknown(address))
     }
 
+    /// The path a module with a build-id was mapped from, as the process saw it; `None` for a
+    /// module the resolver has not seen or whose id is its path.
+    pub fn path_of(&self, module: &str) -> Option<&Path> {
+        self.paths.get(module).map(PathBuf::as_path)
+    }
+
     /// Drops the cached maps of a process that has exited.
     pub fn forget(&mut self, pid: u32) {
         self.processes.remove(&pid);
@@ -164,10 +172,15 @@ impl AddressResolver {
 
     fn region(&mut self, pid: u32, m: &Mapping) -> Region {
         let module = m.path.as_ref().map(|path| {
-            self.modules
+            let id = self
+                .modules
                 .entry((m.inode, path.clone()))
                 .or_insert_with(|| module_id(pid, path, m.deleted))
-                .clone()
+                .clone();
+            if *id != *path.to_string_lossy() {
+                self.paths.insert(id.clone(), path.clone());
+            }
+            id
         });
         Region {
             start: m.start,

@@ -510,6 +510,7 @@ mod tests {
             executable: "/bin/app".into(),
             build_id: None,
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: Some(4_000_000_000),
         });

@@ -10,7 +10,7 @@
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
-    sync::Arc,
+    sync::{Arc, Mutex},
     thread::{self, JoinHandle},
 };
 
@@ -27,10 +27,11 @@ use tokio::sync::watch;
 use crate::{
     analysis::online::PhasesSnapshot,
     capture::usage::UsageTotals,
-    export::{prometheus::Metrics, SelfStats},
+    export::{prometheus::Metrics, sites, SelfStats},
     model::JobId,
     properties::LiveProperties,
     store::{CallStats, JobMeta, JobStore, RankRecord, RankTotals},
+    symbols::SiteResolver,
 };
 
 /// What the daemon publishes after every update: an immutable view that the server reads.
@@ -165,19 +166,34 @@ async fn job_properties(
     }
 }
 
+/// The snapshot, with `call_sites`: the names of its code regions' call sites, resolved here on
+/// the server's thread (not the daemon's) and cached per build-id.
 async fn job_phases(
     State(state): State<PublishedState>,
     Path(id): Path<String>,
+    resolver: Arc<Mutex<SiteResolver>>,
 ) -> impl IntoResponse {
     let s = state.borrow().clone();
-    match s.phases.get(&JobId(id.clone())) {
-        Some(snapshot) => Json(serde_json::to_value(snapshot).unwrap_or_default()).into_response(),
-        None => (
+    let id = JobId(id);
+    let Some(snapshot) = s.phases.get(&id) else {
+        return (
             StatusCode::NOT_FOUND,
-            format!("no phase analysis for job {id:?} yet; it starts with the job's first bursts"),
+            format!(
+                "no phase analysis for job {:?} yet; it starts with the job's first bursts",
+                id.0
+            ),
         )
-            .into_response(),
+            .into_response();
+    };
+    let metas: Vec<&JobMeta> = s.store.jobs.get(&id).map(|j| &j.meta).into_iter().collect();
+    let mut resolver = resolver.lock().unwrap_or_else(|e| e.into_inner());
+    let names = sites::names(&mut resolver, &metas, sites::snapshot_sites(snapshot));
+    let mut body = serde_json::to_value(snapshot.as_ref()).unwrap_or_default();
+    if let Some(fields) = body.as_object_mut() {
+        let call_sites = serde_json::to_value(names.entries()).unwrap_or_default();
+        fields.insert("call_sites".into(), call_sites);
     }
+    Json(body).into_response()
 }
 
 /// Binds the listener (so a bad address fails at start-up) and serves on a thread of its own
@@ -191,6 +207,7 @@ pub fn serve(
         std::io::Error::other(format!("cannot set up the Prometheus registry: {e}"))
     })?;
     let mut closed = state.clone();
+    let resolver = Arc::new(Mutex::new(SiteResolver::new()));
     let app = Router::new()
         .route(
             "/metrics",
@@ -199,7 +216,10 @@ pub fn serve(
         .route("/healthz", get(healthz))
         .route("/api/jobs", get(jobs))
         .route("/api/jobs/{id}", get(job))
-        .route("/api/jobs/{id}/phases", get(job_phases))
+        .route(
+            "/api/jobs/{id}/phases",
+            get(move |state, id| job_phases(state, id, resolver.clone())),
+        )
         .route("/api/jobs/{id}/properties", get(job_properties))
         .with_state(state);
     let listener = std::net::TcpListener::bind(addr)?;

@@ -11,6 +11,7 @@ pub mod recording;
 pub mod report;
 pub mod report_json;
 pub mod signature;
+pub mod sites;
 
 use crate::capture::{Lost, ProgramStats};
 

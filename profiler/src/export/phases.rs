@@ -15,6 +15,7 @@ use crate::{
     },
     model::JobId,
     store::Job,
+    symbols::SiteNames,
 };
 
 /// Code regions listed under each cluster.
@@ -161,7 +162,7 @@ fn optional(value: Option<f64>, f: impl Fn(f64) -> String) -> String {
     value.map(f).unwrap_or_else(|| "-".to_string())
 }
 
-fn row(out: &mut String, label: &str, c: &ClusterStats) {
+fn row(out: &mut String, label: &str, c: &ClusterStats, names: &SiteNames) {
     let d = &c.duration;
     let _ = writeln!(
         out,
@@ -180,24 +181,23 @@ fn row(out: &mut String, label: &str, c: &ClusterStats) {
         optional(c.lb_instructions, |v| format!("{v:.2}")),
         format!("{:.2}", c.spmd_score),
     );
-    let shown: Vec<String> = c
-        .regions
-        .iter()
-        .take(REGIONS_SHOWN)
-        .map(|r| format!("{}→{} ({})", r.start, r.end, r.bursts))
-        .collect();
     let more = c.regions.len().saturating_sub(REGIONS_SHOWN);
-    let _ = writeln!(
-        out,
-        "   {:>7} regions: {}{}",
-        "",
-        shown.join(", "),
-        if more > 0 {
-            format!(", +{more} more")
-        } else {
-            String::new()
-        }
-    );
+    let width = c.regions.first().map_or(1, |r| r.bursts.to_string().len());
+    for (i, r) in c.regions.iter().take(REGIONS_SHOWN).enumerate() {
+        let _ = writeln!(
+            out,
+            "   {:>7} {} {:>width$} × {}{}",
+            "",
+            if i == 0 { "regions:" } else { "       +" },
+            r.bursts,
+            names.region(&r.start, &r.end),
+            if more > 0 && i + 1 == REGIONS_SHOWN {
+                format!(" (+{more} more regions)")
+            } else {
+                String::new()
+            }
+        );
+    }
 }
 
 /// How the bursts of a table were clustered: the facts its header states. A one-shot analysis,
@@ -217,6 +217,7 @@ fn table(
     key: &str,
     rows: &[(String, &ClusterStats)],
     noise: Option<&ClusterStats>,
+    names: &SiteNames,
 ) {
     let _ = writeln!(out, "   {}", features_line(basis.features));
     let _ = writeln!(out, "   {}", filter_line(basis.filter));
@@ -248,10 +249,10 @@ fn table(
         "SPMD"
     );
     for (label, c) in rows {
-        row(out, label, c);
+        row(out, label, c, names);
     }
     match noise {
-        Some(noise) => row(out, "noise", noise),
+        Some(noise) => row(out, "noise", noise, names),
         None => {
             let _ = writeln!(out, "   noise: none (every analysed burst is in a {key})");
         }
@@ -259,8 +260,8 @@ fn table(
 }
 
 /// The phase table of one job: a header (features, duration filter, clustering, global SPMD
-/// score), one row per cluster followed by its most frequent code regions (`start→end (bursts)`),
-/// and the noise.
+/// score), one row per cluster followed by its most frequent code regions (`bursts × start → end`,
+/// named by `names`; the first, the region with most bursts, names the cluster), and the noise.
 ///
 /// Columns: bursts; total time in seconds and its share of the burst time given to the analysis
 /// (filtered bursts included, so clusters, noise and filter add up to 100 %); burst duration
@@ -268,7 +269,7 @@ fn table(
 /// when every burst of the cluster carries counters; load balance of time and of instructions
 /// (mean over ranks ÷ max, absent ranks counting 0; see [`ClusterStats::lb_duration`]); the
 /// cluster's sequence score.
-pub fn render_phases(job_id: &JobId, analysis: &Analysis) -> String {
+pub fn render_phases(job_id: &JobId, analysis: &Analysis, names: &SiteNames) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -287,7 +288,14 @@ pub fn render_phases(job_id: &JobId, analysis: &Analysis) -> String {
         .iter()
         .map(|c| (c.id.to_string(), c))
         .collect();
-    table(&mut out, &basis, "cluster", &rows, analysis.noise.as_ref());
+    table(
+        &mut out,
+        &basis,
+        "cluster",
+        &rows,
+        analysis.noise.as_ref(),
+        names,
+    );
     out
 }
 
@@ -381,7 +389,12 @@ pub fn active_phases(s: &PhasesSnapshot) -> Vec<StableId> {
 /// keyed by stable phase ids (the same phase keeps its id from window to window), how the phases
 /// were tracked, then the table of the cumulative sample of the whole job. Before the first window
 /// is clustered, when that will be.
-pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> String {
+pub fn render_live_phases(
+    job_id: &JobId,
+    s: &PhasesSnapshot,
+    now_ns: u64,
+    names: &SiteNames,
+) -> String {
     let mut out = String::new();
     let window_s = s.window_ns as f64 / 1e9;
     let current = current_window(s, now_ns);
@@ -456,7 +469,7 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
                 .iter()
                 .map(|p| (p.id.to_string(), &p.stats))
                 .collect();
-            table(&mut out, &basis, "phase", &rows, w.noise.as_ref());
+            table(&mut out, &basis, "phase", &rows, w.noise.as_ref(), names);
             let c = &s.event_counts;
             let events: Vec<String> = [
                 (c.appear, "appear"),
@@ -540,7 +553,7 @@ pub fn render_live_phases(job_id: &JobId, s: &PhasesSnapshot, now_ns: u64) -> St
                 (label, &k.stats)
             })
             .collect();
-        table(&mut out, &basis, "phase", &rows, c.noise.as_ref());
+        table(&mut out, &basis, "phase", &rows, c.noise.as_ref(), names);
     }
     out
 }
@@ -609,10 +622,24 @@ pub fn render_kernel_filter(job: &Job, min_burst_ns: Option<u64>) -> String {
     KernelFilter::of(job, min_burst_ns).map_or_else(String::new, |f| f.text())
 }
 
+/// The name of a phase of a run: its code region with most bursts, named by `names`.
+fn phase_name(s: &RunSignature, ids: &[u32], names: &SiteNames) -> Option<String> {
+    let cluster = ids
+        .iter()
+        .find_map(|&id| s.frame.clusters.iter().find(|c| c.id == id))?;
+    let r = cluster.regions.first()?;
+    Some(names.region(&r.start, &r.end))
+}
+
 /// The phase-for-phase comparison of two runs (`mpiburst compare`): which phase of the earlier
-/// run became which of the later one, and how its duration, time share, instructions and IPC
-/// changed.
-pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> String {
+/// run became which of the later one, how its duration, time share, instructions and IPC
+/// changed, and the phase's name (its main code region, in the earlier run if it ran there).
+pub fn render_run_match(
+    a: &RunSignature,
+    b: &RunSignature,
+    m: &RunMatch,
+    names: &SiteNames,
+) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
@@ -640,7 +667,7 @@ pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> Str
     );
     let _ = writeln!(
         out,
-        "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>9} {:>10} {:>9}",
+        "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>9} {:>10} {:>9}  main code region",
         "before", "after", "match", "mean before", "mean after", "Δ mean", "Δ share", "Δ IPC"
     );
     let ids = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join("+");
@@ -648,7 +675,7 @@ pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> Str
         let t = &p.trend;
         let _ = writeln!(
             out,
-            "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>+8.1}% {:>+9.1}pp {:>9}",
+            "   {:>8} {:>8} {:<10} {:>12} {:>12} {:>+8.1}% {:>+9.1}pp {:>9}  {}",
             ids(&p.a),
             ids(&p.b),
             format!("{:?}", p.kind),
@@ -658,6 +685,9 @@ pub fn render_run_match(a: &RunSignature, b: &RunSignature, m: &RunMatch) -> Str
             100.0 * t.time_share_change,
             t.ipc_change
                 .map_or("-".to_string(), |c| format!("{:+.1}%", 100.0 * c)),
+            phase_name(a, &p.a, names)
+                .or_else(|| phase_name(b, &p.b, names))
+                .unwrap_or_else(|| "-".to_string()),
         );
     }
     if !m.unmatched_a.is_empty() || !m.unmatched_b.is_empty() {
@@ -767,7 +797,12 @@ mod tests {
     fn live_table_names_its_window_and_keys_phases_by_stable_id() {
         let now = T0 + 2_400_000_000;
         let snapshot = synthetic_snapshot(250, now);
-        let text = render_live_phases(&JobId("pmix:42".into()), &snapshot, now);
+        let text = render_live_phases(
+            &JobId("pmix:42".into()),
+            &snapshot,
+            now,
+            &SiteNames::default(),
+        );
         let window = snapshot
             .last_window
             .as_ref()
@@ -824,7 +859,7 @@ mod tests {
     fn before_the_first_window_closes_the_live_table_says_when() {
         let now = T0 + 400_000_000;
         let snapshot = synthetic_snapshot(250, now);
-        let text = render_live_phases(&JobId("j".into()), &snapshot, now);
+        let text = render_live_phases(&JobId("j".into()), &snapshot, now, &SiteNames::default());
         assert_eq!(
             text,
             format!(
@@ -837,7 +872,12 @@ mod tests {
         // Before the daemon's first tick, the window is the one of the time asked about.
         let mut untouched = snapshot.clone();
         untouched.open_window = None;
-        let text = render_live_phases(&JobId("j".into()), &untouched, T0 + 65_000_000_000);
+        let text = render_live_phases(
+            &JobId("j".into()),
+            &untouched,
+            T0 + 65_000_000_000,
+            &SiteNames::default(),
+        );
         assert!(
             text.contains("the current window, 2023-11-14 22:14:25–22:14:26 UTC, holds 0 bursts"),
             "{text}"
@@ -863,7 +903,7 @@ mod tests {
     fn table(counters: bool) -> (Analysis, String) {
         let bursts = job(counters).bursts();
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
-        let text = render_phases(&JobId("pmix:42".into()), &analysis);
+        let text = render_phases(&JobId("pmix:42".into()), &analysis, &SiteNames::default());
         (analysis, text)
     }
 
@@ -927,9 +967,9 @@ mod tests {
         let shares: f64 = analysis.clusters.iter().map(|c| c.time_share).sum::<f64>()
             + analysis.filter.time_filtered_share;
         assert!((shares - 1.0).abs() < 1e-9);
-        // Regions as start→end with the CallSite display.
+        // Regions as start → end, by burst count; these sites have no binary to name them.
         assert!(
-            text.contains("regions: synthetic+0x2000→synthetic+0x2001 (80)"),
+            text.contains("regions: 80 × synthetic+0x2000 → synthetic+0x2001 (unresolved)\n"),
             "{text}"
         );
     }
@@ -958,7 +998,7 @@ mod tests {
         j.outlier_share = 0.05;
         let bursts = j.bursts();
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
-        let text = render_phases(&JobId("j".into()), &analysis);
+        let text = render_phases(&JobId("j".into()), &analysis, &SiteNames::default());
         if let Some(noise) = &analysis.noise {
             let line = text
                 .lines()
@@ -968,7 +1008,7 @@ mod tests {
         }
 
         let empty = analyse(&[], 1, &AnalysisParams::default()).unwrap();
-        let text = render_phases(&JobId("j".into()), &empty);
+        let text = render_phases(&JobId("j".into()), &empty, &SiteNames::default());
         assert!(text.contains("0 clusters over 1 rank,"), "{text}");
         assert!(text.contains("nothing to cluster"), "{text}");
     }
@@ -988,6 +1028,7 @@ mod tests {
             executable: "x".into(),
             build_id: None,
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: None,
         });

@@ -823,6 +823,7 @@ mod tests {
             executable: "/bin/x".into(),
             build_id: None,
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: None,
         });
@@ -886,6 +887,7 @@ mod tests {
             executable: "/bin/app".into(),
             build_id: None,
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: None,
         };

@@ -349,6 +349,7 @@ mod tests {
             executable: "x".into(),
             build_id: None,
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: None,
         }

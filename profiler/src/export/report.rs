@@ -335,6 +335,7 @@ mod tests {
             executable: "/bin/app".into(),
             build_id: None,
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: 0,
             ended_ns: Some(2_000_000_000),
         });

@@ -17,6 +17,7 @@ use crate::{
         phases::{active_phases, current_window, KernelFilter},
         report::JobReport,
     },
+    symbols::SiteName,
 };
 
 /// The `schema` of `mpiburst report --format json`.
@@ -67,12 +68,16 @@ pub enum PhasesDocument<'a> {
         /// `None` when the recording holds no burst of the job.
         analysis: Option<AnalysisView<'a>>,
         kernel_filter: Option<KernelFilter>,
+        /// The call sites of the code regions, named.
+        call_sites: Vec<&'a SiteName>,
     },
     /// A running daemon's online analysis.
     Daemon {
         /// `None` before the daemon started one (it does with the job's first bursts).
         online: Option<OnlineView<'a>>,
         kernel_filter: Option<KernelFilter>,
+        /// The call sites of the code regions, named.
+        call_sites: Vec<&'a SiteName>,
     },
 }
 
@@ -189,16 +194,24 @@ pub struct CompareDocument<'a> {
     pub after: RunSide<'a>,
     #[serde(rename = "match")]
     pub run_match: &'a RunMatch,
+    /// The call sites of both runs' code regions, named.
+    pub call_sites: Vec<&'a SiteName>,
 }
 
 impl<'a> CompareDocument<'a> {
-    pub fn new(before: RunSide<'a>, after: RunSide<'a>, m: &'a RunMatch) -> CompareDocument<'a> {
+    pub fn new(
+        before: RunSide<'a>,
+        after: RunSide<'a>,
+        m: &'a RunMatch,
+        call_sites: Vec<&'a SiteName>,
+    ) -> CompareDocument<'a> {
         CompareDocument {
             schema: COMPARE_SCHEMA,
             version: SCHEMA_VERSION,
             before,
             after,
             run_match: m,
+            call_sites,
         }
     }
 }
@@ -234,6 +247,7 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
+    use crate::symbols::SiteNames;
     use crate::{
         analysis::{
             analyse,
@@ -303,6 +317,7 @@ mod tests {
                 executable: "/bin/synthetic".into(),
                 build_id: None,
                 cgroup: None,
+                modules: Default::default(),
                 first_seen_ns: T0,
                 ended_ns: Some(end),
             },
@@ -335,7 +350,7 @@ mod tests {
         let text = [
             report.text(),
             bottlenecks.text("over its life"),
-            render_phases(&job.meta.id, &analysis),
+            render_phases(&job.meta.id, &analysis, &SiteNames::default()),
         ]
         .concat();
         let document = JobDocument {
@@ -345,6 +360,7 @@ mod tests {
                 min_burst_ns: r.header.min_burst_ns,
                 analysis: Some(AnalysisView::from(&analysis)),
                 kernel_filter: KernelFilter::of(job, Some(r.header.min_burst_ns)),
+                call_sites: Vec::new(),
             }),
         };
         let json =
@@ -463,10 +479,11 @@ mod tests {
     fn online_view_has_the_values_of_the_live_text() {
         let now = T0 + 2_400_000_000;
         let snapshot = crate::export::phases::synthetic_snapshot(250, now);
-        let text = render_live_phases(&JobId("j".into()), &snapshot, now);
+        let text = render_live_phases(&JobId("j".into()), &snapshot, now, &SiteNames::default());
         let json = serde_json::to_string(&PhasesDocument::Daemon {
             online: Some(OnlineView::new(&snapshot, now)),
             kernel_filter: None,
+            call_sites: Vec::new(),
         })
         .unwrap();
         let view: Value = serde_json::from_str(&json).unwrap();
@@ -530,9 +547,11 @@ mod tests {
         let a = signature(&recorded(dir.path(), "a", &synthetic()));
         let b = signature(&recorded(dir.path(), "b", &slower));
         let m = match_runs(&a, &b, &params);
-        let text = render_run_match(&a, &b, &m);
+        let names = SiteNames::default();
+        let text = render_run_match(&a, &b, &m, &names);
         let (pa, pb) = (dir.path().join("a"), dir.path().join("b"));
-        let document = CompareDocument::new(RunSide::new(&pa, &a), RunSide::new(&pb, &b), &m);
+        let document =
+            CompareDocument::new(RunSide::new(&pa, &a), RunSide::new(&pb, &b), &m, Vec::new());
         let doc: Value = serde_json::from_str(&serde_json::to_string(&document).unwrap()).unwrap();
         assert_eq!(doc["schema"], "mpiburst-compare");
         assert_eq!(doc["version"], 1);

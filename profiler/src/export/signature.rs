@@ -14,6 +14,7 @@ use crate::analysis::signature::{
     AppSignature,
 };
 use crate::store::Job;
+use crate::symbols::SiteNames;
 
 /// The `schema` of `mpiburst predict --format json`.
 pub const PREDICT_SCHEMA: &str = "mpiburst-predict";
@@ -32,8 +33,8 @@ pub fn regions(job: &Job, now_ns: u64) -> BTreeMap<u32, (u64, u64)> {
         .collect()
 }
 
-/// The signature section of the text report.
-pub fn render_signature(s: &AppSignature) -> String {
+/// The signature section of the text report, phases named by their code regions.
+pub fn render_signature(s: &AppSignature, names: &SiteNames) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -57,7 +58,7 @@ pub fn render_signature(s: &AppSignature) -> String {
             p.pet_ns / 1e6,
             p.time_ns() / NS_PER_S,
             clusters.join(","),
-            p.key
+            names.region(&p.key.start, &p.key.end)
         );
     }
     let _ = writeln!(
@@ -125,7 +126,8 @@ impl FunctionDocument {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseDocument {
-    /// The phase's code region, as the text names it.
+    /// The phase's code region, named as the text names it (function, file and line where the
+    /// binaries have them).
     pub phase: String,
     pub start: crate::model::CallSite,
     pub end: crate::model::CallSite,
@@ -138,9 +140,9 @@ pub struct PhaseDocument {
 }
 
 impl PhaseDocument {
-    fn new(m: &PhaseModel) -> Self {
+    fn new(m: &PhaseModel, names: &SiteNames) -> Self {
         PhaseDocument {
-            phase: m.key.to_string(),
+            phase: names.region(&m.key.start, &m.key.end),
             start: m.key.start.clone(),
             end: m.key.end.clone(),
             weight: FunctionDocument::new(&m.weight_fit, &m.weights, m.weight, 1.0),
@@ -168,7 +170,8 @@ pub struct PredictDocument<'a> {
 }
 
 impl<'a> PredictDocument<'a> {
-    pub fn new(runs: Vec<RunPoint<'a>>, p: &Prediction, tolerance: f64) -> Self {
+    /// `names` names the phases' code regions.
+    pub fn new(runs: Vec<RunPoint<'a>>, p: &Prediction, tolerance: f64, names: &SiteNames) -> Self {
         PredictDocument {
             schema: PREDICT_SCHEMA,
             version: PREDICT_VERSION,
@@ -177,7 +180,11 @@ impl<'a> PredictDocument<'a> {
             predicted_runtime_s: p.runtime_ns / NS_PER_S,
             tolerance,
             runs,
-            phases: p.phases.iter().map(PhaseDocument::new).collect(),
+            phases: p
+                .phases
+                .iter()
+                .map(|m| PhaseDocument::new(m, names))
+                .collect(),
             other_s: FunctionDocument::new(
                 &p.other_fit,
                 &p.other_points_ns,

@@ -269,6 +269,7 @@ mod tests {
             executable: "/bin/x".into(),
             build_id: None,
             cgroup: None,
+            modules: Default::default(),
             first_seen_ns: 100 * W,
             ended_ns: None,
         });

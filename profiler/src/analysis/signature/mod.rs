@@ -37,12 +37,6 @@ pub struct PhaseKey {
     pub end: CallSite,
 }
 
-impl std::fmt::Display for PhaseKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}→{}", self.start, self.end)
-    }
-}
-
 /// One phase of a run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PhaseSignature {

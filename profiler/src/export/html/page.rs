@@ -11,6 +11,7 @@ use crate::{
     export::phases::{features_line, render_phases},
     model::{Burst, JobId},
     store::Job,
+    symbols::SiteNames,
 };
 
 /// Where the page of `job` goes when the user asked for `out`: `out` itself for a single job;
@@ -43,9 +44,10 @@ pub fn html_path(out: &std::path::Path, job: &JobId, several: bool) -> std::path
 }
 
 /// The HTML page with both views and the phase table of one job. `bursts` are the bursts the
-/// analysis was run on, in the same order (`analysis.labels[i]` is the label of `bursts[i]`).
-pub fn render_html(job: &Job, bursts: &[Burst], analysis: &Analysis) -> String {
-    render_html_with(job, bursts, analysis, &HtmlOptions::default())
+/// analysis was run on, in the same order (`analysis.labels[i]` is the label of `bursts[i]`);
+/// `names` name their call sites.
+pub fn render_html(job: &Job, bursts: &[Burst], analysis: &Analysis, names: &SiteNames) -> String {
+    render_html_with(job, bursts, analysis, names, &HtmlOptions::default())
 }
 
 /// [`render_html`] with explicit drawing limits.
@@ -56,6 +58,7 @@ pub fn render_html_with(
     job: &Job,
     bursts: &[Burst],
     analysis: &Analysis,
+    names: &SiteNames,
     options: &HtmlOptions,
 ) -> String {
     assert_eq!(
@@ -64,8 +67,8 @@ pub fn render_html_with(
         "render_html needs the bursts the analysis was computed from, in the same order"
     );
     let m = &job.meta;
-    let (scatter_svg, scatter_caption) = scatter(bursts, analysis, options);
-    let (timeline_svg, timeline_caption) = timeline(job, bursts, analysis, options);
+    let (scatter_svg, scatter_caption) = scatter(bursts, analysis, options, names);
+    let (timeline_svg, timeline_caption) = timeline(job, bursts, analysis, options, names);
     page(
         &m.id,
         &[
@@ -94,7 +97,10 @@ pub fn render_html_with(
             Section {
                 heading: "Phase table",
                 caption: String::new(),
-                content: format!("<pre>{}</pre>\n", escape(&render_phases(&m.id, analysis))),
+                content: format!(
+                    "<pre>{}</pre>\n",
+                    escape(&render_phases(&m.id, analysis, names))
+                ),
             },
         ],
     )
@@ -149,6 +155,7 @@ pub fn render_live_html(
     snapshot: &PhasesSnapshot,
     tables: &str,
     daemon: &str,
+    names: &SiteNames,
 ) -> String {
     let m = &job.meta;
     let mut meta = vec![format!(
@@ -158,7 +165,7 @@ pub fn render_live_html(
     let mut sections = Vec::new();
     if let Some(window) = &snapshot.last_window {
         meta.push(features_line(&window.features));
-        let (svg, caption) = sequences(window, &HtmlOptions::default());
+        let (svg, caption) = sequences(window, &HtmlOptions::default(), names);
         sections.push(Section {
             heading: "Phase sequences",
             caption,
@@ -205,7 +212,12 @@ mod tests {
             }
         }
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
-        let html = render_html(&crate::store::Job::new(meta(8)), &bursts, &analysis);
+        let html = render_html(
+            &crate::store::Job::new(meta(8)),
+            &bursts,
+            &analysis,
+            &SiteNames::default(),
+        );
         let zeros = (0..bursts.len())
             .filter(|&i| analysis.labels[i].is_some() && bursts[i].oncpu_ns == 0)
             .count();
@@ -317,6 +329,7 @@ mod tests {
             &crate::store::Job::new(meta(4)),
             &bursts,
             &analysis,
+            &SiteNames::default(),
             &options,
         );
         let svgs = svgs(&html);
@@ -374,6 +387,7 @@ mod tests {
                 &crate::store::Job::new(meta(4)),
                 &bursts,
                 &analysis,
+                &SiteNames::default(),
                 &options
             )
         );
@@ -384,13 +398,19 @@ mod tests {
         let now = 1_700_000_002_400_000_000;
         let snapshot = crate::export::phases::synthetic_snapshot(250, now);
         let window = snapshot.last_window.as_ref().unwrap();
-        let tables =
-            crate::export::phases::render_live_phases(&JobId("pmix:<a&b>".into()), &snapshot, now);
+        let names = SiteNames::default();
+        let tables = crate::export::phases::render_live_phases(
+            &JobId("pmix:<a&b>".into()),
+            &snapshot,
+            now,
+            &names,
+        );
         let html = render_live_html(
             &crate::store::Job::new(meta(4)),
             &snapshot,
             &tables,
             "127.0.0.1:9464",
+            &names,
         );
         assert!(
             !html.contains("<script") && html.matches("http").count() == 1,

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     analysis::{ClusterId, ClusterStats, NOISE},
-    model::CallSite,
+    symbols::SiteNames,
 };
 
 /// The noise (bursts DBSCAN left unclustered).
@@ -291,14 +291,23 @@ pub(super) struct LegendItem {
     pub(super) text: String,
 }
 
-/// Legend entries in rows under the plot, starting at `y`; returns the height used.
+/// Characters of a code region's name in a legend entry.
+const LEGEND_REGION_CHARS: usize = 90;
+
+/// Legend entries in rows under the plot, starting at `y`, as many to a row as the longest
+/// entry allows; returns the height used.
 pub(super) fn legend(svg: &mut String, items: &[LegendItem], x0: f64, y: f64) -> f64 {
-    const ITEM: f64 = 265.0;
     const ROW: f64 = 18.0;
-    let per_row = (((WIDTH - x0 - 10.0) / ITEM).floor() as usize).max(1);
+    let widest = items
+        .iter()
+        .map(|i| i.text.chars().count())
+        .max()
+        .unwrap_or(0);
+    let item_width = (widest as f64 * 6.2 + 30.0).max(265.0);
+    let per_row = (((WIDTH - x0 - 10.0) / item_width).floor() as usize).max(1);
     let _ = writeln!(svg, r#"<g class="legend">"#);
     for (i, item) in items.iter().enumerate() {
-        let x = x0 + (i % per_row) as f64 * ITEM;
+        let x = x0 + (i % per_row) as f64 * item_width;
         let yy = y + (i / per_row) as f64 * ROW;
         let stroke = if item.outline {
             r##" stroke="#555""##
@@ -319,11 +328,13 @@ pub(super) fn legend(svg: &mut String, items: &[LegendItem], x0: f64, y: f64) ->
     items.len().div_ceil(per_row) as f64 * ROW
 }
 
-/// Legend entries for clusters (`word` "cluster") or tracked phases ("phase") and the noise.
+/// Legend entries for clusters (`word` "cluster") or tracked phases ("phase"), each named by its
+/// code region with most bursts, and the noise.
 pub(super) fn cluster_legend<'a>(
     word: &str,
     clusters: impl Iterator<Item = &'a ClusterStats>,
     noise: Option<&ClusterStats>,
+    names: &SiteNames,
 ) -> Vec<LegendItem> {
     let mut items: Vec<LegendItem> = clusters
         .map(|c| {
@@ -332,6 +343,10 @@ pub(super) fn cluster_legend<'a>(
                 let _ = write!(text, ", IPC {ipc:.2}");
             }
             let _ = write!(text, ", SPMD {:.2}", c.spmd_score);
+            if let Some(r) = c.regions.first() {
+                let region = shorten(&names.region(&r.start, &r.end), LEGEND_REGION_CHARS);
+                let _ = write!(text, " · {region}");
+            }
             LegendItem {
                 colour: cluster_colour(c.id),
                 outline: false,
@@ -353,13 +368,15 @@ pub(super) fn cluster_legend<'a>(
     items
 }
 
-pub(super) fn region_label(start: &CallSite, end: &CallSite) -> String {
-    let s = format!("{start}→{end}");
-    if s.chars().count() > 64 {
-        let tail: String = s.chars().skip(s.chars().count() - 63).collect();
+/// A label cut to at most `max` characters, keeping its end (where a region's end and a
+/// site's line are).
+pub(super) fn shorten(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n > max {
+        let tail: String = s.chars().skip(n - (max - 1)).collect();
         format!("…{tail}")
     } else {
-        s
+        s.to_string()
     }
 }
 

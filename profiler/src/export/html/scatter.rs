@@ -5,8 +5,8 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use super::{
     plot::{
-        cluster_colour, cluster_legend, escape, legend, log_scale, nice_step, paint_attr,
-        region_label, tick_label, x_axis, y_axis, Scale, FONT, WIDTH,
+        cluster_colour, cluster_legend, escape, legend, log_scale, nice_step, paint_attr, shorten,
+        tick_label, x_axis, y_axis, Scale, FONT, WIDTH,
     },
     HtmlOptions,
 };
@@ -14,6 +14,7 @@ use crate::{
     analysis::{Analysis, ClusterId, FeatureSet, NOISE},
     export::phases::{count, duration},
     model::{Burst, CallSite},
+    symbols::SiteNames,
 };
 
 /// Smallest subsample of a cluster in the scatter plot (all of it when it has fewer bursts).
@@ -43,6 +44,9 @@ fn jitter(i: usize) -> f64 {
     (z >> 11) as f64 / (1u64 << 53) as f64 - 0.5
 }
 
+/// Characters of a code region's name on the scatter plot's axis.
+const AXIS_REGION_CHARS: usize = 64;
+
 /// Regions shown as their own row in the scatter plot without counters; the rest share one.
 const MAX_REGION_ROWS: usize = 40;
 
@@ -51,6 +55,7 @@ pub(super) fn scatter(
     bursts: &[Burst],
     analysis: &Analysis,
     options: &HtmlOptions,
+    names: &SiteNames,
 ) -> (String, String) {
     let mut groups: BTreeMap<ClusterId, Vec<usize>> = BTreeMap::new();
     for (i, label) in analysis.labels.iter().enumerate() {
@@ -140,7 +145,7 @@ pub(super) fn scatter(
         let mut labels: Vec<String> = regions
             .iter()
             .take(MAX_REGION_ROWS)
-            .map(|((s, e), _)| region_label(s, e))
+            .map(|((s, e), _)| shorten(&names.region(s, e), AXIS_REGION_CHARS))
             .collect();
         if regions.len() > MAX_REGION_ROWS {
             labels.push(format!("{} other regions", regions.len() - MAX_REGION_ROWS));
@@ -203,7 +208,12 @@ pub(super) fn scatter(
         }
     };
 
-    let legend_items = cluster_legend("cluster", analysis.clusters.iter(), analysis.noise.as_ref());
+    let legend_items = cluster_legend(
+        "cluster",
+        analysis.clusters.iter(),
+        analysis.noise.as_ref(),
+        names,
+    );
     let legend_y = top + plot_h + 50.0;
     let mut body = String::new();
     let legend_h = legend(&mut body, &legend_items, left, legend_y);
@@ -280,7 +290,7 @@ pub(super) fn scatter(
                         b.rank,
                         duration(b.duration_ns),
                         duration(b.oncpu_ns),
-                        region_label(&b.start_site, &b.end_site)
+                        names.region(&b.start_site, &b.end_site)
                     ))
                 );
             } else {

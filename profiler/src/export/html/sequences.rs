@@ -10,13 +10,18 @@ use super::{
 use crate::{
     analysis::{online::WindowView, ClusterId, NOISE},
     export::phases::utc_span,
+    symbols::SiteNames,
 };
 
 /// The rank × position view of a window's phase sequences and a caption for it: each rank's
 /// analysed bursts in their order, coloured by stable phase id. Not to time scale: the daemon
 /// keeps, per window, the order of the phases, not when each burst ran. Above the bar budget each
 /// column shows the phase most of its bursts had.
-pub(super) fn sequences(window: &WindowView, options: &HtmlOptions) -> (String, String) {
+pub(super) fn sequences(
+    window: &WindowView,
+    options: &HtmlOptions,
+    names: &SiteNames,
+) -> (String, String) {
     let ranks: Vec<u32> = window.sequences.iter().map(|s| s.rank).collect();
     let frame = RankRows::new(&ranks);
     let longest = window
@@ -91,6 +96,7 @@ pub(super) fn sequences(window: &WindowView, options: &HtmlOptions) -> (String, 
         "phase",
         window.phases.iter().map(|p| &p.stats),
         window.noise.as_ref(),
+        names,
     );
     let svg = frame.svg(
         "sequences",
@@ -135,7 +141,7 @@ mod tests {
             max_bars: 40,
             ..HtmlOptions::default()
         };
-        let (svg, caption) = sequences(window, &options);
+        let (svg, caption) = sequences(window, &options, &SiteNames::default());
         assert!(
             caption.contains(&format!(
                 "{longest} bursts per rank are more than 10 columns"

@@ -206,6 +206,7 @@ pub(super) fn meta(size: u32) -> JobMeta {
         executable: "/bin/app <x>".into(),
         build_id: None,
         cgroup: None,
+        modules: Default::default(),
         first_seen_ns: 1_700_000_000_000_000_000 - 500_000_000,
         ended_ns: None,
     }

@@ -8,8 +8,8 @@ use std::{
 
 use super::{
     plot::{
-        cluster_legend, escape, nice_step, region_label, runs, seconds_label, LegendItem, Paint,
-        RankRows, Scale, FILTERED_COLOUR,
+        cluster_legend, escape, nice_step, runs, seconds_label, LegendItem, Paint, RankRows, Scale,
+        FILTERED_COLOUR,
     },
     HtmlOptions,
 };
@@ -18,6 +18,7 @@ use crate::{
     export::phases::duration,
     model::Burst,
     store::Job,
+    symbols::SiteNames,
 };
 
 /// How a timeline with more bursts than bars was drawn.
@@ -141,6 +142,7 @@ pub(super) fn timeline(
     bursts: &[Burst],
     analysis: &Analysis,
     options: &HtmlOptions,
+    names: &SiteNames,
 ) -> (String, String) {
     let ranks: Vec<u32> = job
         .ranks
@@ -205,7 +207,7 @@ pub(super) fn timeline(
                         "rank {} · {what} · {} · {}",
                         b.rank,
                         duration(b.duration_ns),
-                        region_label(&b.start_site, &b.end_site)
+                        names.region(&b.start_site, &b.end_site)
                     ))
                 );
             } else {
@@ -235,7 +237,12 @@ pub(super) fn timeline(
         ));
     }
 
-    let mut items = cluster_legend("cluster", analysis.clusters.iter(), analysis.noise.as_ref());
+    let mut items = cluster_legend(
+        "cluster",
+        analysis.clusters.iter(),
+        analysis.noise.as_ref(),
+        names,
+    );
     if analysis.labels.iter().any(Option::is_none) {
         items.push(LegendItem {
             colour: FILTERED_COLOUR.into(),

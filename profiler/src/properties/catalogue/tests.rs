@@ -28,6 +28,7 @@ fn meta() -> JobMeta {
         executable: "/bin/ats".into(),
         build_id: None,
         cgroup: None,
+        modules: Default::default(),
         first_seen_ns: 0,
         ended_ns: None,
     }
