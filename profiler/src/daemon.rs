@@ -180,6 +180,30 @@ pub struct Daemon {
     last_report: Instant,
 }
 
+/// Writes to the recording; on an error (a full disk) the recording stops and says why, and
+/// profiling goes on without it instead of ending the daemon.
+fn write_recording(
+    recording: &mut Option<RecordingWriter>,
+    write: impl FnOnce(&mut RecordingWriter) -> Result<(), crate::export::recording::RecordingError>,
+) {
+    if let Some(w) = recording {
+        if let Err(e) = write(w) {
+            tracing::error!(
+                "the recording stopped: {e}; profiling goes on without it (make room, then \
+                 restart the daemon to record again)"
+            );
+            *recording = None;
+        }
+    }
+}
+
+/// Prints a report on standard output; a reader that went away (`mpiburst run | head`) is not
+/// an error of the daemon, which goes on with its metrics and API.
+fn print_report(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
 /// The cookie flags of a probed function: polling, or a bound of the region of interest.
 fn cookie_flags(spec: &FunctionSpec) -> u64 {
     if spec.class == FunctionClass::Polling {
@@ -503,11 +527,7 @@ impl Daemon {
         };
         let job = state.store.jobs.entry(meta.id.clone()).or_insert_with(|| {
             tracing::info!("new job {} ({}), {} ranks", meta.id, meta.source, meta.size);
-            if let Some(w) = &mut self.recording {
-                if let Err(e) = w.job(&meta) {
-                    tracing::error!("{e}");
-                }
-            }
+            write_recording(&mut self.recording, |w| w.job(&meta));
             Job::new(meta)
         });
         job.ranks.entry(rank).or_insert_with(|| RankRecord {
@@ -544,10 +564,8 @@ impl Daemon {
                 added = true;
             }
         }
-        if let (true, Some(w)) = (added, &mut self.recording) {
-            if let Err(e) = w.job(&job.meta) {
-                tracing::error!("{e}");
-            }
+        if added {
+            write_recording(&mut self.recording, |w| w.job(&job.meta));
         }
     }
 
@@ -573,13 +591,13 @@ impl Daemon {
             end_site: self.resolver.resolve(record.pid, record.end_site),
         };
         self.note_modules(&member.job, &burst, state);
-        if let Some(w) = &mut self.recording {
+        write_recording(&mut self.recording, |w| {
             w.burst(RecordedBurst {
                 job: member.job.clone(),
                 burst: burst.clone(),
                 event_counts: has_counters.then_some(record.counters),
-            })?;
-        }
+            })
+        });
         if let Some(job) = state.store.jobs.get(&member.job) {
             let batch = self.analysis_batch.entry(member.job.clone()).or_default();
             batch.0 = job.ranks.len().max(1) as u32;
@@ -740,9 +758,7 @@ impl Daemon {
                     let exited = self.capture.exit_time(*pid).map(|t| self.unix_ns(t));
                     rank.ended_ns = Some(exited.unwrap_or(now).clamp(rank.first_seen_ns, now));
                 }
-                if let Some(w) = &mut self.recording {
-                    w.rank(&member.job, rank)?;
-                }
+                write_recording(&mut self.recording, |w| w.rank(&member.job, rank));
             }
         }
         if !gone.is_empty() {
@@ -763,9 +779,7 @@ impl Daemon {
             {
                 job.meta.ended_ns = Some(now);
                 finished.push(job.meta.id.clone());
-                if let Some(w) = &mut self.recording {
-                    w.job(&job.meta)?;
-                }
+                write_recording(&mut self.recording, |w| w.job(&job.meta));
             }
         }
         for id in &finished {
@@ -788,7 +802,10 @@ impl Daemon {
         {
             self.last_report = Instant::now();
             for job in state.store.jobs.values().filter(|j| !j.is_ended()) {
-                println!("{}", report::render(job, now, &self.counters_note));
+                print_report(&format!(
+                    "{}\n",
+                    report::render(job, now, &self.counters_note)
+                ));
             }
         }
         let grace = (self.config.daemon.ended_job_grace_s * 1e9) as u64;
@@ -819,9 +836,7 @@ impl Daemon {
             hardware_counters: self.hardware_counters,
             process: usage::read_process(std::process::id()).ok(),
         };
-        if let Some(w) = &mut self.recording {
-            w.flush()?;
-        }
+        write_recording(&mut self.recording, |w| w.flush());
         Ok(())
     }
 
@@ -941,10 +956,13 @@ impl Daemon {
         tracing::info!("shutting down: final drain");
         self.update_totals(true)?;
         if let Some(w) = self.recording.take() {
-            w.finish(RecordingEnd {
+            let end = RecordingEnd {
                 ended_ns: unix_now_ns(),
                 lost: self.capture.lost()?,
-            })?;
+            };
+            if let Err(e) = w.finish(end) {
+                tracing::error!("the recording could not be completed: {e}");
+            }
         }
         // The phases of the jobs that ended last are printed before the daemon exits.
         if let Some(worker) = self.analysis.take() {
@@ -952,5 +970,31 @@ impl Daemon {
         }
         // Dropping the daemon drops the publisher, which stops the server.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// A full disk: /dev/full takes the file's creation and fails every write.
+    #[test]
+    fn a_recording_that_cannot_be_written_stops_and_the_daemon_goes_on() {
+        let header = RecordingHeader {
+            version: FORMAT_VERSION,
+            node: "n".into(),
+            started_ns: 1,
+            min_burst_ns: 1,
+            counter_events: None,
+            counters_note: String::new(),
+            functions: Vec::new(),
+        };
+        let mut recording = Some(RecordingWriter::create(Path::new("/dev/full"), header).unwrap());
+        write_recording(&mut recording, |w| w.flush());
+        assert!(recording.is_none());
+        // Nothing more is written, and nothing fails.
+        write_recording(&mut recording, |w| w.flush());
     }
 }

@@ -133,19 +133,33 @@ impl Analyses {
             match request {
                 Request::Bursts { job, ranks, bursts } => {
                     if let Some(phases) = self.job(&job, ranks) {
-                        for burst in &bursts {
-                            phases.push(burst);
+                        let pushed = isolated(|| {
+                            for burst in &bursts {
+                                phases.push(burst);
+                            }
+                        });
+                        if let Err(why) = pushed {
+                            self.disable(&job, &why);
                         }
                     }
                 }
                 Request::Tick { now_ns, ranks } => {
+                    let mut failed = Vec::new();
                     for (id, phases) in &mut self.jobs {
                         if let Some(&r) = ranks.get(id) {
                             phases.set_ranks(r);
                         }
-                        log_events(id, phases.tick(now_ns));
-                        // The loop may be gone at shutdown; the final prints still happen.
-                        let _ = updates.send((id.clone(), Some(Arc::new(phases.snapshot()))));
+                        match isolated(|| (phases.tick(now_ns), phases.snapshot())) {
+                            Ok((events, snapshot)) => {
+                                log_events(id, events);
+                                // The loop may be gone at shutdown; the final prints still happen.
+                                let _ = updates.send((id.clone(), Some(Arc::new(snapshot))));
+                            }
+                            Err(why) => failed.push((id.clone(), why)),
+                        }
+                    }
+                    for (id, why) in failed {
+                        self.disable(&id, &why);
                     }
                 }
                 Request::Ended {
@@ -155,11 +169,12 @@ impl Analyses {
                     report,
                     bottlenecks,
                 } => {
-                    println!("{report}");
-                    println!("{}", self.final_phases(&job, ranks, &bursts));
-                    if let Some(text) = bottlenecks {
-                        println!("{text}");
+                    let phases = self.final_phases(&job, ranks, &bursts);
+                    let mut text = format!("{report}\n{phases}\n");
+                    if let Some(bottlenecks) = bottlenecks {
+                        text.push_str(&format!("{bottlenecks}\n"));
                     }
+                    super::print_report(&text);
                 }
                 Request::Forget(job) => {
                     self.jobs.remove(&job);
@@ -173,13 +188,29 @@ impl Analyses {
     /// The phases of an ended job, clustered over the bursts the node kept of it (the same
     /// analysis as `mpiburst report --phases`), their call sites named from the job's binaries.
     fn final_phases(&mut self, job: &JobMeta, ranks: u32, bursts: &[Burst]) -> String {
-        match analyse(bursts, ranks, &AnalysisParams::default()) {
-            Ok(analysis) => {
+        let analysed = isolated(|| analyse(bursts, ranks, &AnalysisParams::default()));
+        match analysed {
+            Ok(Ok(analysis)) => {
                 let names = sites::names(&mut self.sites, &[job], sites::analysis_sites(&analysis));
                 phases::render_phases(&job.id, &analysis, &names)
             }
-            Err(e) => format!("   phases of job {}: not analysed ({e})", job.id),
+            Ok(Err(e)) => format!("   phases of job {}: not analysed ({e})", job.id),
+            Err(why) => format!(
+                "   phases of job {}: not analysed (the analysis failed: {why})",
+                job.id
+            ),
         }
+    }
+
+    /// Stops the online analysis of a job whose analysis panicked: its state may be half
+    /// updated. The other jobs, and the job's exact totals and properties, go on.
+    fn disable(&mut self, id: &JobId, why: &str) {
+        tracing::error!(
+            "phase analysis of job {id} failed and is stopped for this job ({why}); its totals \
+             and properties are still measured. Please report this with the job's recording."
+        );
+        self.jobs.remove(id);
+        self.disabled.insert(id.clone());
     }
 
     fn job(&mut self, id: &JobId, ranks: u32) -> Option<&mut JobPhases> {
@@ -200,6 +231,18 @@ impl Analyses {
         }
         self.jobs.get_mut(id)
     }
+}
+
+/// Runs `work`, turning a panic into its message: a bug in one job's analysis must not stop the
+/// analysis of every job on the node.
+fn isolated<T>(work: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
+        panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into())
+    })
 }
 
 fn log_events(id: &JobId, events: Vec<PhaseEvent>) {
@@ -228,5 +271,23 @@ fn log_events(id: &JobId, events: Vec<PhaseEvent>) {
                 tracing::warn!("job {id}: clustering window {window} failed: {error}")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_one_piece_of_work_becomes_its_message() {
+        assert_eq!(isolated(|| 7), Ok(7));
+        assert_eq!(
+            isolated(|| -> u32 { panic!("window {} broke", 3) }),
+            Err("window 3 broke".to_string())
+        );
+        assert_eq!(
+            isolated(|| -> u32 { panic!("static message") }),
+            Err("static message".to_string())
+        );
     }
 }
