@@ -7,7 +7,10 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_NO_WAKEUP},
+    bindings::{
+        bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_AVAIL_DATA,
+        BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+    },
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
         bpf_get_current_task_btf, bpf_ktime_get_ns, bpf_perf_event_read_value,
@@ -376,8 +379,17 @@ fn ship_pending(st: &mut ThreadState, tid: u32, site: u64) {
         return;
     };
     entry.write(st.pending);
-    // No wakeup per record: the daemon drains on a timer; a wakeup costs more than the probe.
-    entry.submit(BPF_RB_NO_WAKEUP as u64);
+    // No wakeup per record: the daemon drains on a timer, and a wakeup costs more than the
+    // probe. Once the ring is a quarter full, a burst storm could fill it before the next tick:
+    // then every record wakes the daemon until it has drained.
+    let filling =
+        BURSTS.query(BPF_RB_AVAIL_DATA as u64) >= BURSTS.query(BPF_RB_RING_SIZE as u64) / 4;
+    let wakeup = if filling {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(wakeup as u64);
 }
 
 #[uprobe]

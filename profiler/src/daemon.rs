@@ -929,6 +929,19 @@ impl Daemon {
             "mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs"
         );
         let mut drain = tokio::time::interval(self.config.capture.drain_interval());
+        // The BPF side wakes this when the burst ring fills faster than the timer drains it.
+        let wakeup = self.capture.bursts_wakeup()?;
+        // SAFETY: the AsyncFd owns the descriptor (an OwnedFd), which stays open and names the
+        // same ring buffer for as long as the AsyncFd lives.
+        let ring = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(wakeup, tokio::io::Interest::READABLE)
+        }
+        .map_err(|e| {
+            DaemonError::Capture(CaptureError::Io {
+                what: "waiting on the burst ring buffer".into(),
+                source: e.into(),
+            })
+        })?;
         let mut stats = tokio::time::interval(self.config.capture.stats_interval());
         // Both streams exist for the whole loop: a signal that arrives while a drain or an update
         // runs is kept for the next select (a stream made inside the loop would miss it).
@@ -947,6 +960,12 @@ impl Daemon {
         loop {
             tokio::select! {
                 _ = drain.tick() => { self.drain()?; }
+                ready = ring.readable() => {
+                    if let Ok(mut guard) = ready {
+                        self.drain()?;
+                        guard.clear_ready();
+                    }
+                }
                 _ = stats.tick() => { self.update_totals(false)?; }
                 Some(update) = self.analysis_updates.recv() => self.take_analysis_updates(update),
                 _ = sigint.recv() => break,

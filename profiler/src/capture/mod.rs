@@ -405,6 +405,18 @@ impl Capture {
     }
 
     /// Hands every burst record waiting in the ring buffer to `sink`; returns how many.
+    /// A descriptor that becomes readable when the BPF side wakes the daemon: once the burst
+    /// ring is a quarter full, before a storm can fill it between two timer drains.
+    pub fn bursts_wakeup(&self) -> Result<OwnedFd, CaptureError> {
+        self.bursts
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| CaptureError::Io {
+                what: "a descriptor of the burst ring buffer".into(),
+                source,
+            })
+    }
+
     pub fn drain_bursts(&mut self, mut sink: impl FnMut(BurstRecord)) -> usize {
         let mut n = 0;
         while let Some(item) = self.bursts.next() {
