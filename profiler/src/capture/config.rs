@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 pub struct CaptureConfig {
     /// Bursts shorter than this many microseconds are summed in kernel instead of shipped.
     pub min_burst_us: u64,
-    /// Milliseconds between ring-buffer drains (there is no wakeup per record).
+    /// Milliseconds between ring-buffer drains (there is no wakeup per record; the BPF side wakes
+    /// the daemon early when the burst ring is a quarter full).
     pub drain_interval_ms: u64,
     /// Milliseconds between reads of the in-kernel per-thread totals.
     pub stats_interval_ms: u64,
@@ -86,7 +87,8 @@ impl CaptureConfig {
             "[capture]\n\
              # Bursts shorter than this (microseconds) are summed in kernel, not shipped.\n\
              min_burst_us = {}\n\
-             # Milliseconds between ring-buffer drains (no wakeup per record).\n\
+             # Milliseconds between ring-buffer drains (no wakeup per record; a quarter-full burst\n\
+             # ring wakes the daemon early).\n\
              drain_interval_ms = {}\n\
              # Milliseconds between reads of the in-kernel per-thread totals.\n\
              stats_interval_ms = {}\n\
