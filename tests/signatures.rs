@@ -45,22 +45,25 @@ fn mpiburst(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// The run time `mpiburst report` shows for a job: its slowest rank's region of interest.
+/// The run time `mpiburst report` shows for a job: its slowest rank's region of interest. Also
+/// checks that the report's signature (JSON) is of that run time and covers it.
 fn reported_runtime_s(recording: &Path, job: &str) -> f64 {
+    let path = recording.to_string_lossy();
     let report = mpiburst(&[
-        "report",
-        &recording.to_string_lossy(),
-        "--job",
-        job,
-        "--format",
-        "json",
+        "report", &path, "--job", job, "--phases", "--format", "json",
     ]);
-    report["jobs"][0]["ranks"]
+    let job = &report["jobs"][0];
+    let runtime_s = job["ranks"]
         .as_array()
         .unwrap()
         .iter()
         .map(|r| r["region"]["runtime_ns"].as_f64().unwrap() / 1e9)
-        .fold(0.0, f64::max)
+        .fold(0.0, f64::max);
+    let signature = &job["phases"]["signature"];
+    assert_eq!(signature["runtime_ns"].as_f64().unwrap() / 1e9, runtime_s);
+    let coverage = signature["coverage"].as_f64().unwrap();
+    assert!((0.98..=1.0).contains(&coverage), "{signature}");
+    runtime_s
 }
 
 #[test]

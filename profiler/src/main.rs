@@ -21,7 +21,7 @@ use mpiburst::{
         report::JobReport,
         report_json::{
             AnalysisView, CompareDocument, JobDocument, OnlineView, PhasesDocument, ReportDocument,
-            RunSide,
+            RunSide, SignatureView,
         },
         signature::{regions, render_signature, PredictDocument, RunPoint},
         sites,
@@ -287,12 +287,17 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
             let shown = sites::analysis_sites(a).chain(bursts.into_iter().flatten());
             sites::names(&mut resolver, &[&job.meta], shown)
         });
+        let signature = analysis
+            .as_ref()
+            .filter(|_| args.phases)
+            .map(|a| signature(&bursts, a, &regions(job, now)));
         if let (true, Some(analysis), Some(names)) = (args.phases, &analysis, &names) {
             let text = phases::render_phases(id, analysis, names);
             let filter = phases::render_kernel_filter(job, Some(r.header.min_burst_ns));
-            let signature = match signature(&bursts, analysis, &regions(job, now)) {
-                Ok(s) => render_signature(&s, names),
-                Err(e) => format!("signature: none ({e})\n"),
+            let signature = match &signature {
+                Some(Ok(s)) => render_signature(s, names),
+                Some(Err(e)) => format!("signature: none ({e})\n"),
+                None => String::new(),
             };
             out.text(&format!("{text}{filter}\n{signature}\n"))?;
         }
@@ -304,6 +309,7 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
                 analysis: analysis.as_ref().map(AnalysisView::from),
                 kernel_filter: KernelFilter::of(job, Some(r.header.min_burst_ns)),
                 call_sites: names.as_ref().map(SiteNames::entries).unwrap_or_default(),
+                signature: signature.and_then(Result::ok).map(SignatureView::from),
             }),
         })?;
         if let (Some(html), Some(analysis), Some(names)) = (&args.html, &analysis, &names) {

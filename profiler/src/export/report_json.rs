@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::{
     analysis::{
         online::{CumulativeView, OpenWindow, PhaseView, PhasesSnapshot},
+        signature::AppSignature,
         tracking::{AppIdentity, EventCounts, RunMatch, RunSignature, StableId},
         Analysis, AnalysisParams, ClusterStats, ClusteringReport, FeatureReport, FilterReport,
     },
@@ -57,6 +58,27 @@ pub struct JobDocument<'a> {
     pub phases: Option<PhasesDocument<'a>>,
 }
 
+/// An application signature with the values its text section derives: PAET and coverage.
+#[derive(Clone, Debug, Serialize)]
+pub struct SignatureView {
+    #[serde(flatten)]
+    pub signature: AppSignature,
+    /// Σ PET × W, in ns.
+    pub paet_ns: f64,
+    /// PAET ÷ run time.
+    pub coverage: f64,
+}
+
+impl From<AppSignature> for SignatureView {
+    fn from(signature: AppSignature) -> Self {
+        SignatureView {
+            paet_ns: signature.paet_ns(),
+            coverage: signature.coverage(),
+            signature,
+        }
+    }
+}
+
 /// The phases of one job, from where the report read them.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "source", rename_all = "snake_case")]
@@ -70,6 +92,9 @@ pub enum PhasesDocument<'a> {
         kernel_filter: Option<KernelFilter>,
         /// The call sites of the code regions, named.
         call_sites: Vec<&'a SiteName>,
+        /// The application signature of the run, as the text's signature section shows it;
+        /// `None` without an analysis or a region of interest.
+        signature: Option<SignatureView>,
     },
     /// A running daemon's online analysis.
     Daemon {
@@ -361,6 +386,7 @@ mod tests {
                 analysis: Some(AnalysisView::from(&analysis)),
                 kernel_filter: KernelFilter::of(job, Some(r.header.min_burst_ns)),
                 call_sites: Vec::new(),
+                signature: None,
             }),
         };
         let json =
