@@ -204,6 +204,30 @@ fn print_report(text: &str) {
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
+/// Keeps where the job's processes mapped the modules of a burst's call sites, so that reports
+/// can name them (see [`JobMeta::modules`]); the recording gets the job again when one is new.
+fn note_modules(
+    resolver: &AddressResolver,
+    recording: &mut Option<RecordingWriter>,
+    job: &mut Job,
+    burst: &Burst,
+) {
+    let mut added = false;
+    for site in [&burst.start_site, &burst.end_site] {
+        if job.meta.modules.contains_key(site.module.as_ref()) {
+            continue;
+        }
+        if let Some(path) = resolver.path_of(&site.module) {
+            let path = path.display().to_string();
+            job.meta.modules.insert(site.module.to_string(), path);
+            added = true;
+        }
+    }
+    if added {
+        write_recording(recording, |w| w.job(&job.meta));
+    }
+}
+
 /// The cookie flags of a probed function: polling, or a bound of the region of interest.
 fn cookie_flags(spec: &FunctionSpec) -> u64 {
     if spec.class == FunctionClass::Polling {
@@ -547,28 +571,6 @@ impl Daemon {
         Some(member)
     }
 
-    /// Keeps where the job's processes mapped the modules of a burst's call sites, so that reports
-    /// can name them (see [`JobMeta::modules`]); the recording gets the job again when one is new.
-    fn note_modules(&mut self, job: &JobId, burst: &Burst, state: &mut NodeState) {
-        let Some(job) = state.store.jobs.get_mut(job) else {
-            return;
-        };
-        let mut added = false;
-        for site in [&burst.start_site, &burst.end_site] {
-            if job.meta.modules.contains_key(site.module.as_ref()) {
-                continue;
-            }
-            if let Some(path) = self.resolver.path_of(&site.module) {
-                let path = path.display().to_string();
-                job.meta.modules.insert(site.module.to_string(), path);
-                added = true;
-            }
-        }
-        if added {
-            write_recording(&mut self.recording, |w| w.job(&job.meta));
-        }
-    }
-
     fn ingest(&mut self, record: BurstRecord, state: &mut NodeState) -> Result<(), DaemonError> {
         let Some(member) = self.member(record.pid, state) else {
             return Ok(());
@@ -590,7 +592,10 @@ impl Daemon {
             start_site: self.resolver.resolve(record.pid, record.start_site),
             end_site: self.resolver.resolve(record.pid, record.end_site),
         };
-        self.note_modules(&member.job, &burst, state);
+        let ranks = state.store.jobs.get_mut(&member.job).map(|job| {
+            note_modules(&self.resolver, &mut self.recording, job, &burst);
+            job.ranks.len().max(1) as u32
+        });
         write_recording(&mut self.recording, |w| {
             w.burst(RecordedBurst {
                 job: member.job.clone(),
@@ -598,9 +603,9 @@ impl Daemon {
                 event_counts: has_counters.then_some(record.counters),
             })
         });
-        if let Some(job) = state.store.jobs.get(&member.job) {
+        if let Some(ranks) = ranks {
             let batch = self.analysis_batch.entry(member.job.clone()).or_default();
-            batch.0 = job.ranks.len().max(1) as u32;
+            batch.0 = ranks;
             batch.1.push(burst.clone());
             state
                 .store
