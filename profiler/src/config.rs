@@ -70,7 +70,7 @@ pub struct DaemonConfig {
 impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {
-            listen: "127.0.0.1:9464".parse().unwrap(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             node: String::new(),
             report_interval_s: 10.0,
             ended_job_grace_s: 300.0,

@@ -430,13 +430,15 @@ fn pick_job<'a>(
                 known()
             )
         }),
-        None if r.jobs.len() == 1 => Ok(r.jobs.values().next().unwrap()),
-        None if r.jobs.is_empty() => anyhow::bail!("{} holds no jobs", path.display()),
-        None => anyhow::bail!(
-            "{} holds several jobs ({}); {how_to_choose}",
-            path.display(),
-            known()
-        ),
+        None => match r.jobs.values().collect::<Vec<_>>()[..] {
+            [only] => Ok(only),
+            [] => anyhow::bail!("{} holds no jobs", path.display()),
+            _ => anyhow::bail!(
+                "{} holds several jobs ({}); {how_to_choose}",
+                path.display(),
+                known()
+            ),
+        },
     }
 }
 

@@ -293,7 +293,7 @@ impl MpiConfig {
              functions = [\n",
         );
         for f in &MpiConfig::default().functions {
-            let class = toml::Value::try_from(f.class).unwrap();
+            let class = toml::Value::try_from(f.class).expect("a function class is a TOML string");
             let _ = match (f.count_arg, f.datatype_arg) {
                 (Some(c), Some(t)) => writeln!(
                     out,

@@ -260,7 +260,11 @@ pub fn run_stats(program: BorrowedFd<'_>) -> Option<(std::time::Duration, u64, u
     if rc != 0 {
         return None;
     }
-    let word = |at: usize| u64::from_ne_bytes(info[at..at + 8].try_into().unwrap());
+    let word = |at: usize| {
+        info[at..]
+            .first_chunk::<8>()
+            .map_or(0, |w| u64::from_ne_bytes(*w))
+    };
     Some((
         std::time::Duration::from_nanos(word(RUN_TIME_NS)),
         word(RUN_CNT),

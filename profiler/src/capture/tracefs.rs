@@ -35,7 +35,7 @@ pub fn ensure_mounted() -> Result<(), CaptureError> {
         }
         _ => {}
     }
-    let target = std::ffi::CString::new(TRACEFS).unwrap();
+    let target = std::ffi::CString::new(TRACEFS).expect("the tracefs path has no NUL byte");
     // SAFETY: all pointers are valid NUL-terminated strings; data may be NULL for tracefs.
     let rc = unsafe {
         libc::mount(

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use object::read::ReadCache;
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
@@ -28,7 +28,11 @@ pub fn build_id(path: &Path) -> Result<Option<String>, DiscoveryError> {
         source,
     })?;
     let key = (meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec());
-    if let Some(id) = cache.lock().expect("build-id cache poisoned").get(&key) {
+    if let Some(id) = cache
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key)
+    {
         return Ok(id.clone());
     }
     let id = with_elf(path, |elf| {
@@ -36,7 +40,7 @@ pub fn build_id(path: &Path) -> Result<Option<String>, DiscoveryError> {
             .build_id()?
             .map(|bytes| bytes.iter().map(|b| format!("{b:02x}")).collect()))
     })?;
-    let mut cache = cache.lock().expect("build-id cache poisoned");
+    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
     if cache.len() >= BUILD_ID_CACHE_LIMIT {
         cache.clear();
     }

@@ -30,8 +30,11 @@ pub(super) fn library_paths(
         Err(e) => return Err(error(&e.to_string())),
     };
     let u32_at = |at: usize| -> Result<usize, DiscoveryError> {
-        let bytes = data.get(at..at + 4).ok_or_else(|| error("truncated"))?;
-        Ok(u32::from_ne_bytes(bytes.try_into().expect("4 bytes")) as usize)
+        let bytes = data
+            .get(at..)
+            .and_then(<[u8]>::first_chunk::<4>)
+            .ok_or_else(|| error("truncated"))?;
+        Ok(u32::from_ne_bytes(*bytes) as usize)
     };
     // The compat format, the default before glibc 2.32 (RHEL 8), puts a table in the old format
     // first; the new table follows it, 8-byte aligned, with its strings relative to itself.

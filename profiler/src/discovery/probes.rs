@@ -119,7 +119,9 @@ pub fn openmpi_datatype_size_offset(lib: &MpiLibrary) -> Result<u64, DiscoveryEr
         .min()
         .unwrap_or(0);
     let word = |bytes: &[u8], at: usize| {
-        u64::from_ne_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+        bytes[at..]
+            .first_chunk::<8>()
+            .map_or(0, |w| u64::from_ne_bytes(*w))
     };
     // opal_datatype_t keeps size before true_lb, true_ub, lb and ub, and for a basic type the
     // upper bounds equal the size too, so the first matching word is the size field.

@@ -57,10 +57,12 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
     // The walk up the process tree is needed only when the environment does not say it all.
     let mut launcher = None;
     let mut root = || -> Result<ProcStat, DiscoveryError> {
-        if launcher.is_none() {
-            launcher = Some(outermost_launcher(&own)?.unwrap_or_else(|| own.clone()));
+        if let Some(known) = &launcher {
+            return Ok(ProcStat::clone(known));
         }
-        Ok(launcher.clone().expect("just set"))
+        let found = outermost_launcher(&own)?.unwrap_or_else(|| own.clone());
+        launcher = Some(found.clone());
+        Ok(found)
     };
     let job = match (
         &env.slurm_job_id,
