@@ -140,6 +140,9 @@ pub struct Daemon {
     node: String,
     capture: Capture,
     functions: Vec<String>,
+    /// The names bursts carry, by function id, then "-" (no function) and "?" (an unknown id):
+    /// shared, so that a burst costs no allocation for its names.
+    function_names: Vec<Arc<str>>,
     state: NodeState,
     /// The HTTP server's view of `state`, replaced after every stats update and whenever a
     /// process joins a job.
@@ -152,7 +155,8 @@ pub struct Daemon {
     /// A process joined a job since the last publication.
     members_changed: bool,
     resolver: AddressResolver,
-    members: HashMap<u32, Member>,
+    /// Shared, so that looking a pid up for each burst copies no job id.
+    members: HashMap<u32, Arc<Member>>,
     /// Processes outside `daemon.cgroup`: their data is dropped.
     outside: HashSet<u32>,
     /// Online phase analysis of every job, on its own thread; `None` once shut down.
@@ -349,10 +353,16 @@ impl Daemon {
                     source,
                 })
             })?;
+        let function_names = functions
+            .iter()
+            .map(|f| Arc::from(f.as_str()))
+            .chain([Arc::from("-"), Arc::from("?")])
+            .collect();
         let mut daemon = Daemon {
             node,
             capture,
             functions,
+            function_names,
             state: NodeState::default(),
             publisher,
             addr,
@@ -473,20 +483,18 @@ impl Daemon {
     }
 
     fn function_name(&self, id: u32) -> Arc<str> {
-        if id == NO_FUNC {
-            return Arc::from("-");
-        }
-        Arc::from(
-            self.functions
-                .get(id as usize)
-                .map(String::as_str)
-                .unwrap_or("?"),
-        )
+        let known = self.functions.len();
+        let index = match id {
+            NO_FUNC => known,
+            id if (id as usize) < known => id as usize,
+            _ => known + 1,
+        };
+        self.function_names[index].clone()
     }
 
     /// Finds (or makes) the job and rank of a pid, and registers it in the store; `None` for a
     /// process outside `daemon.cgroup`.
-    fn member(&mut self, pid: u32, state: &mut NodeState) -> Option<Member> {
+    fn member(&mut self, pid: u32, state: &mut NodeState) -> Option<Arc<Member>> {
         if let Some(m) = self.members.get(&pid) {
             return Some(m.clone());
         }
@@ -545,10 +553,10 @@ impl Daemon {
                 )
             }
         };
-        let member = Member {
+        let member = Arc::new(Member {
             job: meta.id.clone(),
             rank,
-        };
+        });
         let job = state.store.jobs.entry(meta.id.clone()).or_insert_with(|| {
             tracing::info!("new job {} ({}), {} ranks", meta.id, meta.source, meta.size);
             write_recording(&mut self.recording, |w| w.job(&meta));
@@ -604,7 +612,10 @@ impl Daemon {
             })
         });
         if let Some(ranks) = ranks {
-            let batch = self.analysis_batch.entry(member.job.clone()).or_default();
+            let batch = match self.analysis_batch.get_mut(&member.job) {
+                Some(batch) => batch,
+                None => self.analysis_batch.entry(member.job.clone()).or_default(),
+            };
             batch.0 = ranks;
             batch.1.push(burst.clone());
             state
@@ -788,14 +799,19 @@ impl Daemon {
             }
         }
         for id in &finished {
-            let job = &state.store.jobs[id];
+            let Some(job) = state.store.jobs.get_mut(id) else {
+                continue;
+            };
+            let ranks = phases::node_ranks(job);
+            let report = report::render(job, now, &self.counters_note);
             // Printed by the analysis thread once it has clustered the job: together, and
-            // without holding up the loop.
+            // without holding up the loop. The bursts move there: nothing on this side reads an
+            // ended job's bursts, and a copy of a full budget would double the daemon's memory.
             self.send_analysis(analysis::Request::Ended {
                 job: Box::new(job.meta.clone()),
-                ranks: phases::node_ranks(job),
-                bursts: job.bursts.iter().cloned().collect(),
-                report: report::render(job, now, &self.counters_note),
+                ranks,
+                bursts: std::mem::take(&mut job.bursts).into(),
+                report,
                 bottlenecks: state
                     .properties
                     .get(id)

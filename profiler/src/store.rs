@@ -266,6 +266,13 @@ impl JobStore {
             }
         }
         if let Some(job) = self.jobs.get_mut(id) {
+            // Grown by doubling up to the budget, never past it: a job that holds the whole
+            // budget has no room reserved that it may never fill.
+            if job.bursts.len() == job.bursts.capacity() {
+                let room = max_bursts.max(1).saturating_sub(job.bursts.len()).max(1);
+                job.bursts
+                    .reserve_exact(job.bursts.len().max(1024).min(room));
+            }
             job.bursts.push_back(burst);
         }
     }
@@ -386,5 +393,14 @@ mod tests {
         assert_eq!(s.bursts_evicted, 3);
         assert_eq!(s.bursts.front().unwrap().start_ns, 4);
         assert_eq!(q.bursts_evicted, 0);
+
+        // A job that fills the budget alone holds no room beyond it.
+        let budget = 5000;
+        for i in 0..2 * budget as u64 {
+            store.push_burst(&storm, at(i), budget);
+        }
+        let s = &store.jobs[&storm];
+        assert_eq!(s.bursts.len() + store.jobs[&quiet].bursts.len(), budget);
+        assert!(s.bursts.capacity() <= budget, "{}", s.bursts.capacity());
     }
 }
