@@ -118,6 +118,11 @@ pub struct MpiConfig {
     /// Extra MPI library files to probe besides those found in the ld.so cache and in the
     /// memory maps of running processes.
     pub libraries: Vec<PathBuf>,
+    /// Stop (SIGSTOP) a process that opens an MPI library at a path not handled yet, until its
+    /// probes are attached, then resume it (SIGCONT): no call of a library found at run time is
+    /// missed. Off, such a library is found only by the scan after the process's exec, which
+    /// can come after MPI_Init and the first calls.
+    pub hold_new_libraries: bool,
     /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
     /// the (count, datatype) pair in the C binding whose product gives the call's bytes.
     pub functions: Vec<FunctionSpec>,
@@ -244,6 +249,7 @@ impl Default for MpiConfig {
             .collect();
         MpiConfig {
             libraries: Vec::new(),
+            hold_new_libraries: true,
             functions,
         }
     }
