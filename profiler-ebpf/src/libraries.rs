@@ -13,7 +13,7 @@
 use aya_ebpf::{
     bindings::{pt_regs, BPF_RB_FORCE_WAKEUP},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_ktime_get_ns,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_user_str_bytes, bpf_send_signal, bpf_task_pt_regs,
     },
     macros::{map, tracepoint},
@@ -25,7 +25,7 @@ use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
 use crate::config;
 
 /// The daemon's own pid: it opens MPI libraries to read their symbols and must never hold
-/// itself. Set at load.
+/// itself. Set at load. (Its threads are also named `mpiburst*`, see NEVER_HELD.)
 #[no_mangle]
 static DAEMON_PID: u32 = 0;
 /// Offset of the return value in the records of syscalls/sys_exit_openat, from its format file.
@@ -51,6 +51,11 @@ const O_ACCMODE: u64 = 3;
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 const PREFIX: &[u8; 6] = b"libmpi";
+/// Threads whose name starts with this are never held: those of every mpiburst process (the
+/// daemon's `mpiburst`, `mpiburst-http`, `mpiburst-analysis`, and the CLI), which open MPI
+/// libraries to read them. Two daemons on one node (a test machine) would otherwise hold each
+/// other, each waiting for the other to resume it.
+const NEVER_HELD: &[u8; 8] = b"mpiburst";
 
 #[tracepoint]
 pub fn library_open_exit(ctx: TracePointContext) -> u32 {
@@ -111,6 +116,9 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
         hash = (hash ^ record.path[i] as u64).wrapping_mul(FNV_PRIME);
     }
     if unsafe { KNOWN_LIBRARY_PATHS.get(&hash) }.is_some() {
+        return None;
+    }
+    if bpf_get_current_comm().ok()?.starts_with(NEVER_HELD) {
         return None;
     }
     record.pid = pid;

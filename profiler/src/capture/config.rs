@@ -293,6 +293,10 @@ impl MpiConfig {
             "[mpi]\n\
              # Extra MPI library files to probe (the ld.so cache and running processes are searched).\n\
              libraries = []\n\
+             # Stop a process that opens an MPI library at a path not seen before until the library's\n\
+             # probes are attached (a few tens of ms, once per path), so that no call is missed;\n\
+             # false: such a library is found by the scan after exec, which can miss MPI_Init.\n\
+             hold_new_libraries = true\n\
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
              # pair in the C binding; their product is the call's bytes. Class \"polling\" functions\n\
              # are counted in kernel and never end a burst.\n\

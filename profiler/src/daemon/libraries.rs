@@ -2,8 +2,8 @@
 //! and the PMPI interposers of the processes that map an MPI library.
 
 use std::{
-    collections::HashSet,
-    os::fd::OwnedFd,
+    collections::{HashMap, HashSet},
+    os::{fd::OwnedFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
 };
 
@@ -16,15 +16,19 @@ use crate::{
     export::LibraryOpenStats,
 };
 
-/// Upper bound on the files remembered as checked for PMPI interposers (as for the build-id
-/// cache: a node maps a few thousand distinct files).
-const CHECKED_FILES_LIMIT: usize = 8192;
+/// Upper bound on the files remembered as checked for PMPI interposers, and as opened by held
+/// processes (as for the build-id cache: a node maps a few thousand distinct files).
+const FILES_REMEMBERED: usize = 8192;
 
 /// What the daemon keeps about libraries found at run time.
 #[derive(Default)]
 pub(super) struct RunTimeLibraries {
     /// (device, inode) of every mapped file looked at for PMPI interposers.
     checked: HashSet<(u64, u64)>,
+    /// (device, inode) of every file a held process opened → its MPI flavour, `None` when it is
+    /// no MPI library: the ranks of a job open the same file at once, and only the first one's
+    /// hold reads its symbols.
+    opened: HashMap<(u64, u64), Option<MpiFlavor>>,
     pub(super) stats: LibraryOpenStats,
 }
 
@@ -103,37 +107,61 @@ impl Daemon {
         let pid = event.held.pid;
         // The file the process opened, in whatever mount namespace it runs.
         let access = PathBuf::from(format!("/proc/{pid}/fd/{}", event.fd));
-        let lib = match MpiLibrary::open_as(&access, Path::new(&event.path)) {
-            Ok(lib) => lib,
+        let file = match std::fs::metadata(&access) {
+            Ok(meta) => (meta.dev(), meta.ino()),
             Err(e) => {
-                tracing::debug!("pid {pid} opened {}, not an MPI library: {e}", event.path);
+                tracing::debug!("pid {pid}: {} unreadable: {e}", access.display());
                 return;
             }
         };
-        if !self.capture.is_attached((lib.dev, lib.inode)) {
-            let before = self.libraries;
-            self.attach(&lib);
-            if self.libraries > before {
-                self.run_time_libraries.stats.attached += 1;
-                tracing::info!(
-                    "pid {pid} opened MPI library {} ({:?} {:?}), attached before the process \
-                     went on",
-                    event.path,
-                    lib.flavor,
-                    lib.binding
-                );
+        let flavor = match self.run_time_libraries.opened.get(&file) {
+            Some(known) => *known,
+            None => {
+                let flavor = self.attach_new_file(pid, &access, &event.path);
+                let opened = &mut self.run_time_libraries.opened;
+                if opened.len() >= FILES_REMEMBERED {
+                    opened.clear();
+                }
+                opened.insert(file, flavor);
+                flavor
             }
-        }
+        };
         // A preloaded interposer is mapped before the libraries the program needs.
+        if let Some(flavor) = flavor {
+            let before = self.libraries;
+            self.attach_interposers(pid, flavor);
+            self.run_time_libraries.stats.attached += (self.libraries - before) as u64;
+        }
+    }
+
+    /// Classifies a file a held process opened and attaches it unless it is attached already;
+    /// its MPI flavour, or `None` when it is no MPI library.
+    fn attach_new_file(&mut self, pid: u32, access: &Path, opened: &str) -> Option<MpiFlavor> {
+        let lib = match MpiLibrary::open_as(access, Path::new(opened)) {
+            Ok(lib) => lib,
+            Err(e) => {
+                tracing::debug!("pid {pid} opened {opened}, not an MPI library: {e}");
+                return None;
+            }
+        };
         let before = self.libraries;
-        self.attach_interposers(pid, lib.flavor);
-        self.run_time_libraries.stats.attached += (self.libraries - before) as u64;
+        self.attach(&lib);
+        if self.libraries > before {
+            self.run_time_libraries.stats.attached += 1;
+            tracing::info!(
+                "pid {pid} opened MPI library {opened} ({:?} {:?}), attached before the process \
+                 went on",
+                lib.flavor,
+                lib.binding
+            );
+        }
+        Some(lib.flavor)
     }
 
     /// Attaches the PMPI interposers process `pid` maps (it uses an MPI library of `flavor`).
     pub(super) fn attach_interposers(&mut self, pid: u32, flavor: MpiFlavor) {
         let checked = &mut self.run_time_libraries.checked;
-        if checked.len() >= CHECKED_FILES_LIMIT {
+        if checked.len() >= FILES_REMEMBERED {
             checked.clear();
         }
         let interposers =
