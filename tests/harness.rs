@@ -147,11 +147,26 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(extra: &[&str]) -> Daemon {
+        Self::start_under(&[], extra)
+    }
+
+    /// [`Daemon::start`] through a command that execs the daemon as its last argument (such as
+    /// `unshare -m sh -c '... exec "$0" "$@"'`), so that the pid it starts is the daemon's.
+    pub fn start_under(wrapper: &[&str], extra: &[&str]) -> Daemon {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let recording = dir.path().join("recording.jsonl");
         let addr = free_loopback_addr();
-        let mut child = Command::new(env_path("MPIBURST_BIN"))
+        let bin = env_path("MPIBURST_BIN");
+        let mut command = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let mut child = command
             .args(["record", "-o"])
             .arg(&recording)
             .args(["--listen", &addr, "--report-interval", "0"])

@@ -113,6 +113,30 @@ pub struct ExecRecord {
 }
 const _: () = assert!(core::mem::size_of::<ExecRecord>() == 8);
 
+/// Bytes of a library path a [`LibraryOpen`] carries (and the BPF side hashes); longer paths
+/// are cut, which only shortens the name in the daemon's log: the daemon reads the file through
+/// the descriptor.
+pub const LIBRARY_PATH_BYTES: usize = 256;
+
+/// Sent when a process opened a file named like an MPI library (`libmpi*`) at a path the daemon
+/// has not handled yet; the process is held (SIGSTOP) until the daemon has attached to the file
+/// and resumes it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LibraryOpen {
+    pub pid: u32,
+    /// The descriptor the open returned: /proc/PID/fd/FD is the file, in whatever mount
+    /// namespace the process runs.
+    pub fd: u32,
+    /// FNV-1a of the path as passed to open (the key of the daemon's known paths).
+    pub path_hash: u64,
+    /// CLOCK_MONOTONIC ns of the open: how long the process was held is counted from here.
+    pub opened_ns: u64,
+    /// The path as passed to open, NUL-terminated unless cut at LIBRARY_PATH_BYTES.
+    pub path: [u8; LIBRARY_PATH_BYTES],
+}
+const _: () = assert!(core::mem::size_of::<LibraryOpen>() == 24 + LIBRARY_PATH_BYTES);
+
 /// Per-thread state, in an LRU hash keyed by tid: the return probe may run on another CPU than
 /// the entry probe, so per-CPU storage would be wrong.
 #[repr(C)]
@@ -254,6 +278,7 @@ mod pod {
     use super::*;
     unsafe impl aya::Pod for BurstRecord {}
     unsafe impl aya::Pod for ExecRecord {}
+    unsafe impl aya::Pod for LibraryOpen {}
     unsafe impl aya::Pod for ThreadState {}
     unsafe impl aya::Pod for RankRegion {}
     unsafe impl aya::Pod for TaskThread {}

@@ -21,6 +21,8 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext, RetProbeContext, TracePointContext},
     EbpfContext,
 };
+mod libraries;
+
 use aya_log_ebpf::warn;
 use profiler_common::{
     cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoTotals,

@@ -7,6 +7,7 @@
 
 mod analysis;
 mod instance;
+mod libraries;
 pub mod privileges;
 
 use std::{
@@ -62,8 +63,6 @@ pub enum DaemonError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
-    #[error("no MPI library found in the ld.so cache, in running processes or in `mpi.libraries`; install Open MPI or MPICH, or list the library files in `mpi.libraries` in the config")]
-    NoLibraries,
 }
 
 /// What to do when the HTTP port cannot be bound.
@@ -178,6 +177,8 @@ pub struct Daemon {
     /// Unix time the daemon started, in ns.
     started_ns: u64,
     libraries: usize,
+    /// Libraries found at run time: held processes, PMPI interposers.
+    run_time_libraries: libraries::RunTimeLibraries,
     ompi_dtype_offset: Option<u64>,
     counters_note: String,
     hardware_counters: bool,
@@ -279,16 +280,16 @@ impl Daemon {
         };
         let mut libraries: Vec<MpiLibrary> = discovery::discover_libraries(&config.mpi.libraries)
             .unwrap_or_else(|e| {
-                tracing::warn!("library discovery: {e}");
+                // None at all is said below, with what the daemon does about it.
+                if !matches!(e, discovery::DiscoveryError::NoLibraries) {
+                    tracing::warn!("library discovery: {e}");
+                }
                 Vec::new()
             })
             .into_iter()
             .filter(|l| l.binding == Binding::C || configured(l))
             .collect();
         libraries.extend(discovery::all_process_libraries());
-        if libraries.is_empty() {
-            return Err(DaemonError::NoLibraries);
-        }
         let ompi_dtype_offset = libraries
             .iter()
             .filter(|l| l.flavor == MpiFlavor::OpenMpi && l.binding == Binding::C)
@@ -385,6 +386,7 @@ impl Daemon {
                 - usage::clock_ns(libc::CLOCK_MONOTONIC) as i128,
             started_ns: unix_now_ns(),
             libraries: 0,
+            run_time_libraries: Default::default(),
             ompi_dtype_offset,
             counters_note,
             hardware_counters,
@@ -400,6 +402,13 @@ impl Daemon {
             daemon.libraries,
             daemon.counters_note
         );
+        if daemon.libraries == 0 {
+            tracing::info!(
+                "no MPI library known yet (none in the ld.so cache, in running processes or in \
+                 `mpi.libraries`): the daemon attaches to MPI libraries as processes open them"
+            );
+        }
+        daemon.watch_library_opens();
         daemon.state.probes_attached = true;
         daemon.publish();
         Ok(daemon)
@@ -417,8 +426,9 @@ impl Daemon {
             }
         };
         let dtype = match (lib.binding, lib.flavor) {
-            // Fortran wrappers pass pointers; the C call inside them accounts the bytes.
-            (Binding::Fortran, _) => cookie::DTYPE_NONE,
+            // Fortran wrappers pass pointers, and an interposer's arguments are also read at its
+            // PMPI call: the C call inside them accounts the bytes.
+            (Binding::Fortran | Binding::Interposer, _) => cookie::DTYPE_NONE,
             (Binding::C, MpiFlavor::Mpich) => cookie::DTYPE_MPICH,
             (Binding::C, MpiFlavor::OpenMpi) => match (
                 self.ompi_dtype_offset,
@@ -638,6 +648,7 @@ impl Daemon {
     }
 
     fn drain_into(&mut self, state: &mut NodeState) -> Result<usize, DaemonError> {
+        self.handle_library_opens();
         let now = Instant::now();
         for pid in self.capture.drain_execs() {
             self.scans
@@ -649,6 +660,9 @@ impl Daemon {
             let libraries = discovery::process_libraries(pid).unwrap_or_default();
             for lib in &libraries {
                 self.attach(lib);
+            }
+            if let Some(lib) = libraries.first() {
+                self.attach_interposers(pid, lib.flavor);
             }
             // Identify MPI processes while they surely live, not when their first data arrives.
             if !libraries.is_empty() {
@@ -850,6 +864,7 @@ impl Daemon {
             programs: self.capture.program_stats(),
             probes: self.capture.probes(),
             libraries: self.libraries,
+            library_opens: self.run_time_libraries.stats,
             counter_events: match &self.capture.counters {
                 Ok(e) => format!("{},{}", e[0].name, e[1].name),
                 Err(_) => "none".into(),
@@ -952,6 +967,8 @@ impl Daemon {
         let mut drain = tokio::time::interval(self.config.capture.drain_interval());
         // The BPF side wakes this when the burst ring fills faster than the timer drains it.
         let wakeup = self.capture.bursts_wakeup()?;
+        // The BPF side reports a process it holds at the open of a new MPI library at once.
+        let library_opens = self.library_opens_ready()?;
         // SAFETY: the AsyncFd owns the descriptor (an OwnedFd), which stays open and names the
         // same ring buffer for as long as the AsyncFd lives.
         let ring = unsafe {
@@ -984,6 +1001,12 @@ impl Daemon {
                 ready = ring.readable() => {
                     if let Ok(mut guard) = ready {
                         self.drain()?;
+                        guard.clear_ready();
+                    }
+                }
+                ready = libraries::library_open_reported(&library_opens) => {
+                    if let Ok(mut guard) = ready {
+                        self.handle_library_opens();
                         guard.clear_ready();
                     }
                 }

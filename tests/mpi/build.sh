@@ -1,6 +1,7 @@
 #!/bin/sh
 # Compile every test program with both Open MPI and MPICH into OUTDIR as
-# <name>.openmpi and <name>.mpich (NAME.f90 becomes NAME_f90.*).
+# <name>.openmpi and <name>.mpich (NAME.f90 becomes NAME_f90.*; interposer.c
+# becomes a shared library of that name).
 # Any compiler output counts as a failure: the programs are warning-free, and
 # a new warning usually means a changed MPI header or compiler worth a look.
 # Exits non-zero if anything failed; prints each binary it built.
@@ -31,6 +32,8 @@ for mpi in openmpi mpich; do
     for prog in counts burst_timing callsites demo call_loop imbalance imbalance_io phases io pop oncpu sweep workload; do
         build "mpicc.$mpi" "$src/$prog.c" "$out/$prog.$mpi" -O2 -g -Wall
     done
+    # A shared library to preload, not a program.
+    build "mpicc.$mpi" "$src/interposer.c" "$out/interposer.$mpi" -shared -fPIC -O2 -g -Wall
     for prog in counts pop; do
         build "mpif90.$mpi" "$src/$prog.f90" "$out/${prog}_f90.$mpi" -O2 -g -Wall
     done

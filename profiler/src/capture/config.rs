@@ -118,6 +118,11 @@ pub struct MpiConfig {
     /// Extra MPI library files to probe besides those found in the ld.so cache and in the
     /// memory maps of running processes.
     pub libraries: Vec<PathBuf>,
+    /// Stop (SIGSTOP) a process that opens an MPI library at a path not handled yet, until its
+    /// probes are attached, then resume it (SIGCONT): no call of a library found at run time is
+    /// missed. Off, such a library is found only by the scan after the process's exec, which
+    /// can come after MPI_Init and the first calls.
+    pub hold_new_libraries: bool,
     /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
     /// the (count, datatype) pair in the C binding whose product gives the call's bytes.
     pub functions: Vec<FunctionSpec>,
@@ -244,6 +249,7 @@ impl Default for MpiConfig {
             .collect();
         MpiConfig {
             libraries: Vec::new(),
+            hold_new_libraries: true,
             functions,
         }
     }
@@ -287,6 +293,10 @@ impl MpiConfig {
             "[mpi]\n\
              # Extra MPI library files to probe (the ld.so cache and running processes are searched).\n\
              libraries = []\n\
+             # Stop a process that opens an MPI library at a path not seen before until the library's\n\
+             # probes are attached (a few tens of ms, once per path), so that no call is missed;\n\
+             # false: such a library is found by the scan after exec, which can miss MPI_Init.\n\
+             hold_new_libraries = true\n\
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
              # pair in the C binding; their product is the call's bytes. Class \"polling\" functions\n\
              # are counted in kernel and never end a burst.\n\

@@ -4,6 +4,7 @@
 
 pub mod config;
 mod counters;
+mod libraries;
 mod multi;
 mod tracefs;
 pub mod usage;
@@ -22,6 +23,7 @@ use aya::{
 };
 use counters::Counters;
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
+pub use libraries::LibraryOpenEvent;
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion,
     TaskThread, ThreadState, NO_FUNC,
@@ -204,6 +206,8 @@ pub struct Capture {
     ebpf: Ebpf,
     bursts: RingBuf<MapData>,
     execs: RingBuf<MapData>,
+    /// Opens of new MPI libraries, while the daemon holds the processes that open them.
+    library_opens: Option<RingBuf<MapData>>,
     /// Library files already attached, by (device, inode): a file is attached once however many
     /// paths or processes lead to it.
     attached: HashSet<(u64, u64)>,
@@ -254,6 +258,8 @@ impl Capture {
             .override_global("EXIT_GROUP_DEAD_OFFSET", &exit_group_dead_offset, true)
             .override_global("IO_FD_OFFSET", &io_fd_offset, true)
             .override_global("IO_RET_OFFSET", &io_ret_offset, true)
+            .override_global("DAEMON_PID", &std::process::id(), true)
+            .override_global("OPENAT_RET_OFFSET", &libraries::openat_ret_offset()?, true)
             .map_max_entries("BURSTS", ring_bytes)
             .map_max_entries("COUNTER_INSTRUCTIONS", max_cpu)
             .map_max_entries("COUNTER_CYCLES", max_cpu)
@@ -326,6 +332,7 @@ impl Capture {
             ebpf,
             bursts,
             execs,
+            library_opens: None,
             attached: HashSet::new(),
             probes: 0,
             uprobe_programs,
@@ -586,6 +593,7 @@ impl Capture {
             .map(|&(name, _, _)| name)
             .chain(SCHED_RAW_TRACEPOINTS.iter().map(|&(name, _)| name))
             .chain(IO_TRACEPOINTS.iter().map(|&(name, _, _)| name))
+            .chain([libraries::PROGRAM])
             .filter_map(|name| {
                 let fd = self.ebpf.program(name)?.fd().ok()?;
                 Some((name, fd.as_fd()))

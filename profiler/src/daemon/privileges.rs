@@ -15,7 +15,7 @@ pub struct Capability {
 }
 
 /// Every capability the daemon needs, and no other: CAP_SYS_ADMIN is not among them.
-pub const REQUIRED: [Capability; 4] = [
+pub const REQUIRED: [Capability; 5] = [
     Capability {
         bit: 39,
         name: "CAP_BPF",
@@ -39,6 +39,13 @@ pub const REQUIRED: [Capability; 4] = [
         purpose: "read the tracepoints' id and format files in tracefs (/sys/kernel/tracing is \
                   root's alone) and other users' /proc/PID/environ (mode 0400), where the MPI \
                   launcher names the job and the rank",
+    },
+    Capability {
+        bit: 5,
+        name: "CAP_KILL",
+        purpose: "resume (SIGCONT) another user's process that was held at its open of an MPI \
+                  library at a new path while the library's probes were attached \
+                  (`mpi.hold_new_libraries`)",
     },
 ];
 
@@ -108,13 +115,13 @@ mod tests {
 
     #[test]
     fn the_unit_set_passes_and_each_missing_capability_is_named() {
-        // The set the unit grants (bits 2, 19, 38, 39), and root's full set.
-        assert!(missing(0xc0_0008_0004).is_empty());
+        // The set the unit grants (bits 2, 5, 19, 38, 39), and root's full set.
+        assert!(missing(0xc0_0008_0024).is_empty());
         assert!(missing(0x1ff_ffff_ffff).is_empty());
         let names = |set| missing(set).iter().map(|c| c.name).collect::<Vec<_>>();
-        assert_eq!(names(0xc0_0000_0004), ["CAP_SYS_PTRACE"]);
+        assert_eq!(names(0xc0_0000_0024), ["CAP_SYS_PTRACE"]);
         assert_eq!(names(0), REQUIRED.map(|c| c.name));
-        let text = PrivilegeError::Missing(missing(0x80_0008_0004)).to_string();
+        let text = PrivilegeError::Missing(missing(0x80_0008_0024)).to_string();
         assert!(
             text.contains("CAP_PERFMON: needed to load tracing programs"),
             "{text}"

@@ -137,6 +137,11 @@ impl DynamicSymbols {
         self.imported.contains(name)
     }
 
+    /// Whether the file uses any symbol whose name starts with `prefix` from another library.
+    pub(crate) fn imports_any(&self, prefix: &str) -> bool {
+        self.imported.iter().any(|name| name.starts_with(prefix))
+    }
+
     /// File offset of a defined function: its address minus the start of the loadable segment
     /// that contains it, plus that segment's offset in the file.
     pub(crate) fn function_offset(&self, name: &str) -> Option<u64> {

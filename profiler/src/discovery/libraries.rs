@@ -22,6 +22,9 @@ pub enum MpiFlavor {
 pub enum Binding {
     C,
     Fortran,
+    /// A library of the application's (often preloaded) that defines C MPI functions and calls
+    /// the MPI library's PMPI_* ones: a PMPI interposer (a tool, a tracer, a wrapper).
+    Interposer,
 }
 
 /// One MPI library file. Its identity is (`dev`, `inode`): the same file reached through several
@@ -75,14 +78,24 @@ impl MpiLibrary {
     /// the flavour; the dynamic symbols decide, because MPICH derivatives (MVAPICH, Intel MPI)
     /// ship their C library as `libmpi.so.12`.
     pub fn open(path: &Path) -> Result<Self, DiscoveryError> {
-        let read_error = |source| DiscoveryError::Read {
+        let canonical = std::fs::canonicalize(path).map_err(|source| DiscoveryError::Read {
             path: path.to_path_buf(),
             source,
-        };
-        let canonical = std::fs::canonicalize(path).map_err(read_error)?;
-        let meta = std::fs::metadata(&canonical).map_err(read_error)?;
-        let symbols = DynamicSymbols::read(&canonical)?;
-        let guess = canonical
+        })?;
+        Self::open_as(&canonical, &canonical)
+    }
+
+    /// Opens and classifies the file at `access`, a path used as it is: /proc/PID/fd/FD or
+    /// /proc/PID/root/PATH reach the file a process opened or maps in its own mount namespace
+    /// (a container), where resolving the path first would lead back into the daemon's. `name`
+    /// is the file's name as the process knows it, for the flavour and binding it suggests.
+    pub fn open_as(access: &Path, name: &Path) -> Result<Self, DiscoveryError> {
+        let meta = std::fs::metadata(access).map_err(|source| DiscoveryError::Read {
+            path: access.to_path_buf(),
+            source,
+        })?;
+        let symbols = DynamicSymbols::read(access)?;
+        let guess = name
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(guess_from_name);
@@ -96,13 +109,16 @@ impl MpiLibrary {
         let found = candidates.into_iter().find(|s| match s.binding {
             Binding::C => symbols.defines(s.symbol),
             Binding::Fortran => symbols.defines(s.symbol) || symbols.imports(s.symbol),
+            Binding::Interposer => false,
         });
         let Some(signature) = found else {
-            return Err(DiscoveryError::NotMpi { path: canonical });
+            return Err(DiscoveryError::NotMpi {
+                path: access.to_path_buf(),
+            });
         };
         Ok(MpiLibrary {
-            build_id: build_id(&canonical)?,
-            path: canonical,
+            build_id: build_id(access)?,
+            path: access.to_path_buf(),
             dev: meta.dev(),
             inode: meta.ino(),
             flavor: signature.flavor,
@@ -167,9 +183,10 @@ pub fn discover_libraries(extra: &[PathBuf]) -> Result<Vec<MpiLibrary>, Discover
     Ok(found)
 }
 
-/// The MPI libraries mapped by one process. A mapped file whose path here names another file
-/// (the process runs in a container, or the library was replaced under it) is skipped: a probe
-/// attached through that path would not reach the process.
+/// The MPI libraries mapped by one process. A mapped file is reached by its path on the host;
+/// where that path names another file or none (the process runs in its own mount namespace, a
+/// container), through the process's root, /proc/PID/root/PATH, which a probe attached by path
+/// reaches as well. A file replaced under the process (deleted) is skipped.
 pub fn process_libraries(pid: u32) -> Result<Vec<MpiLibrary>, DiscoveryError> {
     let mut seen = HashSet::new();
     let mut libraries = Vec::new();
@@ -183,15 +200,27 @@ pub fn process_libraries(pid: u32) -> Result<Vec<MpiLibrary>, DiscoveryError> {
         if !seen.insert(mapping.inode) {
             continue;
         }
-        match MpiLibrary::open(&path) {
+        let opened = MpiLibrary::open(&path)
+            .ok()
+            .filter(|lib| lib.inode == mapping.inode)
+            .map(Ok)
+            .unwrap_or_else(|| MpiLibrary::open_as(&in_process_root(pid, &path), &path));
+        match opened {
             Ok(lib) if lib.inode == mapping.inode => libraries.push(lib),
             Ok(_) => {
-                tracing::debug!(pid, path = %path.display(), "mapped file is not the file at that path here")
+                tracing::debug!(pid, path = %path.display(), "mapped file is not the file at that path in the process's root")
             }
             Err(e) => tracing::debug!(pid, error = %e, "mapped library not usable"),
         }
     }
     Ok(libraries)
+}
+
+/// Where the daemon reaches `path` as process `pid` sees it: through the process's root
+/// directory, which is the process's own in a container.
+pub fn in_process_root(pid: u32, path: &Path) -> PathBuf {
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    Path::new(&format!("/proc/{pid}/root")).join(relative)
 }
 
 /// The MPI libraries mapped by any running process, each file once. Processes that exit or

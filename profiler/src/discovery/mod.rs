@@ -4,6 +4,7 @@
 
 mod elf;
 mod error;
+mod interposers;
 mod ld_cache;
 mod libraries;
 mod maps;
@@ -14,8 +15,10 @@ mod test_support;
 
 pub use elf::build_id;
 pub use error::DiscoveryError;
+pub use interposers::process_interposers;
 pub use libraries::{
-    all_process_libraries, discover_libraries, process_libraries, Binding, MpiFlavor, MpiLibrary,
+    all_process_libraries, discover_libraries, in_process_root, process_libraries, Binding,
+    MpiFlavor, MpiLibrary,
 };
 pub use maps::{read_maps, AddressResolver, Mapping};
 pub use probes::{openmpi_datatype_size_offset, probe_points, ProbePoint, ProbePoints};

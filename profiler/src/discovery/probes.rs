@@ -69,6 +69,8 @@ pub fn probe_points(lib: &MpiLibrary, functions: &[String]) -> Result<ProbePoint
 fn symbol_names(binding: Binding, function: &str) -> Vec<String> {
     match binding {
         Binding::C => vec![function.to_string(), format!("P{function}")],
+        // Its PMPI_* calls lead into the MPI library, which is probed there.
+        Binding::Interposer => vec![function.to_string()],
         Binding::Fortran => {
             const SUFFIXES: [&str; 7] = [
                 "_",

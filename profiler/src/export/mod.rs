@@ -15,6 +15,19 @@ pub mod sites;
 
 use crate::capture::{Lost, ProgramStats};
 
+/// Processes held at the open of an MPI library at a new path (see `mpi.hold_new_libraries`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LibraryOpenStats {
+    /// Processes stopped until the daemon had handled the library they opened.
+    pub held: u64,
+    /// Their stopped time, summed: from the open to the resume, in ns.
+    pub held_ns: u64,
+    /// Library files (MPI libraries and PMPI interposers) attached while a process was held.
+    pub attached: u64,
+    /// Opens that could not be reported (the ring buffer was full): not held.
+    pub not_held: u64,
+}
+
 /// The daemon's own health, exported next to the jobs.
 #[derive(Clone, Debug, Default)]
 pub struct SelfStats {
@@ -22,6 +35,7 @@ pub struct SelfStats {
     pub programs: Vec<ProgramStats>,
     pub probes: usize,
     pub libraries: usize,
+    pub library_opens: LibraryOpenStats,
     /// Comma-separated counter event names, or "none".
     pub counter_events: String,
     pub hardware_counters: bool,

@@ -449,6 +449,27 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         "MPI library files attached.",
         [(vec![], health.libraries as f64)],
     );
+    let opens = &health.library_opens;
+    f.counter(
+        "mpiburst_library_opens_held_total",
+        "Processes stopped at the open of an MPI library at a path not seen before, until its probes were attached.",
+        [(vec![], opens.held as f64)],
+    );
+    f.counter(
+        "mpiburst_library_opens_held_seconds_total",
+        "Time those processes were stopped, summed.",
+        [(vec![], secs(opens.held_ns))],
+    );
+    f.counter(
+        "mpiburst_library_opens_attached_total",
+        "Library files (MPI libraries, PMPI interposers) attached while a process was held.",
+        [(vec![], opens.attached as f64)],
+    );
+    f.counter(
+        "mpiburst_library_opens_not_held_total",
+        "Opens of an MPI library at a new path not reported (ring buffer full): the process ran on, and its first calls may be missed.",
+        [(vec![], opens.not_held as f64)],
+    );
     f.gauge(
         "mpiburst_counters_info",
         "1 for the counter events read per burst; event=\"none\" when no counters are available.",

@@ -1,0 +1,140 @@
+//! Holds a process that opens an MPI library the daemon has not handled, until the daemon has
+//! attached its probes to the file.
+//!
+//! The dynamic loader opens a library, then maps it and runs the program: a daemon that learns of
+//! a new library from the process's maps attaches after MPI_Init and the first calls. This
+//! program runs at the exit of every openat on the node (the system call the loader opens
+//! libraries with). When the file's name starts with `libmpi` (libmpi.so, libmpich.so,
+//! libmpi_mpifh.so, ...), it was opened for reading, and its path is not among the paths the
+//! daemon has handled, it tells the daemon (pid, descriptor, path) and stops the process with
+//! SIGSTOP, which takes effect on the return from openat, before the loader maps the file. The
+//! daemon attaches through /proc/PID/fd/FD and sends SIGCONT.
+
+use aya_ebpf::{
+    bindings::{pt_regs, BPF_RB_FORCE_WAKEUP},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_ktime_get_ns,
+        bpf_probe_read_kernel, bpf_probe_read_user_str_bytes, bpf_send_signal, bpf_task_pt_regs,
+    },
+    macros::{map, tracepoint},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
+    programs::TracePointContext,
+};
+use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
+
+use crate::config;
+
+/// The daemon's own pid: it opens MPI libraries to read their symbols and must never hold
+/// itself. Set at load. (Its threads are also named `mpiburst*`, see NEVER_HELD.)
+#[no_mangle]
+static DAEMON_PID: u32 = 0;
+/// Offset of the return value in the records of syscalls/sys_exit_openat, from its format file.
+#[no_mangle]
+static OPENAT_RET_OFFSET: u64 = 0;
+
+/// FNV-1a hashes of the paths the daemon has handled (MPI library or not): opening one again
+/// holds nothing.
+#[map]
+static KNOWN_LIBRARY_PATHS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4096, 0);
+#[map]
+static LIBRARY_OPENS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
+/// Room to build one record (larger than the stack should hold).
+#[map]
+static LIBRARY_OPEN_SCRATCH: PerCpuArray<LibraryOpen> = PerCpuArray::with_max_entries(1, 0);
+/// Opens of a new library that could not be reported (the ring was full): the process was not
+/// held, and only the daemon's scan after its exec finds the library.
+#[map]
+static LIBRARY_OPENS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+const SIGSTOP: u32 = 19;
+const O_ACCMODE: u64 = 3;
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+const PREFIX: &[u8; 6] = b"libmpi";
+/// Threads whose name starts with this are never held: those of every mpiburst process (the
+/// daemon's `mpiburst`, `mpiburst-http`, `mpiburst-analysis`, and the CLI), which open MPI
+/// libraries to read them. Two daemons on one node (a test machine) would otherwise hold each
+/// other, each waiting for the other to resume it.
+const NEVER_HELD: &[u8; 8] = b"mpiburst";
+
+#[tracepoint]
+pub fn library_open_exit(ctx: TracePointContext) -> u32 {
+    let _ = hold_new_library(&ctx);
+    0
+}
+
+#[inline(always)]
+fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
+    let ret: i64 = unsafe { ctx.read_at(config(&OPENAT_RET_OFFSET) as usize) }.ok()?;
+    if ret < 0 {
+        return None;
+    }
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if pid == config(&DAEMON_PID) {
+        return None;
+    }
+    // openat(dirfd, filename, flags, mode): the arguments are still in the registers the call
+    // was made with.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    let flags = unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rdx)) }.ok()?;
+    if flags & O_ACCMODE != 0 {
+        return None;
+    }
+    let filename = unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rsi)) }.ok()?;
+    let record = LIBRARY_OPEN_SCRATCH.get_ptr_mut(0)?;
+    let record = unsafe { &mut *record };
+    let len = unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut record.path) }
+        .ok()?
+        .len();
+    // The file name starts after the last '/'. Its start is kept in the record's fd field (set
+    // for real below): a value in map memory, which the verifier does not track, so the loop's
+    // states do not multiply with every place a '/' could be.
+    // Volatile, so that the compiler keeps it there rather than in a register.
+    let name_start = core::ptr::addr_of_mut!(record.fd);
+    unsafe { core::ptr::write_volatile(name_start, 0) };
+    for i in 0..LIBRARY_PATH_BYTES {
+        if i >= len {
+            break;
+        }
+        if record.path[i] == b'/' {
+            unsafe { core::ptr::write_volatile(name_start, i as u32 + 1) };
+        }
+    }
+    let base = unsafe { core::ptr::read_volatile(name_start) } as usize;
+    for (k, &expected) in PREFIX.iter().enumerate() {
+        let j = base + k;
+        if j >= len || record.path.get(j) != Some(&expected) {
+            return None;
+        }
+    }
+    // Only for the names that passed: the whole path, as the key of the known paths.
+    let mut hash = FNV_OFFSET;
+    for i in 0..LIBRARY_PATH_BYTES {
+        if i >= len {
+            break;
+        }
+        hash = (hash ^ record.path[i] as u64).wrapping_mul(FNV_PRIME);
+    }
+    if unsafe { KNOWN_LIBRARY_PATHS.get(&hash) }.is_some() {
+        return None;
+    }
+    if bpf_get_current_comm().ok()?.starts_with(NEVER_HELD) {
+        return None;
+    }
+    record.pid = pid;
+    record.fd = ret as u32;
+    record.path_hash = hash;
+    record.opened_ns = unsafe { bpf_ktime_get_ns() };
+    if LIBRARY_OPENS
+        .output::<LibraryOpen>(record, BPF_RB_FORCE_WAKEUP as u64)
+        .is_err()
+    {
+        if let Some(lost) = LIBRARY_OPENS_LOST.get_ptr_mut(0) {
+            unsafe { *lost += 1 };
+        }
+        return None;
+    }
+    // Only once the daemon is told: it is what resumes the process.
+    unsafe { bpf_send_signal(SIGSTOP) };
+    Some(())
+}

@@ -1,0 +1,173 @@
+//! The watch on library opens: the BPF program `library_open_exit` (profiler-ebpf's
+//! libraries.rs) holds a process that opens an MPI library at a path the daemon has not handled
+//! and reports it here; the daemon attaches, marks the path known, and resumes the process.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray},
+    programs::TracePoint,
+};
+use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
+
+use super::{map_mut, map_ref, program_mut, take_ring, tracefs, Capture, CaptureError};
+
+/// The program and the tracepoint it runs at: the exit of openat, the call the dynamic loader
+/// opens libraries with.
+pub(super) const PROGRAM: &str = "library_open_exit";
+const CATEGORY: &str = "syscalls";
+const EVENT: &str = "sys_exit_openat";
+
+/// A process opened a file named like an MPI library at a path the daemon has not handled; it is
+/// stopped until the event is dropped, which resumes it.
+#[derive(Debug)]
+pub struct LibraryOpenEvent {
+    pub held: HeldProcess,
+    pub fd: u32,
+    /// The key to mark known once handled.
+    pub path_hash: u64,
+    /// CLOCK_MONOTONIC ns of the open (when the process was stopped).
+    pub opened_ns: u64,
+    /// The path as the process passed it (for the log; cut at LIBRARY_PATH_BYTES).
+    pub path: String,
+}
+
+/// A process the BPF program stopped: resumed (SIGCONT) when dropped, whatever happened to the
+/// event in between, so no error path of the daemon leaves it stopped.
+#[derive(Debug)]
+pub struct HeldProcess {
+    pub pid: u32,
+}
+
+impl Drop for HeldProcess {
+    fn drop(&mut self) {
+        let pid = self.pid;
+        // SAFETY: kill has no memory preconditions.
+        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) } == 0 {
+            return;
+        }
+        let error = std::io::Error::last_os_error();
+        // A process that was killed while held has nothing left to resume.
+        if error.raw_os_error() != Some(libc::ESRCH) {
+            tracing::error!(
+                "cannot resume pid {pid}, stopped while its MPI library was attached: {error}; \
+                 resume it with `kill -CONT {pid}` (the daemon needs CAP_KILL for another user's \
+                 process)"
+            );
+        }
+    }
+}
+
+/// The offset of the return value in sys_exit_openat's records, for the program's globals.
+pub(super) fn openat_ret_offset() -> Result<u64, CaptureError> {
+    tracefs::field_offset(CATEGORY, EVENT, "ret")
+}
+
+impl Capture {
+    /// Attaches the program that holds processes opening new MPI libraries.
+    pub fn watch_library_opens(&mut self) -> Result<(), CaptureError> {
+        let program: &mut TracePoint = program_mut(&mut self.ebpf, PROGRAM)?;
+        let failed = |source| CaptureError::Program {
+            program: PROGRAM,
+            source,
+        };
+        program.load().map_err(failed)?;
+        program.attach(CATEGORY, EVENT).map_err(failed)?;
+        self.library_opens = Some(take_ring(&mut self.ebpf, "LIBRARY_OPENS")?);
+        Ok(())
+    }
+
+    /// Detaches the program: no process is held from now on (those already reported are still
+    /// drained by [`Capture::drain_library_opens`]).
+    pub fn stop_watching_library_opens(&mut self) {
+        if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, PROGRAM) {
+            if let Err(e) = program.unload() {
+                tracing::warn!("detaching {PROGRAM}: {e}");
+            }
+        }
+    }
+
+    /// A descriptor that becomes readable when a library open is reported; `None` while not
+    /// watching.
+    pub fn library_opens_wakeup(&self) -> Option<Result<OwnedFd, CaptureError>> {
+        let ring = self.library_opens.as_ref()?;
+        Some(
+            ring.as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| CaptureError::Io {
+                    what: "a descriptor of the library open ring buffer".into(),
+                    source,
+                }),
+        )
+    }
+
+    /// The library opens reported since the last call: each process is stopped until resumed.
+    pub fn drain_library_opens(&mut self) -> Vec<LibraryOpenEvent> {
+        let Some(ring) = self.library_opens.as_mut() else {
+            return Vec::new();
+        };
+        let mut events = Vec::new();
+        while let Some(item) = ring.next() {
+            if item.len() < std::mem::size_of::<LibraryOpen>() {
+                continue;
+            }
+            // SAFETY: the BPF side writes exactly one LibraryOpen per entry; read_unaligned
+            // because ring-buffer entries are only 8-byte aligned by contract.
+            let record = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<LibraryOpen>()) };
+            let len = record
+                .path
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(LIBRARY_PATH_BYTES);
+            events.push(LibraryOpenEvent {
+                held: HeldProcess { pid: record.pid },
+                fd: record.fd,
+                path_hash: record.path_hash,
+                opened_ns: record.opened_ns,
+                path: String::from_utf8_lossy(&record.path[..len]).into_owned(),
+            });
+        }
+        events
+    }
+
+    /// Marks a path handled: opening it again holds no process.
+    pub fn mark_library_path_known(&mut self, path_hash: u64) -> Result<(), CaptureError> {
+        let mut known: HashMap<&mut MapData, u64, u8> =
+            map_mut(&mut self.ebpf, "KNOWN_LIBRARY_PATHS")?;
+        known
+            .insert(path_hash, 1, 0)
+            .map_err(|source| CaptureError::Map {
+                map: "KNOWN_LIBRARY_PATHS",
+                source,
+            })
+    }
+
+    /// Detaches the program and resumes every process it reported and the daemon has not
+    /// handled: at shutdown, and on any error that ends the daemon.
+    fn release_held_processes(&mut self) {
+        if self.library_opens.is_none() {
+            return;
+        }
+        self.stop_watching_library_opens();
+        // Dropped at once: each resumes its process.
+        let released = self.drain_library_opens().len();
+        if released > 0 {
+            tracing::info!("resumed {released} held processes at shutdown");
+        }
+    }
+
+    /// Opens of new libraries the program could not report (its ring was full): those processes
+    /// were not held.
+    pub fn library_opens_lost(&self) -> u64 {
+        map_ref::<PerCpuArray<&MapData, u64>>(&self.ebpf, "LIBRARY_OPENS_LOST")
+            .ok()
+            .and_then(|array| array.get(&0, 0).ok())
+            .map_or(0, |values| values.iter().sum())
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.release_held_processes();
+    }
+}

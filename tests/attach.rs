@@ -1,0 +1,426 @@
+//! MPI libraries found at run time, end to end with the real daemon, real BPF and real MPI: a
+//! library copied outside the loader cache, a daemon that starts knowing no MPI library, a job
+//! in its own mount namespace (a container's view of the files), and a PMPI interposer. Each
+//! run's counts program says what it called; the daemon must agree exactly, MPI_Init included.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use mpiburst::{discovery, export::recording::Recording, model::CallSite};
+use mpiburst_tests::*;
+
+const RANKS: u32 = 3;
+
+/// The real file of each MPI's C library, as the loader cache names it.
+fn system_library(mpi: Mpi) -> PathBuf {
+    let soname = match mpi {
+        Mpi::OpenMpi => "libmpi.so.40",
+        Mpi::Mpich => "libmpich.so.12",
+    };
+    std::fs::canonicalize(Path::new("/usr/lib/x86_64-linux-gnu").join(soname))
+        .unwrap_or_else(|e| panic!("{soname}: {e} (install libopenmpi-dev and libmpich-dev)"))
+}
+
+/// A copy of the MPI's C library, under its soname, in a new directory that the loader cache
+/// does not know.
+fn copied_library(mpi: Mpi) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let real = system_library(mpi);
+    let soname = match mpi {
+        Mpi::OpenMpi => "libmpi.so.40",
+        Mpi::Mpich => "libmpich.so.12",
+    };
+    let copy = dir.path().join(soname);
+    std::fs::copy(&real, &copy).unwrap();
+    (dir, copy)
+}
+
+/// The launcher for `program`, passing `env` to the ranks only (not to the launcher itself).
+fn launch(mpi: Mpi, program: &Path, env: &[(&str, &str)], out: &Path) -> Command {
+    let mut cmd = mpi.launcher(RANKS);
+    for (name, value) in env {
+        match mpi {
+            Mpi::OpenMpi => cmd.args(["-x", &format!("{name}={value}")]),
+            Mpi::Mpich => cmd.args(["-genv", name, value]),
+        };
+    }
+    cmd.arg(program).arg(out);
+    cmd
+}
+
+fn run(cmd: Command, what: &str) {
+    let st = run_with_timeout(cmd, Duration::from_secs(180));
+    assert!(st.success(), "{what}: {st}");
+}
+
+/// The library `program` loads under `LD_LIBRARY_PATH=dir`, as ldd finds it.
+fn loaded_from(program: &Path, dir: &Path, soname: &str) -> String {
+    let out = Command::new("ldd")
+        .arg(program)
+        .env("LD_LIBRARY_PATH", dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find_map(|l| {
+            let (name, rest) = l.trim().split_once(" => ")?;
+            (name == soname).then(|| rest.split_whitespace().next().unwrap_or("").to_string())
+        })
+        .unwrap_or_else(|| panic!("ldd {} lists no {soname}:\n{text}", program.display()))
+}
+
+/// The job of `program` whose ranks ran with `outputs`' pids.
+fn job_with_outputs<'a>(
+    recording: &'a Recording,
+    program: &Path,
+    outputs: &[serde_json::Value],
+) -> &'a mpiburst::store::Job {
+    let pid = outputs[0]["pid"].as_u64().unwrap() as u32;
+    jobs_of(recording, program)
+        .into_iter()
+        .find(|j| j.ranks.values().any(|r| r.pid == pid))
+        .unwrap_or_else(|| panic!("no job of {} has pid {pid}", program.display()))
+}
+
+/// Runs counts on the library copied to `dir` (LD_LIBRARY_PATH) under a running daemon and
+/// returns the ranks' own counts.
+fn run_counts_on_copy(mpi: Mpi, dir: &Path) -> Vec<serde_json::Value> {
+    let program = program("counts", mpi);
+    let out = tempfile::tempdir().unwrap();
+    let dir = dir.to_str().unwrap();
+    run(
+        launch(mpi, &program, &[("LD_LIBRARY_PATH", dir)], out.path()),
+        &format!("counts under {mpi:?} on a copied library"),
+    );
+    rank_outputs(out.path(), "counts", RANKS)
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_library_outside_the_loader_cache_is_attached_before_the_process_uses_it() {
+    let copies: Vec<_> = Mpi::ALL.map(copied_library).into();
+    let daemon = Daemon::start(&["--min-burst-us", "0"]);
+    let mut runs = Vec::new();
+    for (mpi, (dir, copy)) in Mpi::ALL.into_iter().zip(&copies) {
+        let soname = copy.file_name().unwrap().to_str().unwrap();
+        let program = program("counts", mpi);
+        assert_eq!(
+            Path::new(&loaded_from(&program, dir.path(), soname)),
+            copy,
+            "{mpi:?}: the program must load the copy"
+        );
+        runs.push((mpi, program, run_counts_on_copy(mpi, dir.path())));
+    }
+    let log = daemon.log_text();
+    show_holds(&log);
+    let recording = daemon.stop();
+    for (mpi, (_, copy)) in Mpi::ALL.into_iter().zip(&copies) {
+        assert!(
+            log.contains(&format!("opened MPI library {}", copy.display())),
+            "{mpi:?}: the daemon did not attach {} while a rank was held; its log:\n{log}",
+            copy.display()
+        );
+    }
+    for (mpi, program, outputs) in &runs {
+        let job = job_with_outputs(&recording, program, outputs);
+        assert_calls_exact(job, outputs, &format!("counts under {mpi:?} on a copy"));
+    }
+}
+
+/// Shows how long the daemon held each process (its log lines that say so).
+fn show_holds(log: &str) {
+    for line in log.lines().filter(|l| l.contains(" held ")) {
+        eprintln!("{line}");
+    }
+}
+
+/// A shell command that runs its arguments in a new mount namespace, where each
+/// `(source, target)` is bind-mounted first.
+fn in_mount_namespace(binds: &[(&Path, &Path)]) -> Vec<String> {
+    let mounts: String = binds
+        .iter()
+        .map(|(source, target)| {
+            format!(
+                "mount --bind '{}' '{}' && ",
+                source.display(),
+                target.display()
+            )
+        })
+        .collect();
+    [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &format!("{mounts}exec \"$0\" \"$@\""),
+    ]
+    .map(str::to_string)
+    .into()
+}
+
+/// Whether this machine lets a test make a mount namespace and bind-mount in it.
+fn mount_namespaces_work() -> Result<(), String> {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "mount", "--bind"])
+        .arg(file.path())
+        .arg(file.path())
+        .output()
+        .map_err(|e| format!("unshare: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`unshare -m mount --bind` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_daemon_that_knows_no_mpi_library_attaches_when_a_job_opens_one() {
+    const TEST: &str = "a_daemon_that_knows_no_mpi_library_attaches_when_a_job_opens_one";
+    require_root();
+    if let Err(reason) = mount_namespaces_work() {
+        return skip_at_run_time(TEST, &reason);
+    }
+    // The daemon's view of the node has an empty loader cache: no MPI library is listed there.
+    let empty_cache = tempfile::NamedTempFile::new().unwrap();
+    let wrapper = in_mount_namespace(&[(empty_cache.path(), Path::new("/etc/ld.so.cache"))]);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let (dir, copy) = copied_library(Mpi::OpenMpi);
+    let daemon = Daemon::start_under(&wrapper, &[]);
+    let started = daemon.log_text();
+    if !started.contains("no MPI library known yet") {
+        // Processes of other users mapped an MPI library while the daemon started: it knew
+        // their libraries, which this test is not about.
+        drop(daemon);
+        return skip_at_run_time(
+            TEST,
+            "MPI processes were running when the daemon started, so it knew their libraries",
+        );
+    }
+    // Ready and healthy with no probe attached.
+    http_get(&daemon.addr, "/healthz");
+    let program = program("counts", Mpi::OpenMpi);
+    let outputs = run_counts_on_copy(Mpi::OpenMpi, dir.path());
+    let log = daemon.log_text();
+    show_holds(&log);
+    let recording = daemon.stop();
+    assert!(
+        log.contains(&format!("opened MPI library {}", copy.display())),
+        "the copy was not attached at its open; the daemon's log:\n{log}"
+    );
+    let job = job_with_outputs(&recording, &program, &outputs);
+    assert_calls_exact(job, &outputs, "counts on a library the daemon did not know");
+}
+
+/// One run of counts in a mount namespace of its own, on a copy of the MPI library in a
+/// directory that, on the host, is empty: only the job's namespace has the copy there.
+struct ContainerRun {
+    program: PathBuf,
+    /// The library's path as the job sees it.
+    inside: PathBuf,
+    outputs: Vec<serde_json::Value>,
+}
+
+fn run_counts_in_mount_namespace(mpi: Mpi) -> ContainerRun {
+    let (dir, copy) = copied_library(mpi);
+    let mount_point = tempfile::tempdir().unwrap();
+    let program = program("counts", mpi);
+    let out = tempfile::tempdir().unwrap();
+    let wrapper = in_mount_namespace(&[(dir.path(), mount_point.path())]);
+    let launcher = launch(
+        mpi,
+        &program,
+        &[("LD_LIBRARY_PATH", mount_point.path().to_str().unwrap())],
+        out.path(),
+    );
+    let mut cmd = Command::new(&wrapper[0]);
+    cmd.args(&wrapper[1..])
+        .arg(launcher.get_program())
+        .args(launcher.get_args());
+    run(cmd, &format!("counts under {mpi:?} in a mount namespace"));
+    let inside = mount_point.path().join(copy.file_name().unwrap());
+    assert!(
+        !inside.exists(),
+        "{} exists on the host: the test would not show a container's view",
+        inside.display()
+    );
+    ContainerRun {
+        program,
+        inside,
+        outputs: rank_outputs(out.path(), "counts", RANKS),
+    }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_library_inside_a_jobs_own_mount_namespace_is_attached_through_the_process() {
+    const TEST: &str =
+        "a_library_inside_a_jobs_own_mount_namespace_is_attached_through_the_process";
+    require_root();
+    if let Err(reason) = mount_namespaces_work() {
+        return skip_at_run_time(TEST, &reason);
+    }
+    let daemon = Daemon::start(&[]);
+    let runs = Mpi::ALL.map(run_counts_in_mount_namespace);
+    let log = daemon.log_text();
+    show_holds(&log);
+    let recording = daemon.stop();
+    for (mpi, run) in Mpi::ALL.iter().zip(&runs) {
+        assert!(
+            log.contains(&format!("opened MPI library {}", run.inside.display())),
+            "{mpi:?}: {} was not attached at its open; the daemon's log:\n{log}",
+            run.inside.display()
+        );
+        let job = job_with_outputs(&recording, &run.program, &run.outputs);
+        assert_calls_exact(
+            job,
+            &run.outputs,
+            &format!("counts under {mpi:?} in a container"),
+        );
+    }
+}
+
+/// Without holding, the scan of the maps after exec finds the container's library and attaches
+/// it through the process's root. That scan can come after the first calls, so only the calls at
+/// the end of the run are compared.
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn without_holding_a_containers_library_is_attached_through_the_process_root() {
+    const TEST: &str = "without_holding_a_containers_library_is_attached_through_the_process_root";
+    require_root();
+    if let Err(reason) = mount_namespaces_work() {
+        return skip_at_run_time(TEST, &reason);
+    }
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), "[mpi]\nhold_new_libraries = false\n").unwrap();
+    let daemon = Daemon::start(&["--config", config.path().to_str().unwrap()]);
+    let run = run_counts_in_mount_namespace(Mpi::OpenMpi);
+    let log = daemon.log_text();
+    let recording = daemon.stop();
+    assert!(
+        log.contains("mpi.hold_new_libraries is off"),
+        "the daemon did not say that early calls can be missed; its log:\n{log}"
+    );
+    assert!(
+        !log.contains(" held "),
+        "a process was held with holding off; the daemon's log:\n{log}"
+    );
+    let root_path = |pid: u64| format!("/proc/{pid}/root{}", run.inside.display());
+    let attached = run.outputs.iter().any(|o| {
+        log.contains(&format!(
+            "entry points of {}",
+            root_path(o["pid"].as_u64().unwrap())
+        ))
+    });
+    assert!(
+        attached,
+        "{} was not attached through a rank's root; the daemon's log:\n{log}",
+        run.inside.display()
+    );
+    let job = job_with_outputs(&recording, &run.program, &run.outputs);
+    for out in &run.outputs {
+        let rank = out["rank"].as_u64().unwrap() as u32;
+        let finalize = job.ranks[&rank]
+            .functions
+            .get("MPI_Finalize")
+            .map(|f| f.calls);
+        assert_eq!(finalize, Some(1), "rank {rank}: MPI_Finalize calls");
+    }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_pmpi_interposer_keeps_counts_exact_and_call_sites_in_the_application() {
+    let daemon = Daemon::start(&["--min-burst-us", "0"]);
+    let mut runs = Vec::new();
+    for mpi in Mpi::ALL {
+        let program = program("counts", mpi);
+        let interposer = program_path_of_interposer(mpi);
+        // The MPI library is known from the start, so nothing holds the first process: the
+        // daemon finds the interposer by the scan after its exec, and the first calls of that
+        // process may return into the interposer. The second run is covered from its start.
+        for attempt in ["first", "second"] {
+            let out = tempfile::tempdir().unwrap();
+            run(
+                launch(mpi, &program, &[("LD_PRELOAD", &interposer)], out.path()),
+                &format!("counts under {mpi:?} with an interposer ({attempt} run)"),
+            );
+            runs.push((
+                mpi,
+                attempt,
+                program.clone(),
+                rank_outputs(out.path(), "counts", RANKS),
+            ));
+        }
+    }
+    let log = daemon.log_text();
+    show_holds(&log);
+    let recording = daemon.stop();
+    for mpi in Mpi::ALL {
+        let interposer = program_path_of_interposer(mpi);
+        assert!(
+            log.contains(&format!("maps PMPI interposer {interposer}")),
+            "{mpi:?}: the interposer was not found; the daemon's log:\n{log}"
+        );
+    }
+    for (mpi, attempt, program, outputs) in &runs {
+        let what = format!("counts under {mpi:?} with an interposer, {attempt} run");
+        let job = job_with_outputs(&recording, program, outputs);
+        assert_calls_exact(job, outputs, &what);
+        let application = discovery::build_id(program)
+            .unwrap()
+            .expect("the test programs carry a build-id");
+        // A site whose process was gone before the daemon read its maps stays unresolved (module
+        // "?", offset = the address); by its address it is still in the executable, which the
+        // kernel maps far below the shared libraries (0x55… or 0x56… for a PIE, 0x7f… for
+        // libraries).
+        let in_application = |site: &&CallSite| match &*site.module {
+            "?" => site.offset < LIBRARIES_MAPPED_FROM,
+            module => module == application,
+        };
+        let elsewhere: Vec<_> = job
+            .bursts
+            .iter()
+            .flat_map(|b| [&b.start_site, &b.end_site])
+            .filter(|site| !in_application(site))
+            .collect();
+        assert!(!job.bursts.is_empty(), "{what}: no burst recorded");
+        eprintln!(
+            "{what}: {} of {} call sites outside the application",
+            elsewhere.len(),
+            2 * job.bursts.len()
+        );
+        if *attempt == "second" {
+            assert!(
+                elsewhere.is_empty(),
+                "{what}: {} of {} call sites are outside the application ({application}): {:?}",
+                elsewhere.len(),
+                2 * job.bursts.len(),
+                &elsewhere[..elsewhere.len().min(5)]
+            );
+        }
+    }
+}
+
+/// Shared libraries are mapped from here up (the mmap base of x86_64, below 0x7fff…), a PIE
+/// executable below it.
+const LIBRARIES_MAPPED_FROM: u64 = 0x7000_0000_0000;
+
+/// The interposer built for `mpi`, as a path for LD_PRELOAD.
+fn program_path_of_interposer(mpi: Mpi) -> String {
+    let path = program("interposer", mpi);
+    std::fs::canonicalize(path)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string()
+}
