@@ -114,13 +114,20 @@ fn a_library_outside_the_loader_cache_is_attached_before_the_process_uses_it() {
         );
         runs.push((mpi, program, run_counts_on_copy(mpi, dir.path())));
     }
+    // Both copies were attached while a process was held (ldd's, or the first rank's).
+    let attached = wait_for_metric(&daemon.addr, "mpiburst_library_opens_attached_total", 2.0);
+    let held = metric(&daemon.addr, "mpiburst_library_opens_held_total");
+    assert!(
+        held >= attached,
+        "{held} processes held for {attached} libraries"
+    );
     let log = daemon.log_text();
     show_holds(&log);
     let recording = daemon.stop();
     for (mpi, (_, copy)) in Mpi::ALL.into_iter().zip(&copies) {
         assert!(
             log.contains(&format!("opened MPI library {}", copy.display())),
-            "{mpi:?}: the daemon did not attach {} while a rank was held; its log:\n{log}",
+            "{mpi:?}: the daemon did not attach {} while a process was held; its log:\n{log}",
             copy.display()
         );
     }
@@ -134,6 +141,31 @@ fn a_library_outside_the_loader_cache_is_attached_before_the_process_uses_it() {
 fn show_holds(log: &str) {
     for line in log.lines().filter(|l| l.contains(" held ")) {
         eprintln!("{line}");
+    }
+}
+
+/// The value of an unlabelled metric of the daemon.
+fn metric(addr: &str, name: &str) -> f64 {
+    let text = http_get(addr, "/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("/metrics has no {name}:\n{text}"))
+}
+
+/// Waits (the metrics follow the daemon's stats interval, 1 s) until a metric reaches `at_least`;
+/// its value then.
+fn wait_for_metric(addr: &str, name: &str, at_least: f64) -> f64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = metric(addr, name);
+        if value >= at_least || std::time::Instant::now() > deadline {
+            assert!(
+                value >= at_least,
+                "{name} is {value}, not at least {at_least}"
+            );
+            return value;
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

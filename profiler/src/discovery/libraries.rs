@@ -318,6 +318,26 @@ mod tests {
     }
 
     #[test]
+    fn a_library_is_classified_through_a_process_without_resolving_the_path() {
+        let file = std::fs::File::open(MPICH_C).unwrap();
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", {
+            use std::os::fd::AsRawFd;
+            file.as_raw_fd()
+        }));
+        let lib = MpiLibrary::open_as(&by_fd, Path::new(MPICH_C)).unwrap();
+        let real = MpiLibrary::open(Path::new(MPICH_C)).unwrap();
+        assert_eq!((lib.flavor, lib.binding), (MpiFlavor::Mpich, Binding::C));
+        assert_eq!((lib.dev, lib.inode), (real.dev, real.inode));
+        // Kept as given: resolving /proc/PID/fd or /proc/PID/root would leave the process's
+        // mount namespace.
+        assert_eq!(lib.path, by_fd);
+        let root = in_process_root(std::process::id(), Path::new(MPICH_C));
+        assert!(root.starts_with(format!("/proc/{}/root/usr", std::process::id())));
+        let lib = MpiLibrary::open_as(&root, &root).unwrap();
+        assert_eq!((lib.dev, lib.inode), (real.dev, real.inode));
+    }
+
+    #[test]
     fn libraries_mapped_by_a_process_are_found() {
         let mut cmd = Command::new("sleep");
         cmd.arg("10").env("LD_PRELOAD", "libmpich.so.12");
