@@ -899,6 +899,7 @@ mod tests {
             counter_events: None,
             counters_note: "synthetic".into(),
             functions: vec!["MPI_Allreduce".into(), "MPI_Send".into()],
+            rank_groups: None,
         };
         let mut w = RecordingWriter::create(&path, header).unwrap();
         w.job(&meta).unwrap();
