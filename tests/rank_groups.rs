@@ -65,11 +65,12 @@ fn reported_groups(recording: &Path, id: &str) -> serde_json::Value {
     report["jobs"][0]["rank_groups"].clone()
 }
 
-fn report_text(recording: &Path, id: &str) -> String {
+fn report_text(recording: &Path, id: &str, extra: &[&str]) -> String {
     let out = Command::new(std::env::var_os("MPIBURST_BIN").expect("MPIBURST_BIN"))
         .arg("report")
         .arg(recording)
         .args(["--job", id])
+        .args(extra)
         .output()
         .unwrap();
     assert!(out.status.success(), "mpiburst report failed");
@@ -96,6 +97,13 @@ fn distributor_workers_and_collector_are_three_groups_with_a_lead_each() {
     let workers = &live["groups"][1]["signature"]["functions"];
     assert_eq!(workers["MPI_Recv"]["calls"], 100, "{live}");
     assert_eq!(workers["MPI_Send"]["calls"], 100, "{live}");
+    let metrics = http_get(&daemon.addr, "/metrics");
+    let series = format!("mpi_job=\"{id}\"");
+    let groups_metric = metrics
+        .lines()
+        .find(|l| l.starts_with("mpiburst_job_rank_groups{") && l.contains(&series))
+        .unwrap_or_else(|| panic!("no mpiburst_job_rank_groups for {id}:\n{metrics}"));
+    assert!(groups_metric.ends_with(" 3"), "{groups_metric}");
     let keep = dir.path().join("distributor.jsonl");
     daemon.stop_keeping(Some(&keep));
     let replayed = reported_groups(&keep, &id);
@@ -103,9 +111,17 @@ fn distributor_workers_and_collector_are_three_groups_with_a_lead_each() {
         replayed["groups"], live["groups"],
         "report from the recording"
     );
-    let text = report_text(&keep, &id);
+    let text = report_text(&keep, &id, &[]);
     assert!(text.contains("rank groups: 3"), "{text}");
     assert!(text.contains("lead 1, 4 ranks [1-4]"), "{text}");
+    // The HTML timeline's rows go group by group: 0, then the workers, then the collector.
+    let html = dir.path().join("distributor.html");
+    report_text(&keep, &id, &["--html", html.to_str().unwrap()]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("Rows by rank group: group 1 [0], group 2 [1-4], group 3 [5]."),
+        "{page}"
+    );
 }
 
 #[test]

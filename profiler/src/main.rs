@@ -320,7 +320,7 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
                 html,
                 id,
                 several,
-                html::render_html(job, &bursts, analysis, names),
+                html::render_html(job, &bursts, analysis, names, Some(&rank_groups)),
                 &format!("phases of job {id}"),
             )?;
         }

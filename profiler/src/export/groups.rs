@@ -57,8 +57,9 @@ pub fn replay(
     tracker.view().clone()
 }
 
-fn rank_list(ranks: &[u32]) -> String {
-    // Runs of consecutive ranks as a–b, so that a group of thousands stays one line.
+/// Ranks as a short list: runs of consecutive ranks as a–b.
+pub fn rank_list(ranks: &[u32]) -> String {
+    // So that a group of thousands stays one line.
     let mut out: Vec<String> = Vec::new();
     let mut i = 0;
     while i < ranks.len() {
