@@ -65,10 +65,11 @@ fn reported_groups(recording: &Path, id: &str) -> serde_json::Value {
     report["jobs"][0]["rank_groups"].clone()
 }
 
-fn report_text(recording: &Path, id: &str, extra: &[&str]) -> String {
+/// `mpiburst report TARGET --job ID EXTRA…` (a recording or `http://` a daemon): its text.
+fn report_text(target: &Path, id: &str, extra: &[&str]) -> String {
     let out = Command::new(std::env::var_os("MPIBURST_BIN").expect("MPIBURST_BIN"))
         .arg("report")
-        .arg(recording)
+        .arg(target)
         .args(["--job", id])
         .args(extra)
         .output()
@@ -104,6 +105,12 @@ fn distributor_workers_and_collector_are_three_groups_with_a_lead_each() {
         .find(|l| l.starts_with("mpiburst_job_rank_groups{") && l.contains(&series))
         .unwrap_or_else(|| panic!("no mpiburst_job_rank_groups for {id}:\n{metrics}"));
     assert!(groups_metric.ends_with(" 3"), "{groups_metric}");
+    // The daemon's report shows the same groups as the recording's below.
+    let from_daemon = report_text(Path::new(&format!("http://{}", daemon.addr)), &id, &[]);
+    assert!(
+        from_daemon.contains("lead 1, 4 ranks [1-4]"),
+        "{from_daemon}"
+    );
     let keep = dir.path().join("distributor.jsonl");
     daemon.stop_keeping(Some(&keep));
     let replayed = reported_groups(&keep, &id);
