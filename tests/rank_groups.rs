@@ -245,4 +245,10 @@ fn ranks_that_switch_roles_half_way_are_one_behaviour_change() {
         replayed["groups"], live["groups"],
         "report from the recording"
     );
+    let text = report_text(&keep, &id, &[]);
+    assert!(text.contains("behaviour change between"), "{text}");
+    assert!(
+        text.contains("ranks [0-3] took another call path"),
+        "{text}"
+    );
 }

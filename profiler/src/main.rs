@@ -256,7 +256,7 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
         out.text(&format!(
             "{}{}\n{}\n",
             report.text(),
-            groups::render(&rank_groups),
+            groups::render(&rank_groups, job.meta.first_seen_ns),
             bottlenecks.text(&over_its_life(job))
         ))?;
         let wanted = args.phases || args.html.is_some();
@@ -379,10 +379,13 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
         let properties = daemon.properties(id)?;
         let bottlenecks = properties.as_ref().map(Bottlenecks::new);
         let rank_groups = daemon.rank_groups(id)?;
-        let groups_text = rank_groups.as_ref().map(groups::render).unwrap_or_else(|| {
-            "   rank groups: none yet (the daemon groups the ranks at its next stats update)\n"
-                .into()
-        });
+        let groups_text = rank_groups
+            .as_ref()
+            .map(|v| groups::render(v, job.meta.first_seen_ns))
+            .unwrap_or_else(|| {
+                "   rank groups: none yet (the daemon groups the ranks at its next stats update)\n"
+                    .into()
+            });
         out.text(&format!("{}{groups_text}\n", report.text()))?;
         out.text(&match &bottlenecks {
             Some(b) => format!("{}\n", b.text(&over_its_life(&job))),

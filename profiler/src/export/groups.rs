@@ -79,8 +79,9 @@ pub fn rank_list(ranks: &[u32]) -> String {
     out.join(",")
 }
 
-/// The "rank groups" section of a job's report.
-pub fn render(view: &RankGroupsView) -> String {
+/// The "rank groups" section of a job's report; change windows are shown in seconds since
+/// `job_start_ns` (Unix), when the daemon first saw the job.
+pub fn render(view: &RankGroupsView, job_start_ns: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -122,13 +123,14 @@ pub fn render(view: &RankGroupsView) -> String {
         );
     }
     for c in &view.changes {
+        let since = |ns: u64| ns.saturating_sub(job_start_ns) as f64 * 1e-9;
         let _ = writeln!(
             out,
-            "   behaviour change in window {} ({:.1} s–{:.1} s Unix): ranks [{}] took another call \
-             path; {} → {} groups",
+            "   behaviour change between {:.1} s and {:.1} s (window {}): ranks [{}] took another \
+             call path; {} → {} groups",
+            since(c.start_ns),
+            since(c.end_ns),
             c.window,
-            c.start_ns as f64 * 1e-9,
-            c.end_ns as f64 * 1e-9,
             rank_list(&c.ranks),
             c.groups_before,
             c.groups_after
@@ -140,6 +142,55 @@ pub fn render(view: &RankGroupsView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_section_lists_groups_and_changes_in_seconds_since_the_job_started() {
+        use crate::analysis::groups::{cluster, BehaviourChange};
+        let counts = |f: &str| -> Counts {
+            [(
+                f.to_string(),
+                FunctionUse {
+                    calls: 10,
+                    bytes: 10_240,
+                },
+            )]
+            .into()
+        };
+        let signatures = [
+            (0, counts("MPI_Send")),
+            (1, counts("MPI_Recv")),
+            (2, counts("MPI_Recv")),
+        ]
+        .into_iter()
+        .map(|(r, c)| (r, crate::analysis::groups::RankSignature::between(&c, None)))
+        .collect();
+        let view = RankGroupsView {
+            groups: cluster(&signatures, &GroupParams::default()),
+            changes: vec![BehaviourChange {
+                window: 7,
+                start_ns: 14_000_000_000,
+                end_ns: 16_000_000_000,
+                confirmed_ns: 20_000_000_000,
+                ranks: vec![0, 1, 2],
+                groups_before: 2,
+                groups_after: 2,
+            }],
+            windows_closed: 9,
+            clusterings: 2,
+            window_s: 2.0,
+            ..RankGroupsView::default()
+        };
+        let text = render(&view, 10_000_000_000);
+        assert!(text.contains("rank groups: 2 (CallPath+Parameter clustering; 9 windows of 2 s closed, 2 clusterings)"), "{text}");
+        assert!(
+            text.contains("group 2 (call path 2): lead 1, 2 ranks [1,2]: MPI_Recv 10 ×1024 B"),
+            "{text}"
+        );
+        assert!(
+            text.contains("behaviour change between 4.0 s and 6.0 s (window 7): ranks [0-2]"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn rank_lists_collapse_runs() {

@@ -20,7 +20,8 @@
 //!   [`GroupParams::count_tolerance`] (5 %, the thesis' COUNT tolerance); at most `K` groups
 //!   (K = 9 by default, raised to the number of call paths), each main group keeping ⌊K / call
 //!   paths⌋ subgroups by farthest-first selection (Chameleon's K-Farthest) with Manhattan distance.
-//!   The lead of a group is its lowest rank, as the start rank of the thesis' ranklist.
+//!   The lead of a group is its lowest rank, as the start rank of the thesis' ranklist; a group
+//!   that absorbed others to stay within K keeps its farthest-first head as lead.
 //! * **Online** ([`online`]): windows aligned to Unix time; each closed window gives every rank
 //!   its window call path; Chameleon's states AT (a rank's call path changed), C (stable again:
 //!   re-cluster) and L (stable: keep the groups), with the fix that leaving L always leads to a
