@@ -9,7 +9,7 @@ use std::{net::SocketAddr, path::PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    analysis::online::OnlineParams,
+    analysis::{groups::GroupParams, online::OnlineParams},
     capture::config::{CaptureConfig, MpiConfig},
     properties::PropertyConfig,
 };
@@ -38,6 +38,8 @@ pub struct Config {
     pub mpi: MpiConfig,
     /// Online phase analysis of every job: windows, clustering, tracking.
     pub analysis: OnlineParams,
+    /// Rank groups of every job (windows of `analysis.window_s`).
+    pub groups: GroupParams,
     /// Thresholds and exponents of the bottleneck properties.
     pub properties: PropertyConfig,
 }
@@ -112,7 +114,10 @@ impl Config {
         self.capture.validate().map_err(ConfigError::Invalid)?;
         self.analysis
             .validate()
-            .map_err(|e| ConfigError::Invalid(format!("analysis: {e}")))
+            .map_err(|e| ConfigError::Invalid(format!("analysis: {e}")))?;
+        self.groups
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("groups: {e}")))
     }
 
     pub fn node_name(&self) -> String {
@@ -179,6 +184,17 @@ impl Config {
             })
             .expect("the defaults serialise"),
         );
+        out.push_str(&format!(
+            "\n# Rank groups (CallPath+Parameter clustering, Bahmani and Mueller): main groups by\n\
+             # the MPI functions called, subgroups by their calls and message sizes, re-clustered\n\
+             # when a rank's call path changes for two windows of analysis.window_s.\n\
+             [groups]\n\
+             # Most groups per job; raised to the number of distinct call paths.\n\
+             k = {}\n\
+             # Relative difference within which calls or mean message sizes count as equal.\n\
+             count_tolerance = {:?}\n",
+            d.groups.k, d.groups.count_tolerance
+        ));
         // The property file's own format, nested under [properties].
         out.push_str("\n[properties]\n");
         out.push_str(

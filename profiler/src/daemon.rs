@@ -6,6 +6,7 @@
 //! programs are loaded, so a daemon that cannot run, or a second one, changes nothing.
 
 mod analysis;
+mod groups;
 mod instance;
 mod libraries;
 pub mod privileges;
@@ -36,7 +37,8 @@ use crate::{
         http::{self, Published},
         phases,
         recording::{
-            RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter, FORMAT_VERSION,
+            RankGroupSettings, RecordedBurst, RecordingEnd, RecordingHeader, RecordingWriter,
+            FORMAT_VERSION,
         },
         report, SelfStats,
     },
@@ -106,6 +108,8 @@ struct NodeState {
     usage: BTreeMap<JobId, UsageTotals>,
     /// The start-up has attached the probes to the MPI libraries it found.
     probes_attached: bool,
+    /// Each job's rank groups.
+    groups: groups::GroupTrackers,
 }
 
 impl NodeState {
@@ -130,6 +134,7 @@ impl NodeState {
             properties: self.properties.clone(),
             usage: self.usage.clone(),
             probes_attached: self.probes_attached,
+            rank_groups: self.groups.views.clone(),
         }
     }
 }
@@ -343,6 +348,10 @@ impl Daemon {
                         .map(|e| e.map(|e| e.name.to_string())),
                     counters_note: counters_note.clone(),
                     functions: functions.clone(),
+                    rank_groups: Some(RankGroupSettings {
+                        window_s: config.analysis.window_s,
+                        params: config.groups.clone(),
+                    }),
                 },
             )?),
             None => None,
@@ -832,6 +841,12 @@ impl Daemon {
                     .map(|live| bottlenecks::render(&live.job, "over its life on this node")),
             });
         }
+        let (params, window_s) = (&self.config.groups, self.config.analysis.window_s);
+        for id in state.groups.update(&state.store, now, params, window_s) {
+            for rank in state.store.jobs[&id].ranks.values() {
+                write_recording(&mut self.recording, |w| w.rank_reading(&id, rank, now));
+            }
+        }
         let interval = self.config.daemon.report_interval_s;
         if final_update || (interval > 0.0 && self.last_report.elapsed().as_secs_f64() >= interval)
         {
@@ -858,6 +873,7 @@ impl Daemon {
             self.evaluators.remove(&id);
             state.phases.remove(&id);
             state.properties.remove(&id);
+            state.groups.forget(&id);
         }
         state.health = SelfStats {
             lost: self.capture.lost()?,
@@ -1053,6 +1069,7 @@ mod tests {
             counter_events: None,
             counters_note: String::new(),
             functions: Vec::new(),
+            rank_groups: None,
         };
         let mut recording = Some(RecordingWriter::create(Path::new("/dev/full"), header).unwrap());
         write_recording(&mut recording, |w| w.flush());

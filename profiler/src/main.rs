@@ -15,7 +15,7 @@ use mpiburst::{
     export::{
         bottlenecks::Bottlenecks,
         client::{ClientError, DaemonClient},
-        html,
+        groups, html,
         phases::{self, KernelFilter},
         recording::Recording,
         report::JobReport,
@@ -252,9 +252,11 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
         let report = JobReport::new(job, now, &r.header.counters_note);
         let properties = r.job_properties(job, now, &PropertyConfig::default());
         let bottlenecks = Bottlenecks::new(&properties);
+        let rank_groups = recorded_groups(&r, job, now);
         out.text(&format!(
-            "{}\n{}\n",
+            "{}{}\n{}\n",
             report.text(),
+            groups::render(&rank_groups, job.meta.first_seen_ns),
             bottlenecks.text(&over_its_life(job))
         ))?;
         let wanted = args.phases || args.html.is_some();
@@ -311,18 +313,37 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
                 call_sites: names.as_ref().map(SiteNames::entries).unwrap_or_default(),
                 signature: signature.and_then(Result::ok).map(SignatureView::from),
             }),
+            rank_groups: Some(&rank_groups),
         })?;
         if let (Some(html), Some(analysis), Some(names)) = (&args.html, &analysis, &names) {
             write_html(
                 html,
                 id,
                 several,
-                html::render_html(job, &bursts, analysis, names),
+                html::render_html(job, &bursts, analysis, names, Some(&rank_groups)),
                 &format!("phases of job {id}"),
             )?;
         }
     }
     out.finish()
+}
+
+/// The rank groups of a recorded job, replayed with the settings of the daemon that recorded
+/// it (the defaults for recordings made before rank groups).
+fn recorded_groups(
+    r: &Recording,
+    job: &Job,
+    now: u64,
+) -> mpiburst::analysis::groups::RankGroupsView {
+    let settings = r.header.rank_groups.clone().unwrap_or_else(|| {
+        let defaults = Config::default();
+        mpiburst::export::recording::RankGroupSettings {
+            window_s: defaults.analysis.window_s,
+            params: defaults.groups,
+        }
+    });
+    let readings = r.readings.get(&job.meta.id).map_or(&[][..], Vec::as_slice);
+    groups::replay(job, readings, &settings.params, settings.window_s, now)
 }
 
 /// The report of the jobs a running daemon holds, from its JSON API: the job report from the
@@ -357,7 +378,15 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
         let report = JobReport::new(&job, now, &counters_note);
         let properties = daemon.properties(id)?;
         let bottlenecks = properties.as_ref().map(Bottlenecks::new);
-        out.text(&format!("{}\n", report.text()))?;
+        let rank_groups = daemon.rank_groups(id)?;
+        let groups_text = rank_groups
+            .as_ref()
+            .map(|v| groups::render(v, job.meta.first_seen_ns))
+            .unwrap_or_else(|| {
+                "   rank groups: none yet (the daemon groups the ranks at its next stats update)\n"
+                    .into()
+            });
+        out.text(&format!("{}{groups_text}\n", report.text()))?;
         out.text(&match &bottlenecks {
             Some(b) => format!("{}\n", b.text(&over_its_life(&job))),
             None => format!(
@@ -396,6 +425,7 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
                 kernel_filter: KernelFilter::of(&job, None),
                 call_sites: names.entries(),
             }),
+            rank_groups: rank_groups.as_ref(),
         })?;
         if let (Some(html), Some(snapshot), Some(text)) = (&args.html, &snapshot, &text) {
             let page = html::render_live_html(&job, snapshot, text, &daemon.to_string(), &names);

@@ -47,6 +47,7 @@ fn record_iterations(path: &Path, id: &str, ms: f64, iterations: u32) {
             counter_events: None,
             counters_note: "no counters".into(),
             functions: vec!["MPI_Allreduce".into(), "MPI_Isend".into()],
+            rank_groups: None,
         },
         &JobMeta {
             id: JobId(id.into()),

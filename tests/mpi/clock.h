@@ -33,4 +33,13 @@ static inline void spin(double seconds)
         ;
 }
 
+/* Busy for this much on-CPU time of the calling thread: the same work however many ranks share
+ * a core. */
+static inline void spin_cpu(double seconds)
+{
+    long long t0 = thread_cpu_ns();
+    while ((thread_cpu_ns() - t0) * 1e-9 < seconds)
+        ;
+}
+
 #endif

@@ -65,6 +65,7 @@ pub mod css;
 pub mod dbscan;
 pub mod features;
 mod grid;
+pub mod groups;
 mod hashing;
 mod kdtree;
 pub mod msa;

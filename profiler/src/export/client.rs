@@ -12,7 +12,7 @@ use std::{
 use serde::{de::DeserializeOwned, Deserialize};
 
 use crate::{
-    analysis::online::PhasesSnapshot,
+    analysis::{groups::RankGroupsView, online::PhasesSnapshot},
     config::Config,
     model::JobId,
     properties::JobProperties,
@@ -315,6 +315,16 @@ impl DaemonClient {
     pub fn phases(&self, id: &JobId) -> Result<Option<PhasesSnapshot>, ClientError> {
         match self.get_json(&format!("/api/jobs/{}/phases", encode_segment(&id.0))) {
             Ok(snapshot) => Ok(Some(snapshot)),
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The rank groups and behaviour changes of a job (`/api/jobs/{id}/ranks`); `None` before
+    /// the daemon's first stats update with the job.
+    pub fn rank_groups(&self, id: &JobId) -> Result<Option<RankGroupsView>, ClientError> {
+        match self.get_json(&format!("/api/jobs/{}/ranks", encode_segment(&id.0))) {
+            Ok(view) => Ok(Some(view)),
             Err(ClientError::Status { status: 404, .. }) => Ok(None),
             Err(e) => Err(e),
         }

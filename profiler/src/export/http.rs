@@ -1,5 +1,5 @@
 //! HTTP server: Prometheus `/metrics`, the JSON API (`/api/jobs`, `/api/jobs/{id}`,
-//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`) and `/healthz` for the service manager
+//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`, `/api/jobs/{id}/ranks`) and `/healthz` for the service manager
 //! and the node's health checks.
 //!
 //! The server runs on a thread of its own and reads only what the daemon last published (a
@@ -25,7 +25,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::{
-    analysis::online::PhasesSnapshot,
+    analysis::{groups::RankGroupsView, online::PhasesSnapshot},
     capture::usage::UsageTotals,
     export::{prometheus::Metrics, sites, SelfStats},
     model::JobId,
@@ -50,6 +50,8 @@ pub struct Published {
     pub usage: BTreeMap<JobId, UsageTotals>,
     /// The start-up has attached the probes: from here on MPI calls are counted.
     pub probes_attached: bool,
+    /// Each job's rank groups and behaviour changes.
+    pub rank_groups: BTreeMap<JobId, Arc<RankGroupsView>>,
 }
 
 /// The server's end of the daemon's watch channel: the latest [`Published`] view.
@@ -166,6 +168,19 @@ async fn job_properties(
     }
 }
 
+/// The job's rank groups (`groups`: id, lead, members, signature) and behaviour changes.
+async fn job_ranks(State(state): State<PublishedState>, Path(id): Path<String>) -> Response {
+    let s = state.borrow().clone();
+    match s.rank_groups.get(&JobId(id.clone())) {
+        Some(view) => Json(serde_json::to_value(view.as_ref()).unwrap_or_default()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no rank groups for job {id:?}; GET /api/jobs lists the jobs"),
+        )
+            .into_response(),
+    }
+}
+
 /// The snapshot, with `call_sites`: the names of its code regions' call sites, resolved here on
 /// the server's thread (not the daemon's) and cached per build-id.
 async fn job_phases(
@@ -221,6 +236,7 @@ pub fn serve(
             get(move |state, id| job_phases(state, id, resolver.clone())),
         )
         .route("/api/jobs/{id}/properties", get(job_properties))
+        .route("/api/jobs/{id}/ranks", get(job_ranks))
         .with_state(state);
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;

@@ -23,7 +23,7 @@ use prometheus::{
 };
 
 use crate::{
-    analysis::{online::PhasesSnapshot, ClusterStats},
+    analysis::{groups::RankGroupsView, online::PhasesSnapshot, ClusterStats},
     capture::ProgramStats,
     export::http::{Published, PublishedState},
     model::{unix_now_ns, JobId},
@@ -383,6 +383,7 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
     }
 
     phase_families(&mut f, store, phases);
+    group_families(&mut f, shared);
     usage_families(&mut f, shared);
     property_families(&mut f, shared);
 
@@ -574,6 +575,30 @@ fn phase_families(
         "mpiburst_phase_ipc",
         "Instructions per cycle of the phase (only with hardware counters).",
         top.iter().filter_map(|(l, c)| Some((l.clone(), c.ipc?))),
+    );
+}
+
+/// Rank groups of each job: how many, and the behaviour changes found so far.
+fn group_families(f: &mut Families, shared: &Published) {
+    let labelled: Vec<(Labels, &RankGroupsView)> = shared
+        .rank_groups
+        .iter()
+        .filter_map(|(id, view)| {
+            let job = shared.store.jobs.get(id)?;
+            Some((job_labels(id, &job.meta.node), view.as_ref()))
+        })
+        .collect();
+    f.gauge(
+        "mpiburst_job_rank_groups",
+        "Behaviour groups of the job's ranks (CallPath+Parameter clustering); the groups, leads and members are in /api/jobs/JOB/ranks.",
+        labelled.iter().map(|(l, v)| (l.clone(), v.groups.len() as f64)),
+    );
+    f.counter(
+        "mpiburst_job_behaviour_changes_total",
+        "Behaviour changes of the job: re-clusterings in which ranks kept another call path.",
+        labelled
+            .iter()
+            .map(|(l, v)| (l.clone(), v.changes.len() as f64)),
     );
 }
 
@@ -920,6 +945,7 @@ mod tests {
             counter_events: None,
             counters_note: "synthetic".into(),
             functions: vec!["MPI_Allreduce".into(), "MPI_Send".into()],
+            rank_groups: None,
         };
         let mut w = RecordingWriter::create(&path, header).unwrap();
         w.job(&meta).unwrap();

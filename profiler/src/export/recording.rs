@@ -8,7 +8,8 @@
 //! - `{"job": JobMeta}` when a job is first seen and again when it ends (the last one counts).
 //! - `{"burst": RecordedBurst}` for every burst shipped by the kernel.
 //! - `{"rank": {"job": id, "record": RankRecord}}` with a rank's exact kernel totals, written when
-//!   the rank ends and at shutdown (the last one per (job, rank) counts).
+//!   the rank ends and at shutdown (the last one per (job, rank) counts), and with `"at_ns"` at
+//!   every rank-group window the daemon closed: the readings the rank groups replay from.
 //! - `{"end": RecordingEnd}` once, last, on a clean shutdown. A recording without it was cut short
 //!   (for example by `kill -9`); everything before the cut is still valid.
 
@@ -22,6 +23,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    analysis::groups::GroupParams,
     capture::Lost,
     model::{Burst, JobId},
     properties::{JobProperties, LiveEvaluator, PropertyConfig},
@@ -65,6 +67,16 @@ pub struct RecordingHeader {
     /// Which counters were available, in words (for example why there are none).
     pub counters_note: String,
     pub functions: Vec<String>,
+    /// How the daemon grouped the ranks; `None` in recordings made before rank groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_groups: Option<RankGroupSettings>,
+}
+
+/// The rank-group settings of the daemon that made a recording, for replaying its groups.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankGroupSettings {
+    pub window_s: f64,
+    pub params: GroupParams,
 }
 
 impl RecordingHeader {
@@ -92,6 +104,9 @@ pub struct RecordedBurst {
 pub struct RecordedRank {
     pub job: JobId,
     pub record: RankRecord,
+    /// Unix ns of the kernel reading, on the readings taken when a rank-group window closed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ns: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -150,6 +165,21 @@ impl RecordingWriter {
         self.line(&Line::Rank(RecordedRank {
             job: job.clone(),
             record: record.clone(),
+            at_ns: None,
+        }))
+    }
+
+    /// A rank's totals as read at `at_ns`, when the rank groups closed a window.
+    pub fn rank_reading(
+        &mut self,
+        job: &JobId,
+        record: &RankRecord,
+        at_ns: u64,
+    ) -> Result<(), RecordingError> {
+        self.line(&Line::Rank(RecordedRank {
+            job: job.clone(),
+            record: record.clone(),
+            at_ns: Some(at_ns),
         }))
     }
 
@@ -231,6 +261,8 @@ pub struct Recording {
     pub jobs: BTreeMap<JobId, Job>,
     /// Raw counter values per burst, in the order of each job's bursts (None without counters).
     pub event_counts: BTreeMap<JobId, Vec<Option<[u64; 2]>>>,
+    /// The rank readings taken when the daemon's rank groups closed a window: (Unix ns, totals).
+    pub readings: BTreeMap<JobId, Vec<(u64, RankRecord)>>,
     /// None when the recording was cut short.
     pub end: Option<RecordingEnd>,
 }
@@ -244,6 +276,7 @@ impl Recording {
         let mut header = None;
         let mut jobs: BTreeMap<JobId, Job> = BTreeMap::new();
         let mut event_counts: BTreeMap<JobId, Vec<Option<[u64; 2]>>> = BTreeMap::new();
+        let mut readings: BTreeMap<JobId, Vec<(u64, RankRecord)>> = BTreeMap::new();
         let mut end = None;
         for (index, line) in BufReader::new(file).lines().enumerate() {
             let line = line.map_err(|source| RecordingError::Read {
@@ -296,6 +329,12 @@ impl Recording {
                 }
                 Line::Rank(r) => {
                     if let Some(job) = jobs.get_mut(&r.job) {
+                        if let Some(at) = r.at_ns {
+                            readings
+                                .entry(r.job.clone())
+                                .or_default()
+                                .push((at, r.record.clone()));
+                        }
                         job.ranks.insert(r.record.rank, r.record);
                     }
                 }
@@ -307,6 +346,7 @@ impl Recording {
             header,
             jobs,
             event_counts,
+            readings,
             end,
         })
     }
@@ -337,6 +377,7 @@ mod tests {
             counter_events: None,
             counters_note: "none".into(),
             functions: vec!["MPI_Send".into()],
+            rank_groups: None,
         }
     }
 

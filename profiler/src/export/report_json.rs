@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
+        groups::RankGroupsView,
         online::{CumulativeView, OpenWindow, PhaseView, PhasesSnapshot},
         signature::AppSignature,
         tracking::{AppIdentity, EventCounts, RunMatch, RunSignature, StableId},
@@ -56,6 +57,9 @@ pub struct JobDocument<'a> {
     pub bottlenecks: Option<Bottlenecks<'a>>,
     /// With `--phases` only.
     pub phases: Option<PhasesDocument<'a>>,
+    /// The rank groups and behaviour changes (as `GET /api/jobs/{id}/ranks`); `None` from a
+    /// daemon that has not grouped the job yet.
+    pub rank_groups: Option<&'a RankGroupsView>,
 }
 
 /// An application signature with the values its text section derives: PAET and coverage.
@@ -333,6 +337,7 @@ mod tests {
                 counter_events: None,
                 counters_note: "no counters".into(),
                 functions: vec!["MPI_Allreduce".into(), "MPI_Isend".into()],
+                rank_groups: None,
             },
             &JobMeta {
                 id: JobId(format!("pmix:{name}")),
@@ -388,6 +393,7 @@ mod tests {
                 call_sites: Vec::new(),
                 signature: None,
             }),
+            rank_groups: None,
         };
         let json =
             serde_json::to_string(&ReportDocument::new(vec![

@@ -7,7 +7,7 @@ use super::{
     plot::escape, scatter::scatter, sequences::sequences, timeline::timeline, HtmlOptions,
 };
 use crate::{
-    analysis::{online::PhasesSnapshot, Analysis},
+    analysis::{groups::RankGroupsView, online::PhasesSnapshot, Analysis},
     export::phases::{features_line, render_phases},
     model::{Burst, JobId},
     store::Job,
@@ -45,9 +45,22 @@ pub fn html_path(out: &std::path::Path, job: &JobId, several: bool) -> std::path
 
 /// The HTML page with both views and the phase table of one job. `bursts` are the bursts the
 /// analysis was run on, in the same order (`analysis.labels[i]` is the label of `bursts[i]`);
-/// `names` name their call sites.
-pub fn render_html(job: &Job, bursts: &[Burst], analysis: &Analysis, names: &SiteNames) -> String {
-    render_html_with(job, bursts, analysis, names, &HtmlOptions::default())
+/// `names` name their call sites; the timeline's rows follow the job's rank `groups` when given.
+pub fn render_html(
+    job: &Job,
+    bursts: &[Burst],
+    analysis: &Analysis,
+    names: &SiteNames,
+    groups: Option<&RankGroupsView>,
+) -> String {
+    render_html_with(
+        job,
+        bursts,
+        analysis,
+        names,
+        groups,
+        &HtmlOptions::default(),
+    )
 }
 
 /// [`render_html`] with explicit drawing limits.
@@ -59,6 +72,7 @@ pub fn render_html_with(
     bursts: &[Burst],
     analysis: &Analysis,
     names: &SiteNames,
+    groups: Option<&RankGroupsView>,
     options: &HtmlOptions,
 ) -> String {
     assert_eq!(
@@ -68,7 +82,7 @@ pub fn render_html_with(
     );
     let m = &job.meta;
     let (scatter_svg, scatter_caption) = scatter(bursts, analysis, options, names);
-    let (timeline_svg, timeline_caption) = timeline(job, bursts, analysis, options, names);
+    let (timeline_svg, timeline_caption) = timeline(job, bursts, analysis, options, names, groups);
     page(
         &m.id,
         &[
@@ -217,6 +231,7 @@ mod tests {
             &bursts,
             &analysis,
             &SiteNames::default(),
+            None,
         );
         let zeros = (0..bursts.len())
             .filter(|&i| analysis.labels[i].is_some() && bursts[i].oncpu_ns == 0)
@@ -330,6 +345,7 @@ mod tests {
             &bursts,
             &analysis,
             &SiteNames::default(),
+            None,
             &options,
         );
         let svgs = svgs(&html);
@@ -388,9 +404,42 @@ mod tests {
                 &bursts,
                 &analysis,
                 &SiteNames::default(),
+                None,
                 &options
             )
         );
+    }
+
+    #[test]
+    fn timeline_rows_go_group_by_group() {
+        use crate::analysis::groups::{cluster::GroupSignature, RankGroup, RankGroupsView};
+        let job = synthetic(false, 12);
+        let bursts = job.bursts();
+        let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
+        let group = |id, members: Vec<u32>| RankGroup {
+            id,
+            lead: members[0],
+            members,
+            signature: GroupSignature {
+                main_group: id,
+                call_path: Vec::new(),
+                functions: Default::default(),
+            },
+        };
+        let view = RankGroupsView {
+            groups: vec![group(1, vec![1, 3]), group(2, vec![0, 2])],
+            ..RankGroupsView::default()
+        };
+        let job = crate::store::Job::new(meta(4));
+        let html = render_html(&job, &bursts, &analysis, &SiteNames::default(), Some(&view));
+        let rows: Vec<usize> = (0..4)
+            .map(|r| html.find(&format!(">rank {r}</text>")).unwrap())
+            .collect();
+        assert!(
+            rows[1] < rows[3] && rows[3] < rows[0] && rows[0] < rows[2],
+            "{rows:?}"
+        );
+        assert!(html.contains("Rows by rank group: group 1 [1,3], group 2 [0,2]."));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The per-rank timeline: one row per rank, each burst a bar from its start to its end coloured by
-//! its cluster; above the bar budget, per pixel column.
+//! its cluster; above the bar budget, per pixel column. With the job's rank groups the rows go
+//! group by group, so ranks of one behaviour sit together.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -14,8 +15,8 @@ use super::{
     HtmlOptions,
 };
 use crate::{
-    analysis::{Analysis, ClusterId, NOISE},
-    export::phases::duration,
+    analysis::{groups::RankGroupsView, Analysis, ClusterId, NOISE},
+    export::{groups::rank_list, phases::duration},
     model::Burst,
     store::Job,
     symbols::SiteNames,
@@ -143,8 +144,9 @@ pub(super) fn timeline(
     analysis: &Analysis,
     options: &HtmlOptions,
     names: &SiteNames,
+    groups: Option<&RankGroupsView>,
 ) -> (String, String) {
-    let ranks: Vec<u32> = job
+    let mut ranks: Vec<u32> = job
         .ranks
         .keys()
         .copied()
@@ -152,6 +154,13 @@ pub(super) fn timeline(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    // Group by group (in the groups' order, members ascending), then any rank in none.
+    let group_of: BTreeMap<u32, usize> = groups
+        .iter()
+        .flat_map(|v| v.groups.iter().enumerate())
+        .flat_map(|(i, g)| g.members.iter().map(move |&r| (r, i)))
+        .collect();
+    ranks.sort_by_key(|r| (group_of.get(r).copied().unwrap_or(usize::MAX), *r));
     let row_of: BTreeMap<u32, usize> = ranks.iter().enumerate().map(|(i, &r)| (r, i)).collect();
     let t0 = bursts
         .iter()
@@ -274,6 +283,14 @@ pub(super) fn timeline(
         ranks.len(),
         if ranks.len() == 1 { "" } else { "s" }
     );
+    if let Some(v) = groups.filter(|v| v.groups.len() > 1) {
+        let order: Vec<String> = v
+            .groups
+            .iter()
+            .map(|g| format!("group {} [{}]", g.id, rank_list(&g.members)))
+            .collect();
+        let _ = write!(caption, " Rows by rank group: {}.", order.join(", "));
+    }
     match binned {
         Some(Binning::Stacked { column_px }) => {
             let _ = write!(

@@ -1,0 +1,341 @@
+//! Unit tests of the rank groups on synthetic counts, with the oracles the CallPath+Parameter
+//! and Chameleon evaluations give (Bahmani's 2017 thesis, tables 3.3 and 5.2).
+
+use std::collections::BTreeMap;
+
+use super::{signature::Counts, *};
+
+fn uses(list: &[(&str, u64, u64)]) -> Counts {
+    list.iter()
+        .map(|&(f, calls, bytes)| (f.to_string(), FunctionUse { calls, bytes }))
+        .collect()
+}
+
+fn signatures(ranks: impl IntoIterator<Item = (u32, Counts)>) -> BTreeMap<u32, RankSignature> {
+    ranks
+        .into_iter()
+        .map(|(r, c)| (r, RankSignature::between(&c, None)))
+        .collect()
+}
+
+fn memberships(groups: &[RankGroup]) -> Vec<(u32, Vec<u32>)> {
+    groups.iter().map(|g| (g.lead, g.members.clone())).collect()
+}
+
+/// A 2-D stencil on px × py ranks that skips the sends of missing neighbours: each rank's
+/// counts after `iterations`.
+fn stencil(px: u32, py: u32, iterations: u64) -> BTreeMap<u32, Counts> {
+    (0..px * py)
+        .map(|r| {
+            let (x, y) = (r % px, r / px);
+            let neighbours = [x > 0, x + 1 < px, y > 0, y + 1 < py]
+                .iter()
+                .filter(|&&n| n)
+                .count() as u64;
+            let n = neighbours * iterations;
+            let c = uses(&[
+                ("MPI_Isend", n, n * 800),
+                ("MPI_Irecv", n, n * 800),
+                ("MPI_Waitall", iterations, 0),
+                ("MPI_Allreduce", iterations / 10, iterations / 10 * 8),
+            ]);
+            (r, c)
+        })
+        .collect()
+}
+
+#[test]
+fn distributor_workers_and_collector_are_three_groups_led_by_their_lowest_rank() {
+    let mut ranks = vec![(
+        0,
+        uses(&[("MPI_Send", 40, 40 * 4096), ("MPI_Barrier", 1, 0)]),
+    )];
+    for w in 1..=4 {
+        ranks.push((
+            w,
+            uses(&[
+                ("MPI_Recv", 10, 10 * 4096),
+                ("MPI_Send", 10, 10 * 64),
+                ("MPI_Barrier", 1, 0),
+            ]),
+        ));
+    }
+    ranks.push((5, uses(&[("MPI_Recv", 40, 40 * 64), ("MPI_Barrier", 1, 0)])));
+    let groups = cluster(&signatures(ranks), &GroupParams::default());
+    assert_eq!(
+        memberships(&groups),
+        vec![(0, vec![0]), (1, vec![1, 2, 3, 4]), (5, vec![5])]
+    );
+    assert_eq!(groups.iter().map(|g| g.id).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(
+        groups[1].signature.call_path,
+        ["MPI_Barrier", "MPI_Recv", "MPI_Send"]
+    );
+}
+
+#[test]
+fn stencils_fall_into_corner_edge_and_interior_ranks() {
+    // 3 × 3: corners 0 2 6 8, edges 1 3 5 7, interior 4; all of one call path, so one main
+    // group and three parameter subgroups.
+    let groups = cluster(&signatures(stencil(3, 3, 200)), &GroupParams::default());
+    assert_eq!(
+        memberships(&groups),
+        vec![(0, vec![0, 2, 6, 8]), (1, vec![1, 3, 5, 7]), (4, vec![4])]
+    );
+    assert!(groups.iter().all(|g| g.signature.main_group == 1));
+    let groups = cluster(&signatures(stencil(4, 4, 200)), &GroupParams::default());
+    assert_eq!(
+        memberships(&groups),
+        vec![
+            (0, vec![0, 3, 12, 15]),
+            (1, vec![1, 2, 4, 7, 8, 11, 13, 14]),
+            (5, vec![5, 6, 9, 10])
+        ]
+    );
+}
+
+#[test]
+fn counts_within_the_tolerance_agree_and_one_call_always_does() {
+    let one = |calls, bytes| RankSignature::between(&uses(&[("MPI_Send", calls, bytes)]), None);
+    assert!(one(100, 100_000).agrees(&one(104, 104_000), 0.05));
+    assert!(!one(100, 100_000).agrees(&one(110, 110_000), 0.05));
+    assert!(one(3, 300).agrees(&one(4, 400), 0.05), "one call apart");
+    assert!(
+        !one(100, 100 * 1000).agrees(&one(100, 100 * 1200), 0.05),
+        "message size"
+    );
+    // Not transitive: 100 ~ 104 ~ 108 but 100 ≁ 108. Each rank is compared with its
+    // subgroup's lead, so 108 leads a subgroup of its own.
+    let s = signatures([
+        (0, uses(&[("MPI_Send", 100, 0)])),
+        (1, uses(&[("MPI_Send", 104, 0)])),
+        (2, uses(&[("MPI_Send", 108, 0)])),
+    ]);
+    let groups = cluster(&s, &GroupParams::default());
+    assert_eq!(memberships(&groups), vec![(0, vec![0, 1]), (2, vec![2])]);
+}
+
+/// IS: rank 0 receives no largest key and rank P−1 sends none, so three call-path clusters
+/// {0}, {P−1}, {1..P−2} with one parameter cluster each (thesis table 3.3, any valid P).
+#[test]
+fn integer_sort_gives_three_main_groups_at_every_size() {
+    for p in [4u32, 8, 16] {
+        let s = signatures((0..p).map(|r| {
+            let mut list = vec![
+                ("MPI_Alltoall", 11, 11 * 4 * p as u64),
+                ("MPI_Alltoallv", 11, 0),
+            ];
+            if r > 0 {
+                list.push(("MPI_Irecv", 1, 4));
+            }
+            if r + 1 < p {
+                list.push(("MPI_Send", 1, 4));
+            }
+            (r, uses(&list))
+        }));
+        let groups = cluster(&s, &GroupParams::default());
+        assert_eq!(
+            memberships(&groups),
+            vec![
+                (0, vec![0]),
+                (1, (1..p - 1).collect()),
+                (p - 1, vec![p - 1])
+            ],
+            "P = {p}"
+        );
+        let mains: Vec<u32> = groups.iter().map(|g| g.signature.main_group).collect();
+        assert_eq!(mains, [1, 2, 3], "three distinct call paths at P = {p}");
+    }
+}
+
+/// LU on 4 × 4 ranks: which of the four neighbours exist decides the calls made, so nine
+/// call-path clusters (table 3.3); K below that is raised, since a merged call path loses
+/// events (section 4.4.6).
+#[test]
+fn lu_on_sixteen_ranks_keeps_nine_call_paths_whatever_k() {
+    let s = signatures((0..16u32).map(|r| {
+        let (x, y) = (r % 4, r / 4);
+        let mut list = vec![("MPI_Allreduce", 5, 40)];
+        for (exists, f) in [
+            (x > 0, "MPI_Send"),
+            (x < 3, "MPI_Recv"),
+            (y > 0, "MPI_Isend"),
+            (y < 3, "MPI_Irecv"),
+        ] {
+            if exists {
+                list.push((f, 250, 250 * 40));
+            }
+        }
+        (r, uses(&list))
+    }));
+    for k in [9, 4, 1] {
+        let groups = cluster(
+            &s,
+            &GroupParams {
+                k,
+                ..GroupParams::default()
+            },
+        );
+        assert_eq!(groups.len(), 9, "K = {k}");
+        let leads: Vec<u32> = groups.iter().map(|g| g.lead).collect();
+        assert_eq!(leads, [0, 1, 3, 4, 5, 7, 12, 13, 15], "K = {k}");
+    }
+}
+
+/// Above K, each call path keeps ⌊K / call paths⌋ subgroups (Chameleon, algorithm 8), chosen
+/// farthest-first; the others join their nearest head.
+#[test]
+fn above_k_each_call_path_keeps_its_share_chosen_farthest_first() {
+    // Call path A: twelve message sizes 1 KiB · 2^i; call path B: one rank.
+    let mut ranks: Vec<(u32, Counts)> = (0..12u32)
+        .map(|r| (r, uses(&[("MPI_Send", 10, 10 * (1024u64 << r))])))
+        .collect();
+    ranks.push((12, uses(&[("MPI_Recv", 120, 0)])));
+    let s = signatures(ranks);
+    let groups = cluster(&s, &GroupParams::default());
+    // K = 9 over two call paths: four subgroups for A, one for B.
+    assert_eq!(groups.len(), 5);
+    let a: Vec<(u32, Vec<u32>)> = memberships(&groups)
+        .into_iter()
+        .filter(|(lead, _)| *lead < 12)
+        .collect();
+    // Heads: rank 0 first, then the farthest (11), then the one farthest from both (6: ranks 5
+    // and 6 are 5 steps of ln 2 from their nearest head, and ln(1 + x) puts 6 a hair farther),
+    // then 3 (3 steps from 0 and from 6); every rank joins its nearest head.
+    let heads: Vec<u32> = a.iter().map(|(lead, _)| *lead).collect();
+    assert_eq!(heads, [0, 3, 6, 11], "{a:?}");
+    assert_eq!(a[1].1, [2, 3, 4]);
+    let all: Vec<u32> = a
+        .iter()
+        .flat_map(|(_, m)| m.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(
+        all,
+        (0..12).collect::<Vec<_>>(),
+        "every rank in exactly one group"
+    );
+    assert_eq!(a.iter().map(|(_, m)| m.len()).sum::<usize>(), 12);
+    // With K large enough nothing is merged.
+    let groups = cluster(
+        &s,
+        &GroupParams {
+            k: 13,
+            ..GroupParams::default()
+        },
+    );
+    assert_eq!(groups.len(), 13);
+}
+
+/// Feeds a tracker windows of per-rank window counts (added up as the kernel would), one
+/// reading per window, 1 s windows; returns the tracker.
+fn run_windows(windows: &[Vec<Counts>]) -> RankGroupTracker {
+    let mut tracker = RankGroupTracker::new(GroupParams::default(), 1.0);
+    let mut cumulative: BTreeMap<u32, Counts> = BTreeMap::new();
+    let second = 1_000_000_000u64;
+    tracker.observe(100 * second, &cumulative);
+    for (i, window) in windows.iter().enumerate() {
+        for (r, counts) in window.iter().enumerate() {
+            let c = cumulative.entry(r as u32).or_default();
+            for (f, u) in counts {
+                let e = c.entry(f.clone()).or_default();
+                e.calls += u.calls;
+                e.bytes += u.bytes;
+            }
+        }
+        assert!(tracker.observe((101 + i as u64) * second + 5, &cumulative));
+    }
+    tracker
+}
+
+fn producer() -> Counts {
+    uses(&[("MPI_Send", 50, 50 * 1024), ("MPI_Allreduce", 50, 400)])
+}
+
+fn consumer() -> Counts {
+    uses(&[("MPI_Recv", 50, 50 * 1024), ("MPI_Allreduce", 50, 400)])
+}
+
+/// A stable program: AT, C, then L in every further window; exactly one clustering (table 5.2).
+#[test]
+fn a_stable_program_is_clustered_once() {
+    let window = vec![producer(), consumer(), producer(), consumer()];
+    let tracker = run_windows(&vec![window; 10]);
+    let view = tracker.view();
+    assert_eq!(view.clusterings, 1);
+    assert_eq!(view.state, GroupState::Lead);
+    assert!(view.changes.is_empty());
+    assert_eq!(
+        memberships(&view.groups),
+        vec![(0, vec![0, 2]), (1, vec![1, 3])]
+    );
+}
+
+/// Ranks that swap roles half-way: one behaviour change, in the window that held the switch,
+/// and the groups of the new roles. The literal algorithm 6 of the thesis would never
+/// re-cluster after leaving L; the prose (and this tracker) does.
+#[test]
+fn a_persistent_role_switch_is_one_change_in_its_window() {
+    let before = vec![producer(), consumer(), producer(), consumer()];
+    let after = vec![consumer(), producer(), consumer(), producer()];
+    let mixed: Vec<Counts> = before
+        .iter()
+        .zip(&after)
+        .map(|(a, b)| {
+            let mut m = a.clone();
+            m.extend(b.clone());
+            m
+        })
+        .collect();
+    let mut windows = vec![before; 5];
+    windows.push(mixed);
+    windows.extend(vec![after; 5]);
+    let tracker = run_windows(&windows);
+    let view = tracker.view();
+    assert_eq!(view.changes.len(), 1, "{:?}", view.changes);
+    let change = &view.changes[0];
+    assert_eq!(change.window, 105, "the sixth window, 105–106 s");
+    assert_eq!(change.ranks, [0, 1, 2, 3]);
+    assert_eq!(view.clusterings, 2);
+    assert_eq!(view.state, GroupState::Lead);
+    // The groups cover the new behaviour only: rank 1 now leads the producers.
+    assert_eq!(
+        memberships(&view.groups),
+        vec![(0, vec![0, 2]), (1, vec![1, 3])]
+    );
+    assert_eq!(
+        view.groups[1].signature.call_path,
+        ["MPI_Allreduce", "MPI_Send"]
+    );
+    // From the first of the two windows that confirmed it (106–107 s).
+    assert_eq!(view.since_ns, 106 * 1_000_000_000 + 5);
+}
+
+/// One odd window (say a checkpoint) leaves AT, re-clusters to the same call paths and is no
+/// change of the job.
+#[test]
+fn a_transient_window_is_no_change() {
+    let normal = vec![producer(), consumer()];
+    let odd = vec![uses(&[("MPI_File_write", 1, 1 << 20)]), consumer()];
+    let mut windows = vec![normal.clone(); 4];
+    windows.push(odd);
+    windows.extend(vec![normal; 4]);
+    let view = run_windows(&windows).view().clone();
+    assert!(view.changes.is_empty(), "{:?}", view.changes);
+    assert_eq!(view.clusterings, 2);
+}
+
+#[test]
+fn a_job_shorter_than_a_window_is_grouped_at_its_end() {
+    let mut tracker = RankGroupTracker::new(GroupParams::default(), 30.0);
+    let ranks: BTreeMap<u32, Counts> = [(0, producer()), (1, consumer()), (2, consumer())].into();
+    assert!(!tracker.observe(1_000, &BTreeMap::new()));
+    assert!(!tracker.observe(2_000, &ranks));
+    tracker.finish(3_000, &ranks);
+    assert_eq!(
+        memberships(&tracker.view().groups),
+        vec![(0, vec![0]), (1, vec![1, 2])]
+    );
+    assert_eq!(tracker.view().windows_closed, 1);
+}
