@@ -156,8 +156,8 @@ pub fn hostname() -> Result<String, DiscoveryError> {
 
 /// The launcher variables of a process's environment, and nothing else: the environment of a
 /// user's process may hold credentials, so each variable is matched against this allow-list and
-/// every other one is dropped unseen, together with procfs's copy of the environment. There is
-/// deliberately no field that could hold an arbitrary variable.
+/// every other one is dropped unseen, together with the bytes read from /proc/PID/environ. There
+/// is deliberately no field that could hold an arbitrary variable.
 #[derive(Debug, Default)]
 pub(crate) struct LaunchEnv {
     ompi_rank: Option<u32>,
