@@ -90,7 +90,12 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        let config: Config = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        Config::from_toml_str(&text, path)
+    }
+
+    /// Parses and validates the text of a config file; `path` names it in errors.
+    pub fn from_toml_str(text: &str, path: &std::path::Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
             path: path.to_path_buf(),
             source,
         })?;
@@ -105,6 +110,16 @@ impl Config {
                 "daemon.cgroup = {:?}: write the path as /proc/PID/cgroup shows it, starting with /",
                 self.daemon.cgroup
             )));
+        }
+        for (name, seconds) in [
+            ("report_interval_s", self.daemon.report_interval_s),
+            ("ended_job_grace_s", self.daemon.ended_job_grace_s),
+        ] {
+            if !(seconds.is_finite() && seconds >= 0.0) {
+                return Err(ConfigError::Invalid(format!(
+                    "daemon.{name} = {seconds}: write a number of seconds, 0 or more"
+                )));
+            }
         }
         if self.daemon.max_jobs == 0 {
             return Err(ConfigError::Invalid(
@@ -219,6 +234,22 @@ mod tests {
     fn unknown_fields_are_rejected() {
         let err = toml::from_str::<Config>("[capture]\nmin_burst = 5\n").unwrap_err();
         assert!(err.to_string().contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn seconds_and_the_duration_filter_must_be_in_range() {
+        let invalid = |text: &str| {
+            Config::from_toml_str(text, std::path::Path::new("mpiburst.toml"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(invalid("[daemon]\nreport_interval_s = nan\n").contains("report_interval_s"));
+        assert!(invalid("[daemon]\nended_job_grace_s = -1.0\n").contains("ended_job_grace_s"));
+        assert!(invalid("[capture]\nmin_burst_us = 9223372036854775807\n")
+            .contains("capture.min_burst_us"));
+        let longest = "[capture]\nmin_burst_us = 3600000000\n";
+        let config = Config::from_toml_str(longest, std::path::Path::new("mpiburst.toml")).unwrap();
+        assert_eq!(config.capture.min_burst_ns(), 3_600_000_000_000);
     }
 
     #[test]

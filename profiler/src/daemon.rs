@@ -340,7 +340,7 @@ impl Daemon {
                     version: FORMAT_VERSION,
                     node: node.clone(),
                     started_ns: unix_now_ns(),
-                    min_burst_ns: config.capture.min_burst_us * 1000,
+                    min_burst_ns: config.capture.min_burst_ns(),
                     counter_events: capture
                         .counters
                         .as_ref()

@@ -9,6 +9,8 @@ pub mod config;
 pub mod daemon;
 pub mod discovery;
 pub mod export;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod model;
 pub mod properties;
 pub mod store;

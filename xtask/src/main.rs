@@ -12,6 +12,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
+mod fuzz;
 mod install;
 
 /// Pinned with the nightly in profiler-ebpf/rust-toolchain.toml: newer bpf-linker releases need
@@ -45,14 +46,18 @@ const USAGE: &str = "usage: cargo xtask <command>
   test [--under-load] [-- CARGO TEST ARGS [-- TEST BINARY ARGS]]
                           run every test binary (unit tests, static checks, and as root the
                           BPF + MPI tests; without root those are reported skipped), each
-                          even when another fails; --under-load runs them while one busy
-                          loop per online CPU competes for every core. The whole suite is
+                          even when another fails, and each fuzz target for a few seconds;
+                          --under-load runs the test binaries while one busy loop per online
+                          CPU competes for every core. The whole suite is
                           gated by `cargo fmt --check`, clippy and rustdoc with warnings
                           as errors
   bench overhead|cluster|daemon
                           measure probe cost per call, the system call tax on processes the
                           daemon does not track, and application slowdown; clustering speed;
                           or the daemon's own cost under a burst storm
+  fuzz [TARGET...] [--seconds N]
+                          run the cargo-fuzz targets of fuzz/ (all without names) for N s
+                          each (60 by default), with the pinned nightly; installs cargo-fuzz
   install                 build the release daemon and install it with its systemd unit, sysusers.d
                           entry, default config and docs/deploy.md; honours PREFIX (/usr/local)
                           and DESTDIR
@@ -79,6 +84,7 @@ fn main() -> Result<()> {
             std::hint::spin_loop();
         },
         "bench" => bench(rest),
+        "fuzz" => fuzz::fuzz(rest),
         "install" => install::install(&build(Profile::Release)?),
         "install-deps" => install_deps(),
         "-h" | "--help" | "help" => {
@@ -481,6 +487,9 @@ fn test(args: &[String]) -> Result<Outcome> {
     };
     let mut run = TestRun::run(cmd)?;
     let busy_loops = load.map(|l| l.stop());
+    if cargo_args.is_empty() {
+        fuzz::test(&mut run);
+    }
     run.failed.extend(lint_failures);
     Ok(run.report(root, busy_loops, started.elapsed()))
 }

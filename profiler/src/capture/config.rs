@@ -37,6 +37,10 @@ pub struct CaptureConfig {
     pub bpf_stats: bool,
 }
 
+/// The longest duration filter: one hour (a burst is one MPI call), far below the
+/// `u64` nanoseconds the BPF programs compare against.
+const MAX_MIN_BURST_US: u64 = 3_600_000_000;
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum CounterMode {
@@ -69,7 +73,18 @@ impl CaptureConfig {
         if !(1..=1024).contains(&self.ring_buffer_mib) {
             return Err("capture.ring_buffer_mib must be within 1..=1024".into());
         }
+        if self.min_burst_us > MAX_MIN_BURST_US {
+            return Err(format!(
+                "capture.min_burst_us = {} is above {MAX_MIN_BURST_US} (one hour)",
+                self.min_burst_us
+            ));
+        }
         Ok(())
+    }
+
+    /// The duration filter in ns, as the BPF programs apply it.
+    pub fn min_burst_ns(&self) -> u64 {
+        self.min_burst_us.min(MAX_MIN_BURST_US) * 1000
     }
 
     pub fn drain_interval(&self) -> Duration {

@@ -13,7 +13,7 @@ use perf_event::{
     Builder, Counter,
 };
 
-use super::{config::CounterMode, CaptureError};
+use super::{config::CounterMode, cpu_list::parse_cpu_list, CaptureError};
 
 /// The perf event behind a counter slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,24 +215,11 @@ pub fn online_cpus() -> Result<Vec<u32>, CaptureError> {
         what: path.into(),
         source,
     })?;
-    parse_cpu_list(text.trim()).ok_or_else(|| CaptureError::Io {
+    let cpus = parse_cpu_list(&text).map_err(|e| CaptureError::Io {
         what: path.into(),
-        source: std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad CPU list {text:?}"),
-        ),
-    })
-}
-
-fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
-    let mut cpus = Vec::new();
-    for part in text.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => cpus.extend(a.parse::<u32>().ok()?..=b.parse::<u32>().ok()?),
-            None => cpus.push(part.parse().ok()?),
-        }
-    }
-    Some(cpus)
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    Ok(cpus.into_iter().collect())
 }
 
 #[cfg(test)]
@@ -322,12 +309,5 @@ mod tests {
             descheduled_logged: 0,
         };
         assert_eq!(counters.descheduled(), 1);
-    }
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,6,8-9"), Some(vec![0, 1, 2, 3, 6, 8, 9]));
-        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
-        assert_eq!(parse_cpu_list("x"), None);
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod config;
 mod counters;
+mod cpu_list;
 mod libraries;
 mod multi;
 mod tracefs;
@@ -247,7 +248,7 @@ impl Capture {
         let cpus = online_cpus()?;
         let setup = counters::open(config.counters, &cpus)?;
         let ring_bytes = (config.ring_buffer_mib.next_power_of_two()) << 20;
-        let min_burst_ns = config.min_burst_us * 1000;
+        let min_burst_ns = config.min_burst_ns();
         let counters_enabled: u32 = matches!(setup, CounterSetup::Enabled(_)).into();
         let max_cpu = cpus.iter().copied().max().unwrap_or(0) + 1;
         let mut ebpf = EbpfLoader::new()

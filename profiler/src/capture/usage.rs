@@ -7,6 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::cpu_list::parse_cpu_list;
+use crate::discovery::StatFields;
+
 /// One process's usage at one instant.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcessUsage {
@@ -32,39 +35,25 @@ fn ns_per_tick() -> u64 {
     1_000_000_000 / sysconf(libc::_SC_CLK_TCK, 100)
 }
 
-/// Parses "0-3,8,10-11" (the kernel's list format) into CPU numbers.
-fn parse_cpu_list(list: &str) -> BTreeSet<u32> {
-    list.trim()
-        .split(',')
-        .filter(|r| !r.is_empty())
-        .filter_map(|range| {
-            let (a, b) = range.split_once('-').unwrap_or((range, range));
-            Some(a.trim().parse::<u32>().ok()?..=b.trim().parse::<u32>().ok()?)
-        })
-        .flatten()
-        .collect()
+fn invalid(what: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
 }
 
-fn stat_fields(pid: u32) -> std::io::Result<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name may contain spaces and parentheses: fields start after the last ')'.
-    let (_, rest) = stat.rsplit_once(')').ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("/proc/{pid}/stat"))
-    })?;
-    Ok(rest.split_whitespace().map(str::to_string).collect())
+/// Field `n` (1-based, as in proc_pid_stat(5), n ≥ 3) of /proc/PID/stat, a time in clock ticks,
+/// in ns.
+fn stat_ticks_ns(stat: &StatFields, n: usize, tick_ns: u64) -> std::io::Result<u64> {
+    let ticks = stat
+        .number(n)
+        .map_err(|e| invalid(format!("/proc/PID/stat: {e}")))?;
+    ticks.checked_mul(tick_ns).ok_or_else(|| {
+        invalid(format!(
+            "/proc/PID/stat: field {n}, {ticks} ticks, overflows ns"
+        ))
+    })
 }
 
-/// Field `n` (1-based, as in proc_pid_stat(5), n ≥ 3) of /proc/PID/stat as a number.
-fn stat_field(fields: &[String], pid: u32, n: usize) -> std::io::Result<u64> {
-    fields
-        .get(n - 3)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("/proc/{pid}/stat field {n}"),
-            )
-        })
+fn stat_fields(stat: &[u8]) -> std::io::Result<StatFields<'_>> {
+    StatFields::parse(stat).map_err(|e| invalid(format!("/proc/PID/stat: {e}")))
 }
 
 /// The time of `clock` now, in ns.
@@ -80,55 +69,83 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
 
 /// When the process started, in Unix ns (to the kernel's clock-tick resolution).
 pub fn start_time_unix_ns(pid: u32) -> std::io::Result<u64> {
-    let since_boot_ns = stat_field(&stat_fields(pid)?, pid, 22)? * ns_per_tick();
+    let stat = std::fs::read(format!("/proc/{pid}/stat"))?;
     let boot_unix_ns =
         clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_BOOTTIME));
-    Ok(boot_unix_ns + since_boot_ns)
+    parse_start_time_unix_ns(&stat, ns_per_tick(), boot_unix_ns)
+}
+
+/// [`start_time_unix_ns`] from the text of /proc/PID/stat, the clock tick and the boot time.
+pub(crate) fn parse_start_time_unix_ns(
+    stat: &[u8],
+    tick_ns: u64,
+    boot_unix_ns: u64,
+) -> std::io::Result<u64> {
+    let since_boot_ns = stat_ticks_ns(&stat_fields(stat)?, 22, tick_ns)?;
+    boot_unix_ns
+        .checked_add(since_boot_ns)
+        .ok_or_else(|| invalid("/proc/PID/stat: the start time overflows ns"))
 }
 
 /// Reads /proc/PID/{stat,statm,status}. Fails when the process is gone.
 pub fn read_process(pid: u32) -> std::io::Result<ProcessUsage> {
-    let invalid = |what: &str| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("/proc/{pid}/{what}"),
-        )
-    };
-    let fields = stat_fields(pid)?;
-    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
+    let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}"));
+    parse_process(
+        &read("stat")?,
+        &String::from_utf8_lossy(&read("statm")?),
+        &String::from_utf8_lossy(&read("status")?),
+        ns_per_tick(),
+        sysconf(libc::_SC_PAGESIZE, 4096),
+    )
+    .map_err(|e| invalid(format!("process {pid}: {e}")))
+}
+
+/// [`read_process`] from the texts of /proc/PID/{stat,statm,status}, the clock tick and the
+/// page size.
+pub(crate) fn parse_process(
+    stat: &[u8],
+    statm: &str,
+    status: &str,
+    tick_ns: u64,
+    page_bytes: u64,
+) -> std::io::Result<ProcessUsage> {
+    let fields = stat_fields(stat)?;
     let resident_pages: u64 = statm
         .split_whitespace()
         .nth(1)
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| invalid("statm"))?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let cpus_allowed = status
+        .ok_or_else(|| invalid("/proc/PID/statm: field 2 (resident) is not a number"))?;
+    let cpus_allowed = match status
         .lines()
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .map(parse_cpu_list)
-        .unwrap_or_default();
+    {
+        Some(list) => parse_cpu_list(list)
+            .map_err(|e| invalid(format!("/proc/PID/status: Cpus_allowed_list: {e}")))?,
+        None => BTreeSet::new(),
+    };
     Ok(ProcessUsage {
-        user_ns: stat_field(&fields, pid, 14)? * ns_per_tick(),
-        system_ns: stat_field(&fields, pid, 15)? * ns_per_tick(),
-        rss_bytes: resident_pages * sysconf(libc::_SC_PAGESIZE, 4096),
+        user_ns: stat_ticks_ns(&fields, 14, tick_ns)?,
+        system_ns: stat_ticks_ns(&fields, 15, tick_ns)?,
+        rss_bytes: resident_pages
+            .checked_mul(page_bytes)
+            .ok_or_else(|| invalid("/proc/PID/statm: the resident size overflows bytes"))?,
         cpus_allowed,
     })
 }
 
 /// Physical memory of the node (MemTotal), in bytes.
 pub fn node_memory_bytes() -> std::io::Result<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    parse_mem_total(&std::fs::read_to_string("/proc/meminfo")?)
+}
+
+/// [`node_memory_bytes`] from the text of /proc/meminfo.
+pub(crate) fn parse_mem_total(meminfo: &str) -> std::io::Result<u64> {
     meminfo
         .lines()
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kib| kib * 1024)
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "no MemTotal in /proc/meminfo",
-            )
-        })
+        .and_then(|kib| kib.checked_mul(1024))
+        .ok_or_else(|| invalid("/proc/meminfo: no MemTotal line with a size in kB"))
 }
 
 /// File I/O counts of a process or a job's processes from the syscall tracepoints
@@ -260,14 +277,64 @@ impl JobUsage {
 mod tests {
     use super::*;
 
+    /// A /proc/PID/stat text with utime, stime and starttime (fields 14, 15 and 22) as given.
+    fn stat_text(utime: &str, stime: &str, starttime: &str) -> Vec<u8> {
+        format!("99 (a) b) R 1 99 99 0 -1 0 0 0 0 0 {utime} {stime} 0 0 20 0 1 0 {starttime} 0 0\n")
+            .into_bytes()
+    }
+
     #[test]
-    fn cpu_lists() {
+    fn parses_the_stat_statm_and_status_texts() {
+        let usage = parse_process(
+            &stat_text("3", "4", "5"),
+            "100 25 0 0 0 0 0\n",
+            "Name:\ta\nCpus_allowed_list:\t0-1,3\n",
+            10_000_000,
+            4096,
+        )
+        .unwrap();
         assert_eq!(
-            parse_cpu_list("0-3,8,10-11\n"),
-            [0, 1, 2, 3, 8, 10, 11].into()
+            usage,
+            ProcessUsage {
+                user_ns: 30_000_000,
+                system_ns: 40_000_000,
+                rss_bytes: 25 * 4096,
+                cpus_allowed: [0, 1, 3].into(),
+            }
         );
-        assert_eq!(parse_cpu_list("1"), [1].into());
-        assert!(parse_cpu_list("").is_empty());
+        let start = parse_start_time_unix_ns(&stat_text("0", "0", "5"), 10_000_000, 7).unwrap();
+        assert_eq!(start, 50_000_007);
+        assert_eq!(parse_mem_total("MemTotal:  2048 kB\n").unwrap(), 2 << 20);
+    }
+
+    #[test]
+    fn values_beyond_u64_nanoseconds_or_bytes_are_errors() {
+        let huge = u64::MAX.to_string();
+        let error = |r: std::io::Result<_>| r.map(|_: u64| ()).unwrap_err().to_string();
+        assert!(error(parse_start_time_unix_ns(
+            &stat_text("0", "0", &huge),
+            10_000_000,
+            0
+        ))
+        .contains("field 22"));
+        assert!(error(parse_mem_total(&format!("MemTotal: {huge} kB"))).contains("MemTotal"));
+        let status = "Cpus_allowed_list:\t0\n";
+        let usage = |stat: &[u8], statm: &str| {
+            parse_process(stat, statm, status, 10_000_000, 4096)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(usage(&stat_text(&huge, "0", "0"), "1 1").contains("field 14"));
+        assert!(usage(&stat_text("0", "0", "0"), &format!("1 {huge}")).contains("statm"));
+        assert!(usage(b"no command name", "1 1").contains("no '('"));
+        let bad_cpus = parse_process(
+            &stat_text("0", "0", "0"),
+            "1 1",
+            "Cpus_allowed_list:\t0-4294967295\n",
+            1,
+            1,
+        );
+        assert!(bad_cpus.unwrap_err().to_string().contains("above 65535"));
     }
 
     #[test]

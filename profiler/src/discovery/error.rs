@@ -96,9 +96,22 @@ pub enum DiscoveryError {
 }
 
 impl DiscoveryError {
-    /// Classifies a failed read of `path` (a file of process `pid` under /proc) through procfs.
-    /// ENOENT or ESRCH mean the process has gone, a normal race for a profiler, unlike a
-    /// permission problem the operator must fix.
+    /// Classifies a failed read of `path` (a file of process `pid` under /proc). ENOENT or ESRCH
+    /// mean the process has gone, a normal race for a profiler, unlike a permission problem the
+    /// operator must fix.
+    pub(crate) fn proc_read(pid: u32, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        let path = path.into();
+        if source.kind() == std::io::ErrorKind::NotFound
+            || source.raw_os_error() == Some(libc::ESRCH)
+        {
+            DiscoveryError::ProcessGone { pid, path }
+        } else {
+            DiscoveryError::ProcRead { pid, path, source }
+        }
+    }
+
+    /// Classifies a failed read of `path` through procfs, as [`DiscoveryError::proc_read`] does
+    /// a direct one.
     pub(crate) fn procfs(pid: u32, path: impl Into<PathBuf>, error: ProcError) -> Self {
         let path = path.into();
         match error {
@@ -109,8 +122,8 @@ impl DiscoveryError {
                 source: std::io::ErrorKind::PermissionDenied.into(),
             },
             ProcError::Io(source, _) => DiscoveryError::ProcRead { pid, path, source },
-            // procfs reports a read that fails midway as incomplete data; that is how reading
-            // /proc/<pid>/maps fails once the process has been reaped.
+            // procfs reports a read that fails midway as incomplete data, as when the process
+            // is reaped meanwhile.
             ProcError::Incomplete(_)
                 if matches!(Process::new(pid as i32), Err(ProcError::NotFound(_))) =>
             {

@@ -7,8 +7,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use procfs::process::{MMapPath, MemoryMap, Process};
-
 use crate::model::CallSite;
 
 use super::elf::build_id;
@@ -31,33 +29,68 @@ pub struct Mapping {
 
 /// Reads `/proc/<pid>/maps`.
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>, DiscoveryError> {
-    let maps = Process::new(pid as i32)
-        .and_then(|process| process.maps())
-        .map_err(|e| DiscoveryError::procfs(pid, format!("/proc/{pid}/maps"), e))?;
-    Ok(maps.into_iter().map(Mapping::from).collect())
+    let path = format!("/proc/{pid}/maps");
+    let text = std::fs::read(&path).map_err(|e| DiscoveryError::proc_read(pid, &path, e))?;
+    parse_maps(&text).map_err(|detail| DiscoveryError::ProcFormat {
+        path: path.into(),
+        detail,
+    })
 }
 
-impl From<MemoryMap> for Mapping {
-    fn from(map: MemoryMap) -> Self {
-        // procfs keeps the kernel's " (deleted)" mark as part of the path.
-        let (path, deleted) = match map.pathname {
-            MMapPath::Path(path) if map.inode != 0 && path.is_absolute() => {
-                match path.as_os_str().as_bytes().strip_suffix(b" (deleted)") {
-                    Some(name) => (Some(PathBuf::from(OsStr::from_bytes(name))), true),
-                    None => (Some(path), false),
-                }
-            }
-            _ => (None, false),
-        };
-        Mapping {
-            start: map.address.0,
-            end: map.address.1,
-            offset: map.offset,
-            inode: map.inode,
-            path,
-            deleted,
-        }
-    }
+/// Parses the text of a `/proc/<pid>/maps` file, one mapping a line:
+/// `start-end perms offset major:minor inode [path]`, the numbers but the inode in hex. File
+/// names are bytes, not necessarily UTF-8, and may contain spaces. The error names the line
+/// and what is wrong with it.
+pub fn parse_maps(text: &[u8]) -> Result<Vec<Mapping>, String> {
+    text.split(|&b| b == b'\n')
+        .enumerate()
+        .filter(|(_, line)| !line.is_empty())
+        .map(|(index, line)| {
+            parse_line(line).ok_or_else(|| {
+                format!(
+                    "line {} is not `start-end perms offset device inode [path]`: {:?}",
+                    index + 1,
+                    String::from_utf8_lossy(&line[..line.len().min(120)])
+                )
+            })
+        })
+        .collect()
+}
+
+fn parse_line(line: &[u8]) -> Option<Mapping> {
+    let mut fields = line.splitn(6, |&b| b == b' ');
+    let mut field = || std::str::from_utf8(fields.next()?).ok();
+    let (start, end) = field()?.split_once('-')?;
+    let (start, end) = (hex(start)?, hex(end)?);
+    let _perms = field()?;
+    let offset = hex(field()?)?;
+    let (major, minor) = field()?.split_once(':')?;
+    hex(major)?;
+    hex(minor)?;
+    let inode = field()?.parse().ok()?;
+    // The kernel pads the inode to a column before the path.
+    let name = fields.next().unwrap_or_default().trim_ascii_start();
+    // Anonymous memory has inode 0 and no path, pseudo mappings `[heap]`, `[stack]`, ...; only
+    // a file has an absolute path. The kernel marks a file unlinked after it was mapped.
+    let (name, deleted) = match name.strip_suffix(b" (deleted)") {
+        Some(name) => (name, true),
+        None => (name, false),
+    };
+    let is_file = inode != 0 && name.starts_with(b"/");
+    let path = is_file.then(|| PathBuf::from(OsStr::from_bytes(name)));
+    let deleted = deleted && is_file;
+    Some(Mapping {
+        start,
+        end,
+        offset,
+        inode,
+        path,
+        deleted,
+    })
+}
+
+fn hex(text: &str) -> Option<u64> {
+    u64::from_str_radix(text, 16).ok()
 }
 
 /// A mapping reduced to what resolution needs; the module id is computed once per file.
@@ -211,14 +244,11 @@ fn module_id(pid: u32, path: &Path, deleted: bool) -> Arc<str> {
 mod tests {
     use super::*;
     use crate::discovery::elf::DynamicSymbols;
-    use procfs::process::MemoryMaps;
-    use procfs::FromBufRead;
 
     /// One line of a maps file as `read_maps` turns it into a [`Mapping`].
     fn parse_line(line: &str) -> Option<Mapping> {
-        let maps = MemoryMaps::from_buf_read(line.as_bytes()).ok()?;
-        let [map] = <[MemoryMap; 1]>::try_from(maps.0).ok()?;
-        Some(Mapping::from(map))
+        let [map] = <[Mapping; 1]>::try_from(parse_maps(line.as_bytes()).ok()?).ok()?;
+        Some(map)
     }
 
     #[test]
@@ -250,6 +280,25 @@ mod tests {
         assert_eq!(gone.path.as_deref(), Some(Path::new("/tmp/libx.so")));
 
         assert_eq!(parse_line("not a maps line"), None);
+    }
+
+    #[test]
+    fn names_are_bytes_and_damaged_lines_are_errors() {
+        // Found by the proc_maps fuzz target: procfs's parser read the key of a System V shared
+        // memory name from bytes 5..13 of "/SYSV…" and panicked on a shorter name.
+        let shm = parse_line("7f00-7f10 rw-s 00000000 00:01 32768  /SYSV0000").unwrap();
+        assert_eq!(shm.path.as_deref(), Some(Path::new("/SYSV0000")));
+        let latin1 =
+            parse_maps(b"7f00-7f10 r-xp 00000000 fd:01 9 /opt/caf\xe9/libmpi.so\n").unwrap();
+        assert_eq!(
+            latin1[0].path.as_deref().map(|p| p.as_os_str().as_bytes()),
+            Some(&b"/opt/caf\xe9/libmpi.so"[..])
+        );
+        let error =
+            parse_maps(b"7f00-7f10 r-xp 00000000 fd:01 9 /lib.so\n7f00-x r-xp\n").unwrap_err();
+        assert!(error.starts_with("line 2 is not"), "{error}");
+        assert_eq!(parse_line("7f00-7f10 r-xp 0 fd:01 -1 /lib.so"), None);
+        assert!(parse_maps(b"").unwrap().is_empty());
     }
 
     #[test]

@@ -10,16 +10,22 @@ mod libraries;
 mod maps;
 mod probes;
 mod process;
+mod stat;
 #[cfg(test)]
 mod test_support;
 
 pub use elf::build_id;
 pub use error::DiscoveryError;
 pub use interposers::process_interposers;
+pub(crate) use libraries::is_mpi_library_name;
 pub use libraries::{
     all_process_libraries, discover_libraries, in_process_root, process_libraries, Binding,
     MpiFlavor, MpiLibrary,
 };
-pub use maps::{read_maps, AddressResolver, Mapping};
+pub use maps::{parse_maps, read_maps, AddressResolver, Mapping};
 pub use probes::{openmpi_datatype_size_offset, probe_points, ProbePoint, ProbePoints};
+pub(crate) use process::{
+    cgroups_match, is_launcher, job_cgroup_of, parse_cgroups, parse_stat, LaunchEnv,
+};
 pub use process::{hostname, identify, in_cgroup, IdentitySource, ProcessIdentity};
+pub(crate) use stat::StatFields;

@@ -2,10 +2,9 @@
 //! launched it (Open MPI's mpirun, MPICH's Hydra, Slurm's srun, a singleton).
 
 use std::collections::HashMap;
-use std::os::unix::ffi::OsStrExt;
 
-use procfs::process::{all_processes, Process, Stat};
-use procfs::ProcessCGroups;
+use procfs::process::{all_processes, Process};
+use procfs::{FromBufRead, ProcessCGroups};
 use serde::{Deserialize, Serialize};
 
 use crate::model::JobId;
@@ -13,6 +12,7 @@ use crate::model::JobId;
 use super::error::DiscoveryError;
 use super::libraries::is_mpi_library_name;
 use super::maps::read_maps;
+use super::stat::StatFields;
 
 /// Where the rank of a [`ProcessIdentity`] came from. The job id's prefix (`slurm:`, `pmix:` or a
 /// launcher name) says where the job came from.
@@ -64,16 +64,9 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
         launcher = Some(found.clone());
         Ok(found)
     };
-    let job = match (
-        &env.slurm_job_id,
-        &env.slurm_step_id,
-        &env.pmix_namespace,
-        &env.ompi_jobid,
-    ) {
-        (Some(job), Some(step), _, _) => format!("slurm:{job}.{step}"),
-        // Open MPI (ORTE) names its PMIx namespace after the job id, so both give the same id.
-        (_, _, Some(namespace), _) | (_, _, None, Some(namespace)) => format!("pmix:{namespace}"),
-        _ => {
+    let job = match env.job() {
+        Some(job) => job,
+        None => {
             let root = root()?;
             format!("{}:{}@{}", root.comm, root.pid, root.start_time)
         }
@@ -122,7 +115,7 @@ fn slurm_job_cgroup(pid: u32, job: &str) -> Option<String> {
     job_cgroup_of(&cgroups, job)
 }
 
-fn job_cgroup_of(cgroups: &ProcessCGroups, job: &str) -> Option<String> {
+pub(crate) fn job_cgroup_of(cgroups: &ProcessCGroups, job: &str) -> Option<String> {
     let component = format!("job_{job}");
     let mut cgroups: Vec<_> = cgroups.into_iter().collect();
     cgroups.sort_by_key(|cgroup| cgroup.hierarchy);
@@ -141,7 +134,7 @@ pub fn in_cgroup(pid: u32, scope: &str) -> bool {
         .is_ok_and(|cgroups| cgroups_match(&cgroups, scope))
 }
 
-fn cgroups_match(cgroups: &ProcessCGroups, scope: &str) -> bool {
+pub(crate) fn cgroups_match(cgroups: &ProcessCGroups, scope: &str) -> bool {
     let scope = scope.trim_end_matches('/');
     cgroups.into_iter().any(|cgroup| {
         let path = cgroup.pathname.as_str();
@@ -165,10 +158,10 @@ pub fn hostname() -> Result<String, DiscoveryError> {
 
 /// The launcher variables of a process's environment, and nothing else: the environment of a
 /// user's process may hold credentials, so each variable is matched against this allow-list and
-/// every other one is dropped unseen, together with procfs's copy of the environment. There is
-/// deliberately no field that could hold an arbitrary variable.
+/// every other one is dropped unseen, together with the bytes read from /proc/PID/environ. There
+/// is deliberately no field that could hold an arbitrary variable.
 #[derive(Debug, Default)]
-struct LaunchEnv {
+pub(crate) struct LaunchEnv {
     ompi_rank: Option<u32>,
     ompi_size: Option<u32>,
     ompi_jobid: Option<String>,
@@ -185,14 +178,26 @@ struct LaunchEnv {
 
 impl LaunchEnv {
     fn read(pid: u32) -> Result<Self, DiscoveryError> {
-        let environ = Process::new(pid as i32)
-            .and_then(|process| process.environ())
-            .map_err(|e| DiscoveryError::procfs(pid, format!("/proc/{pid}/environ"), e))?;
+        let path = format!("/proc/{pid}/environ");
+        let environ = std::fs::read(&path).map_err(|e| DiscoveryError::proc_read(pid, path, e))?;
+        Ok(LaunchEnv::parse(&environ))
+    }
+
+    /// The launcher variables of an environment as /proc/PID/environ holds it: `NAME=value`
+    /// entries, each ended by a NUL byte. An entry without `=` is no variable. Where a name comes
+    /// twice the first counts, as for getenv(3).
+    pub(crate) fn parse(environ: &[u8]) -> Self {
         let mut env = LaunchEnv::default();
-        for (name, value) in &environ {
-            env.keep(name.as_bytes(), value.as_bytes());
+        let mut seen = std::collections::HashSet::new();
+        for entry in environ.split(|&b| b == 0) {
+            if let Some(at) = entry.iter().position(|&b| b == b'=') {
+                let (name, value) = (&entry[..at], &entry[at + 1..]);
+                if seen.insert(name) {
+                    env.keep(name, value);
+                }
+            }
         }
-        Ok(env)
+        env
     }
 
     fn keep(&mut self, name: &[u8], value: &[u8]) {
@@ -221,16 +226,34 @@ impl LaunchEnv {
         }
     }
 
+    /// The job id the variables name: the Slurm step, else the PMIx namespace. `None` when they
+    /// name no job, which is then named by its launcher.
+    pub(crate) fn job(&self) -> Option<String> {
+        match (
+            &self.slurm_job_id,
+            &self.slurm_step_id,
+            &self.pmix_namespace,
+            &self.ompi_jobid,
+        ) {
+            (Some(job), Some(step), _, _) => Some(format!("slurm:{job}.{step}")),
+            // Open MPI (ORTE) names its PMIx namespace after the job id: both give the same id.
+            (_, _, Some(namespace), _) | (_, _, None, Some(namespace)) => {
+                Some(format!("pmix:{namespace}"))
+            }
+            _ => None,
+        }
+    }
+
     /// MPI launchers' variables come before Slurm's: an mpirun inside a batch script passes the
     /// script's `SLURM_PROCID=0` on to every rank it starts.
-    fn rank(&self) -> Option<(u32, IdentitySource)> {
+    pub(crate) fn rank(&self) -> Option<(u32, IdentitySource)> {
         None.or(self.ompi_rank.map(|r| (r, IdentitySource::OpenMpiEnv)))
             .or(self.pmix_rank.map(|r| (r, IdentitySource::PmixEnv)))
             .or(self.pmi_rank.map(|r| (r, IdentitySource::HydraEnv)))
             .or(self.slurm_procid.map(|r| (r, IdentitySource::SlurmEnv)))
     }
 
-    fn size(&self) -> Option<u32> {
+    pub(crate) fn size(&self) -> Option<u32> {
         self.ompi_size
             .or(self.pmi_size)
             .or(self.slurm_step_num_tasks)
@@ -253,7 +276,7 @@ const LAUNCHERS: [&str; 11] = [
     "slurmstepd",
 ];
 
-fn is_launcher(comm: &str) -> bool {
+pub(crate) fn is_launcher(comm: &str) -> bool {
     // Distributions install launchers under alternative names (mpirun.openmpi, mpirun.mpich),
     // and `comm` is the name that was executed.
     LAUNCHERS.iter().any(|l| {
@@ -263,30 +286,40 @@ fn is_launcher(comm: &str) -> bool {
 }
 
 #[derive(Clone, Debug)]
-struct ProcStat {
-    pid: u32,
-    comm: String,
-    ppid: u32,
+pub(crate) struct ProcStat {
+    pub(crate) pid: u32,
+    pub(crate) comm: String,
+    pub(crate) ppid: u32,
     /// Clock ticks after boot; with the pid it names a process uniquely across pid reuse.
-    start_time: u64,
-}
-
-impl From<Stat> for ProcStat {
-    fn from(stat: Stat) -> Self {
-        ProcStat {
-            pid: stat.pid as u32,
-            comm: stat.comm,
-            ppid: stat.ppid as u32,
-            start_time: stat.starttime,
-        }
-    }
+    pub(crate) start_time: u64,
 }
 
 fn read_stat(pid: u32) -> Result<ProcStat, DiscoveryError> {
-    Process::new(pid as i32)
-        .and_then(|process| process.stat())
-        .map(ProcStat::from)
-        .map_err(|e| DiscoveryError::procfs(pid, format!("/proc/{pid}/stat"), e))
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read(&path).map_err(|e| DiscoveryError::proc_read(pid, &path, e))?;
+    parse_stat(&text).map_err(|detail| DiscoveryError::ProcFormat {
+        path: path.into(),
+        detail,
+    })
+}
+
+/// Parses the text of a /proc/PID/stat file as [`read_stat`] does.
+pub(crate) fn parse_stat(text: &[u8]) -> Result<ProcStat, String> {
+    let stat = StatFields::parse(text)?;
+    Ok(ProcStat {
+        pid: stat.pid,
+        ppid: u32::try_from(stat.number(4)?).map_err(|_| "field 4 (ppid) is out of range")?,
+        start_time: stat.number(22)?,
+        comm: stat.comm,
+    })
+}
+
+/// Parses the text of a /proc/PID/cgroup file as the cgroup checks read it.
+pub(crate) fn parse_cgroups(text: &[u8]) -> Result<ProcessCGroups, DiscoveryError> {
+    ProcessCGroups::from_buf_read(text).map_err(|e| DiscoveryError::ProcFormat {
+        path: "/proc/PID/cgroup".into(),
+        detail: e.to_string(),
+    })
 }
 
 /// The outermost known launcher above a process: on the launching node that is mpirun or
@@ -328,8 +361,10 @@ fn job_members(root: &ProcStat) -> Result<Vec<ProcStat>, DiscoveryError> {
         let mut children: HashMap<u32, Vec<ProcStat>> = HashMap::new();
         let processes =
             all_processes().map_err(|e| DiscoveryError::procfs(root.pid, "/proc", e))?;
-        for stat in processes.flatten().filter_map(|p| p.stat().ok()) {
-            let stat = ProcStat::from(stat);
+        for stat in processes
+            .flatten()
+            .filter_map(|p| read_stat(p.pid as u32).ok())
+        {
             children.entry(stat.ppid).or_default().push(stat);
         }
         let mut pending = vec![root.pid];
@@ -351,16 +386,12 @@ fn job_members(root: &ProcStat) -> Result<Vec<ProcStat>, DiscoveryError> {
 mod tests {
     use super::*;
     use crate::discovery::test_support::Spawned;
-    use procfs::FromBufRead;
     use std::collections::BTreeSet;
     use std::process::Command;
 
     /// Whether the cgroups listed in `text` (a /proc/PID/cgroup file) include `scope`.
     fn cgroup_lines_match(text: &str, scope: &str) -> bool {
-        cgroups_match(
-            &ProcessCGroups::from_buf_read(text.as_bytes()).unwrap(),
-            scope,
-        )
+        cgroups_match(&parse_cgroups(text.as_bytes()).unwrap(), scope)
     }
 
     /// The processes named `comm` below `root`.
@@ -368,7 +399,7 @@ mod tests {
         let mut all: Vec<ProcStat> = all_processes()
             .unwrap()
             .flatten()
-            .filter_map(|p| Some(ProcStat::from(p.stat().ok()?)))
+            .filter_map(|p| read_stat(p.pid as u32).ok())
             .collect();
         let mut tree = BTreeSet::from([root]);
         loop {
@@ -586,6 +617,39 @@ mod tests {
     }
 
     #[test]
+    fn environ_entries_are_split_at_their_first_equals_sign_and_the_first_name_counts() {
+        let env = LaunchEnv::parse(
+            b"PMIX_RANK=3\0NOT A VARIABLE\0PMIX_NAMESPACE=ns=1\0PMIX_RANK=9\0PMI_SIZE=x\0=\0",
+        );
+        assert_eq!(env.rank(), Some((3, IdentitySource::PmixEnv)));
+        assert_eq!(env.job().as_deref(), Some("pmix:ns=1"));
+        assert_eq!(env.size(), None, "a size that is no number is no size");
+        let slurm = LaunchEnv::parse(b"SLURM_JOB_ID=42\0SLURM_STEPID=0\0SLURM_PROCID=1");
+        assert_eq!(slurm.job().as_deref(), Some("slurm:42.0"));
+        assert_eq!(slurm.rank(), Some((1, IdentitySource::SlurmEnv)));
+        assert!(LaunchEnv::parse(b"").job().is_none());
+    }
+
+    #[test]
+    fn stat_and_cgroup_files_that_are_not_procfs_are_errors() {
+        let stat = parse_stat(
+            b"7 (mpirun.openmpi) S 1 7 7 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 \
+            4242 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+        )
+        .unwrap();
+        assert_eq!((stat.pid, stat.ppid, stat.start_time), (7, 1, 4242));
+        assert!(is_launcher(&stat.comm));
+        assert_eq!(
+            parse_stat(b"7 (x) S").unwrap_err(),
+            "field 4 is not a number"
+        );
+        assert!(matches!(
+            parse_cgroups(b"no colon here\n"),
+            Err(DiscoveryError::ProcFormat { .. })
+        ));
+    }
+
+    #[test]
     fn launcher_names_include_distribution_alternatives() {
         for comm in [
             "mpirun",
@@ -632,12 +696,8 @@ mod tests {
 
     #[test]
     fn slurm_job_cgroup_is_the_job_directory_above_the_step() {
-        let of = |text: &str, job: &str| {
-            job_cgroup_of(
-                &ProcessCGroups::from_buf_read(text.as_bytes()).unwrap(),
-                job,
-            )
-        };
+        let of =
+            |text: &str, job: &str| job_cgroup_of(&parse_cgroups(text.as_bytes()).unwrap(), job);
         let v1 = "6:freezer:/slurm_vm/uid_0/job_12/step_0\n4:memory:/other\n0::/\n";
         assert_eq!(of(v1, "12").as_deref(), Some("/slurm_vm/uid_0/job_12"));
         assert_eq!(of(v1, "1"), None);

@@ -273,12 +273,17 @@ impl Recording {
             path: path.into(),
             source,
         })?;
+        Recording::from_reader(BufReader::new(file), path)
+    }
+
+    /// Reads a recording from `reader`; `path` names it in errors.
+    pub fn from_reader(reader: impl BufRead, path: &Path) -> Result<Recording, RecordingError> {
         let mut header = None;
         let mut jobs: BTreeMap<JobId, Job> = BTreeMap::new();
         let mut event_counts: BTreeMap<JobId, Vec<Option<[u64; 2]>>> = BTreeMap::new();
         let mut readings: BTreeMap<JobId, Vec<(u64, RankRecord)>> = BTreeMap::new();
         let mut end = None;
-        for (index, line) in BufReader::new(file).lines().enumerate() {
+        for (index, line) in reader.lines().enumerate() {
             let line = line.map_err(|source| RecordingError::Read {
                 path: path.into(),
                 source,
