@@ -46,6 +46,7 @@ static LIBRARY_OPEN_SCRATCH: PerCpuArray<LibraryOpen> = PerCpuArray::with_max_en
 #[map]
 static LIBRARY_OPENS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+const SIGCONT: u32 = 18;
 const SIGSTOP: u32 = 19;
 const O_ACCMODE: u64 = 3;
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -125,16 +126,22 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
     record.fd = ret as u32;
     record.path_hash = hash;
     record.opened_ns = unsafe { bpf_ktime_get_ns() };
+    // The stop is pending before the daemon can read the report: its SIGCONT, however soon it
+    // comes, then either resumes the stopped process or discards the pending stop. The other
+    // order would let a quick SIGCONT come first and the stop after it, for good.
+    if unsafe { bpf_send_signal(SIGSTOP) } != 0 {
+        return None;
+    }
     if LIBRARY_OPENS
         .output::<LibraryOpen>(record, BPF_RB_FORCE_WAKEUP as u64)
         .is_err()
     {
+        // Nobody will resume it: SIGCONT discards the pending stop (or ends it).
+        unsafe { bpf_send_signal(SIGCONT) };
         if let Some(lost) = LIBRARY_OPENS_LOST.get_ptr_mut(0) {
             unsafe { *lost += 1 };
         }
         return None;
     }
-    // Only once the daemon is told: it is what resumes the process.
-    unsafe { bpf_send_signal(SIGSTOP) };
     Some(())
 }

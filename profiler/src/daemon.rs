@@ -260,7 +260,7 @@ impl Daemon {
     /// recording if one is asked for, loads the BPF programs and attaches every MPI library
     /// already known.
     pub fn start(config: Config, recording: Option<PathBuf>) -> Result<Self, DaemonError> {
-        privileges::check()?;
+        privileges::check(config.mpi.hold_new_libraries)?;
         let publisher = watch::Sender::new(Arc::new(Published::default()));
         let listen = config.daemon.listen;
         let (addr, server) =
@@ -1033,6 +1033,8 @@ impl Daemon {
             }
         }
         tracing::info!("shutting down: final drain");
+        // No process may wait on the final drain, the recording or the last clustering.
+        self.capture.release_held_processes();
         self.update_totals(true)?;
         if let Some(w) = self.recording.take() {
             let end = RecordingEnd {

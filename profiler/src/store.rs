@@ -266,10 +266,15 @@ impl JobStore {
             }
         }
         if let Some(job) = self.jobs.get_mut(id) {
-            // Grown by doubling up to the budget, never past it: a job that holds the whole
-            // budget has no room reserved that it may never fill.
+            // Grown by doubling, never past what the node-wide budget leaves this job besides
+            // the other jobs' bursts: no room is reserved that could never be filled.
             if job.bursts.len() == job.bursts.capacity() {
-                let room = max_bursts.max(1).saturating_sub(job.bursts.len()).max(1);
+                let others = held.saturating_sub(job.bursts.len());
+                let room = max_bursts
+                    .max(1)
+                    .saturating_sub(others)
+                    .saturating_sub(job.bursts.len())
+                    .max(1);
                 job.bursts
                     .reserve_exact(job.bursts.len().max(1024).min(room));
             }

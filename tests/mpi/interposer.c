@@ -5,7 +5,7 @@
  * library.  It counts the calls it forwards in `interposed_calls`, so that the
  * forwarding is real code and not folded into a tail jump.
  *
- * Built by build.sh as libinterposer.<mpi>.so.  With it preloaded, the
+ * Built by build.sh as interposer.<mpi>.  With it preloaded, the
  * profiler must still count each call once, and find its call site in the
  * application, not in this library.
  */

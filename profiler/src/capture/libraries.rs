@@ -66,6 +66,12 @@ pub(super) fn openat_ret_offset() -> Result<u64, CaptureError> {
 impl Capture {
     /// Attaches the program that holds processes opening new MPI libraries.
     pub fn watch_library_opens(&mut self) -> Result<(), CaptureError> {
+        if let Some(unavailable) = self.library_watch_unavailable.take() {
+            return Err(unavailable);
+        }
+        // The ring first: once attached, the program stops processes that only a drained ring
+        // resumes.
+        let ring = take_ring(&mut self.ebpf, "LIBRARY_OPENS")?;
         let program: &mut TracePoint = program_mut(&mut self.ebpf, PROGRAM)?;
         let failed = |source| CaptureError::Program {
             program: PROGRAM,
@@ -73,7 +79,7 @@ impl Capture {
         };
         program.load().map_err(failed)?;
         program.attach(CATEGORY, EVENT).map_err(failed)?;
-        self.library_opens = Some(take_ring(&mut self.ebpf, "LIBRARY_OPENS")?);
+        self.library_opens = Some(ring);
         Ok(())
     }
 
@@ -143,17 +149,22 @@ impl Capture {
     }
 
     /// Detaches the program and resumes every process it reported and the daemon has not
-    /// handled: at shutdown, and on any error that ends the daemon.
-    fn release_held_processes(&mut self) {
+    /// handled: first thing at shutdown, and on any error that ends the daemon.
+    pub fn release_held_processes(&mut self) {
         if self.library_opens.is_none() {
             return;
         }
         self.stop_watching_library_opens();
+        // A run of the program that began before the detach may still be stopping a process and
+        // reporting it: give it time to finish before the last drain.
+        std::thread::sleep(std::time::Duration::from_millis(20));
         // Dropped at once: each resumes its process.
         let released = self.drain_library_opens().len();
         if released > 0 {
             tracing::info!("resumed {released} held processes at shutdown");
         }
+        // Nothing is reported any more: later drains find no ring, and a second call does nothing.
+        self.library_opens = None;
     }
 
     /// Opens of new libraries the program could not report (its ring was full): those processes

@@ -209,6 +209,8 @@ pub struct Capture {
     execs: RingBuf<MapData>,
     /// Opens of new MPI libraries, while the daemon holds the processes that open them.
     library_opens: Option<RingBuf<MapData>>,
+    /// Why library opens cannot be watched on this kernel, if they cannot.
+    library_watch_unavailable: Option<CaptureError>,
     /// Library files already attached, by (device, inode): a file is attached once however many
     /// paths or processes lead to it.
     attached: HashSet<(u64, u64)>,
@@ -245,6 +247,9 @@ impl Capture {
         } else {
             (0, 0)
         };
+        // Without this tracepoint no process is held at its open of a library; the daemon says so
+        // when it starts watching, and runs on.
+        let openat_ret_offset = libraries::openat_ret_offset();
         let cpus = online_cpus()?;
         let setup = counters::open(config.counters, &cpus)?;
         let ring_bytes = (config.ring_buffer_mib.next_power_of_two()) << 20;
@@ -260,7 +265,11 @@ impl Capture {
             .override_global("IO_FD_OFFSET", &io_fd_offset, true)
             .override_global("IO_RET_OFFSET", &io_ret_offset, true)
             .override_global("DAEMON_PID", &std::process::id(), true)
-            .override_global("OPENAT_RET_OFFSET", &libraries::openat_ret_offset()?, true)
+            .override_global(
+                "OPENAT_RET_OFFSET",
+                openat_ret_offset.as_ref().unwrap_or(&0),
+                true,
+            )
             .map_max_entries("BURSTS", ring_bytes)
             .map_max_entries("COUNTER_INSTRUCTIONS", max_cpu)
             .map_max_entries("COUNTER_CYCLES", max_cpu)
@@ -334,6 +343,7 @@ impl Capture {
             bursts,
             execs,
             library_opens: None,
+            library_watch_unavailable: openat_ret_offset.err(),
             attached: HashSet::new(),
             probes: 0,
             uprobe_programs,

@@ -107,6 +107,12 @@ impl Daemon {
         let pid = event.held.pid;
         // The file the process opened, in whatever mount namespace it runs.
         let access = PathBuf::from(format!("/proc/{pid}/fd/{}", event.fd));
+        // Anyone can open a FIFO or a device named libmpi*: opening one to read it would block
+        // the daemon, and with it every held process.
+        if !std::fs::metadata(&access).is_ok_and(|m| m.is_file()) {
+            tracing::debug!("pid {pid} opened {}, not a regular file", event.path);
+            return;
+        }
         let file = match std::fs::metadata(&access) {
             Ok(meta) => (meta.dev(), meta.ino()),
             Err(e) => {

@@ -41,13 +41,15 @@ pub const REQUIRED: [Capability; 5] = [
                   launcher names the job and the rank",
     },
     Capability {
-        bit: 5,
+        bit: CAP_KILL,
         name: "CAP_KILL",
         purpose: "resume (SIGCONT) another user's process that was held at its open of an MPI \
                   library at a new path while the library's probes were attached \
                   (`mpi.hold_new_libraries`)",
     },
 ];
+
+const CAP_KILL: u32 = 5;
 
 /// The daemon lacks capabilities it needs; the message names each and what it is for.
 #[derive(Debug, thiserror::Error)]
@@ -72,12 +74,12 @@ fn list(missing: &[Capability]) -> String {
 }
 
 /// Passes when this process's effective set holds every capability in [`REQUIRED`].
-pub fn check() -> Result<(), PrivilegeError> {
+pub fn check(holds_processes: bool) -> Result<(), PrivilegeError> {
     let status = std::fs::read_to_string("/proc/self/status")
         .map_err(|e| PrivilegeError::Unreadable(e.to_string()))?;
     let effective = effective_set(&status)
         .ok_or_else(|| PrivilegeError::Unreadable("no CapEff line".into()))?;
-    let missing = missing(effective);
+    let missing = missing(effective, holds_processes);
     if missing.is_empty() {
         Ok(())
     } else {
@@ -94,9 +96,12 @@ fn effective_set(status: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
-fn missing(effective: u64) -> Vec<Capability> {
+/// The required capabilities not in `effective`. CAP_KILL only resumes held processes: without
+/// `mpi.hold_new_libraries` it is not needed.
+fn missing(effective: u64, holds_processes: bool) -> Vec<Capability> {
     REQUIRED
         .into_iter()
+        .filter(|c| holds_processes || c.bit != CAP_KILL)
         .filter(|c| effective & (1 << c.bit) == 0)
         .collect()
 }
@@ -116,12 +121,20 @@ mod tests {
     #[test]
     fn the_unit_set_passes_and_each_missing_capability_is_named() {
         // The set the unit grants (bits 2, 5, 19, 38, 39), and root's full set.
-        assert!(missing(0xc0_0008_0024).is_empty());
-        assert!(missing(0x1ff_ffff_ffff).is_empty());
-        let names = |set| missing(set).iter().map(|c| c.name).collect::<Vec<_>>();
-        assert_eq!(names(0xc0_0000_0024), ["CAP_SYS_PTRACE"]);
-        assert_eq!(names(0), REQUIRED.map(|c| c.name));
-        let text = PrivilegeError::Missing(missing(0x80_0008_0024)).to_string();
+        assert!(missing(0xc0_0008_0024, true).is_empty());
+        assert!(missing(0x1ff_ffff_ffff, true).is_empty());
+        let names = |set, holds| {
+            missing(set, holds)
+                .iter()
+                .map(|c| c.name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(0xc0_0000_0024, true), ["CAP_SYS_PTRACE"]);
+        assert_eq!(names(0, true), REQUIRED.map(|c| c.name));
+        // Without holding, CAP_KILL is not asked for.
+        assert_eq!(names(0xc0_0008_0004, true), ["CAP_KILL"]);
+        assert!(names(0xc0_0008_0004, false).is_empty());
+        let text = PrivilegeError::Missing(missing(0x80_0008_0024, true)).to_string();
         assert!(
             text.contains("CAP_PERFMON: needed to load tracing programs"),
             "{text}"

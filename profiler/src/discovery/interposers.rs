@@ -52,7 +52,8 @@ pub fn process_interposers(
         }
         match is_interposer(&access, functions) {
             Ok(true) => interposers.push(MpiLibrary {
-                build_id: build_id(&access)?,
+                // An unreadable build-id must not end the scan of the other mapped files.
+                build_id: build_id(&access).ok().flatten(),
                 path: access,
                 dev: meta.dev(),
                 inode: meta.ino(),

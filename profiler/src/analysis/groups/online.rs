@@ -149,19 +149,18 @@ impl RankGroupTracker {
         }
     }
 
-    /// The job ended at `at_ns` with these final counts: the partial window closes, and unless a
-    /// change is waiting for confirmation the groups take the exact final counts.
+    /// The job ended at `at_ns` with these final counts: the partial window closes, and the
+    /// groups take the exact final counts. A last window that differs from the ones before it
+    /// (the job's closing calls) is no behaviour change: nothing can confirm it.
     pub fn finish(&mut self, at_ns: u64, ranks: &BTreeMap<u32, Counts>) {
         if self.finished {
             return;
         }
         match self.open {
             Some(open) => self.close(open, at_ns, ranks),
-            None => {
-                self.view.since_ns = at_ns;
-                self.refresh(ranks);
-            }
+            None => self.view.since_ns = at_ns,
         }
+        self.refresh(ranks);
         self.finished = true;
     }
 

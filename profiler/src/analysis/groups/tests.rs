@@ -339,3 +339,28 @@ fn a_job_shorter_than_a_window_is_grouped_at_its_end() {
     );
     assert_eq!(tracker.view().windows_closed, 1);
 }
+
+/// The job's closing calls fall in its last, partial window: no change (nothing confirms it),
+/// and the groups end with the exact final counts.
+#[test]
+fn the_closing_calls_of_a_job_are_no_change_and_the_groups_end_exact() {
+    let mut tracker = run_windows(&vec![vec![producer(), consumer()]; 4]);
+    let closing = |mut counts: Counts| {
+        for u in counts.values_mut() {
+            u.calls *= 4;
+            u.bytes *= 4;
+        }
+        counts.insert("MPI_Barrier".into(), FunctionUse { calls: 1, bytes: 0 });
+        counts
+    };
+    let last: BTreeMap<u32, Counts> = [(0, closing(producer())), (1, closing(consumer()))].into();
+    tracker.finish(105 * 1_000_000_000 + 500, &last);
+    let view = tracker.view();
+    assert!(view.changes.is_empty(), "{:?}", view.changes);
+    assert_eq!(memberships(&view.groups), vec![(0, vec![0]), (1, vec![1])]);
+    let sends = &view.groups[0].signature.functions["MPI_Send"];
+    assert_eq!(
+        (sends.calls, view.groups[0].signature.call_path.len()),
+        (200, 3)
+    );
+}
