@@ -107,14 +107,14 @@ impl Daemon {
         let pid = event.held.pid;
         // The file the process opened, in whatever mount namespace it runs.
         let access = PathBuf::from(format!("/proc/{pid}/fd/{}", event.fd));
-        // Anyone can open a FIFO or a device named libmpi*: opening one to read it would block
-        // the daemon, and with it every held process.
-        if !std::fs::metadata(&access).is_ok_and(|m| m.is_file()) {
-            tracing::debug!("pid {pid} opened {}, not a regular file", event.path);
-            return;
-        }
         let file = match std::fs::metadata(&access) {
-            Ok(meta) => (meta.dev(), meta.ino()),
+            Ok(meta) if meta.is_file() => (meta.dev(), meta.ino()),
+            // Anyone can open a FIFO or a device named libmpi*: opening one to read it would
+            // block the daemon, and with it every held process.
+            Ok(_) => {
+                tracing::debug!("pid {pid} opened {}, not a regular file", event.path);
+                return;
+            }
             Err(e) => {
                 tracing::debug!("pid {pid}: {} unreadable: {e}", access.display());
                 return;
@@ -123,7 +123,11 @@ impl Daemon {
         let flavor = match self.run_time_libraries.opened.get(&file) {
             Some(known) => *known,
             None => {
-                let flavor = self.attach_new_file(pid, &access, &event.path);
+                // The file itself rather than the name opened (often a symlink), as the process
+                // sees it: what an operator looks for in the log.
+                let name =
+                    std::fs::read_link(&access).unwrap_or_else(|_| event.path.clone().into());
+                let flavor = self.attach_new_file(pid, &access, &name);
                 let opened = &mut self.run_time_libraries.opened;
                 if opened.len() >= FILES_REMEMBERED {
                     opened.clear();
@@ -142,11 +146,14 @@ impl Daemon {
 
     /// Classifies a file a held process opened and attaches it unless it is attached already;
     /// its MPI flavour, or `None` when it is no MPI library.
-    fn attach_new_file(&mut self, pid: u32, access: &Path, opened: &str) -> Option<MpiFlavor> {
-        let lib = match MpiLibrary::open_as(access, Path::new(opened)) {
+    fn attach_new_file(&mut self, pid: u32, access: &Path, opened: &Path) -> Option<MpiFlavor> {
+        let lib = match MpiLibrary::open_as(access, opened) {
             Ok(lib) => lib,
             Err(e) => {
-                tracing::debug!("pid {pid} opened {opened}, not an MPI library: {e}");
+                tracing::debug!(
+                    "pid {pid} opened {}, not an MPI library: {e}",
+                    opened.display()
+                );
                 return None;
             }
         };
@@ -155,8 +162,9 @@ impl Daemon {
         if self.libraries > before {
             self.run_time_libraries.stats.attached += 1;
             tracing::info!(
-                "pid {pid} opened MPI library {opened} ({:?} {:?}), attached before the process \
+                "pid {pid} opened MPI library {} ({:?} {:?}), attached before the process \
                  went on",
+                opened.display(),
                 lib.flavor,
                 lib.binding
             );
