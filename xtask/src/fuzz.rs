@@ -52,9 +52,9 @@ pub fn fuzz(args: &[String]) -> Result<()> {
     }
     let chosen = if chosen.is_empty() { all } else { chosen };
     let toolchain = prepare()?;
-    build(&toolchain)?;
+    build(&toolchain, Build::Search)?;
     for target in &chosen {
-        let run = run(&toolchain, target, seconds)?;
+        let run = run(&toolchain, target, seconds, Build::Search)?;
         eprintln!("xtask: fuzz target {target}: {}", run.summary());
         if let Some(crash) = run.crash {
             bail!("fuzz target {target} crashed; {crash}");
@@ -74,7 +74,7 @@ pub fn test(test_run: &mut TestRun) {
             // that does not compile is a failure.
             let ready = prepare()
                 .map_err(|e| format!("ignored, cargo-fuzz cannot run here: {e:#}"))
-                .and_then(|toolchain| match build(&toolchain) {
+                .and_then(|toolchain| match build(&toolchain, Build::Check) {
                     Ok(()) => Ok(toolchain),
                     Err(e) => Err(format!("FAILED\nxtask: {e:#}")),
                 });
@@ -82,7 +82,7 @@ pub fn test(test_run: &mut TestRun) {
                 .iter()
                 .map(|target| match &ready {
                     Err(e) => Err(e.clone()),
-                    Ok(toolchain) => match run(toolchain, target, TEST_SECONDS) {
+                    Ok(toolchain) => match run(toolchain, target, TEST_SECONDS, Build::Check) {
                         Ok(run) => {
                             eprintln!("xtask: fuzz target {target}: {}", run.summary());
                             match run.crash {
@@ -194,11 +194,25 @@ fn prepare() -> Result<String> {
     nightly()
 }
 
+/// How the targets are compiled.
+#[derive(Clone, Copy)]
+enum Build {
+    /// Optimised: for runs long enough to search (`cargo xtask fuzz`).
+    Search,
+    /// Unoptimised (`--dev`), built in a fraction of the time: for the short run of
+    /// `cargo xtask test`, which checks that the targets build and that the seeds and the inputs
+    /// derived from them in a few seconds crash nothing.
+    Check,
+}
+
 /// `cargo fuzz SUBCOMMAND` with the nightly. The BPF object is not built: no target loads it.
-fn cargo_fuzz(toolchain: &str, subcommand: &str) -> Command {
+fn cargo_fuzz(toolchain: &str, subcommand: &str, build: Build) -> Command {
     let mut cmd = Command::new("rustup");
-    cmd.args(["run", toolchain, "cargo", "fuzz", subcommand])
-        .current_dir(root())
+    cmd.args(["run", toolchain, "cargo", "fuzz", subcommand]);
+    if let Build::Check = build {
+        cmd.arg("--dev");
+    }
+    cmd.current_dir(root())
         // The stable cargo that runs xtask announces itself; the nightly's must be used.
         .env_remove("CARGO")
         .env_remove("RUSTUP_TOOLCHAIN")
@@ -206,9 +220,10 @@ fn cargo_fuzz(toolchain: &str, subcommand: &str) -> Command {
     cmd
 }
 
-fn build(toolchain: &str) -> Result<()> {
+fn build(toolchain: &str, build: Build) -> Result<()> {
     let started = Instant::now();
-    status(&mut cargo_fuzz(toolchain, "build")).context("building the fuzz targets failed")?;
+    status(&mut cargo_fuzz(toolchain, "build", build))
+        .context("building the fuzz targets failed")?;
     eprintln!(
         "xtask: fuzz targets built in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -246,10 +261,10 @@ impl FuzzRun {
 
 /// Runs `target` for `seconds` on its corpus (fuzz/corpus/TARGET, which keeps the inputs found,
 /// and the checked-in seeds in fuzz/seeds/TARGET), echoing libFuzzer's output.
-fn run(toolchain: &str, target: &str, seconds: u32) -> Result<FuzzRun> {
+fn run(toolchain: &str, target: &str, seconds: u32, build: Build) -> Result<FuzzRun> {
     let corpus = fuzz_dir().join("corpus").join(target);
     std::fs::create_dir_all(&corpus)?;
-    let mut cmd = cargo_fuzz(toolchain, "run");
+    let mut cmd = cargo_fuzz(toolchain, "run", build);
     cmd.arg(target)
         .arg(&corpus)
         .arg(fuzz_dir().join("seeds").join(target))
