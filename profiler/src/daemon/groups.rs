@@ -31,9 +31,7 @@ impl GroupTrackers {
         let mut closed = Vec::new();
         for (id, job) in &store.jobs {
             let tracker = self.trackers.entry(id.clone()).or_insert_with(|| {
-                let mut t = RankGroupTracker::new(params.clone(), window_s);
-                t.observe(job.meta.first_seen_ns, &BTreeMap::new());
-                t
+                RankGroupTracker::for_job(params.clone(), window_s, job.meta.first_seen_ns)
             });
             let counts = job_counts(job);
             match job.meta.ended_ns {

@@ -42,8 +42,7 @@ pub fn replay(
     window_s: f64,
     end_ns: u64,
 ) -> RankGroupsView {
-    let mut tracker = RankGroupTracker::new(params.clone(), window_s);
-    tracker.observe(job.meta.first_seen_ns, &BTreeMap::new());
+    let mut tracker = RankGroupTracker::for_job(params.clone(), window_s, job.meta.first_seen_ns);
     let mut at: BTreeMap<u64, BTreeMap<u32, Counts>> = BTreeMap::new();
     for (t, record) in readings {
         at.entry(*t)

@@ -120,6 +120,14 @@ impl RankGroupTracker {
         &self.view
     }
 
+    /// The tracker of a job first seen at `first_seen_ns` (Unix), its first window opened there:
+    /// the daemon's and a recording's replay start alike, so that both give the same groups.
+    pub fn for_job(params: GroupParams, window_s: f64, first_seen_ns: u64) -> Self {
+        let mut tracker = RankGroupTracker::new(params, window_s);
+        tracker.observe(first_seen_ns, &BTreeMap::new());
+        tracker
+    }
+
     /// A reading of the ranks' cumulative counts at `at_ns` (Unix). Returns whether it closed a
     /// window: only such readings change anything, so a recording needs only those.
     pub fn observe(&mut self, at_ns: u64, ranks: &BTreeMap<u32, Counts>) -> bool {
