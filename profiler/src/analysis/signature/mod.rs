@@ -13,8 +13,12 @@
 //! analysed burst: the MPI call that ends it, and the bursts too short to analyse between there
 //! and the next one. The repetitions of a rank then tile its region of interest (MPI_Init's
 //! return to MPI_Finalize's entry), and Σ PET_i × W_i is the mean rank's time in the phases. The
-//! time that no phase covers (before the first analysed burst, and the noise bursts with their
-//! calls) is kept apart as `other_ns`, so that the signature's parts add up to the run time.
+//! time that no phase covers (before the first analysed burst, and the noise bursts of code
+//! regions no phase has, with their calls) is kept apart as `other_ns`, so that the signature's
+//! parts add up to the run time. A noise burst of a phase's own code region is a perturbed
+//! repetition of that phase (preempted, or slowed by a page fault storm): PAS2P's phases are
+//! code, so it counts in the phase's weight and time, and weights stay the exact iteration
+//! counts whatever the clustering leaves out.
 //! The run time is the region of interest of the slowest rank, the one the POP efficiencies use.
 //!
 //! Threads: a rank's repetitions come from its thread with the most analysed bursts (the one that
@@ -112,18 +116,26 @@ pub fn signature(
         .max()
         .ok_or(SignatureError::NoRegion)?;
     let phase_of = phase_keys(analysis);
+    let phase_of_region: HashMap<(&CallSite, &CallSite), &PhaseKey> = phase_of
+        .values()
+        .map(|key| ((&key.start, &key.end), key))
+        .collect();
 
-    // The analysed bursts of each rank's main thread, by start.
-    let mut threads: HashMap<(u32, u32, u32), Vec<(u64, ClusterId)>> = HashMap::new();
+    // The analysed bursts of each rank's main thread, by start, each with its phase if any.
+    type Repetition<'a> = (u64, ClusterId, Option<&'a PhaseKey>);
+    let mut threads: HashMap<(u32, u32, u32), Vec<Repetition>> = HashMap::new();
     for (burst, label) in bursts.iter().zip(&analysis.labels) {
         if let (Some(label), true) = (label, regions.contains_key(&burst.rank)) {
+            let key = phase_of
+                .get(label)
+                .or_else(|| phase_of_region.get(&burst.region()).copied());
             threads
                 .entry((burst.rank, burst.pid, burst.tid))
                 .or_default()
-                .push((burst.start_ns, *label));
+                .push((burst.start_ns, *label, key));
         }
     }
-    let mut main: BTreeMap<u32, Vec<(u64, ClusterId)>> = BTreeMap::new();
+    let mut main: BTreeMap<u32, Vec<Repetition>> = BTreeMap::new();
     for ((rank, _, _), seq) in threads {
         let slot = main.entry(rank).or_default();
         if seq.len() > slot.len() {
@@ -135,16 +147,16 @@ pub fn signature(
     // end of the rank's region; only what lies inside the region counts.
     let mut repetitions: BTreeMap<&PhaseKey, (Vec<ClusterId>, u64, u64)> = BTreeMap::new();
     for (rank, mut seq) in main {
-        seq.sort_unstable();
+        seq.sort_unstable_by_key(|&(at, label, _)| (at, label));
         let (start, end) = regions[&rank];
-        for (i, &(at, label)) in seq.iter().enumerate() {
-            let Some(key) = phase_of.get(&label) else {
-                continue; // noise: other time
+        for (i, &(at, label, key)) in seq.iter().enumerate() {
+            let Some(key) = key else {
+                continue; // noise of code no phase has: other time
             };
-            let next = seq.get(i + 1).map_or(end, |&(t, _)| t).min(end);
+            let next = seq.get(i + 1).map_or(end, |&(t, _, _)| t).min(end);
             let from = at.max(start);
             let entry = repetitions.entry(key).or_default();
-            if !entry.0.contains(&label) {
+            if label != NOISE && !entry.0.contains(&label) {
                 entry.0.push(label);
             }
             entry.1 += 1;

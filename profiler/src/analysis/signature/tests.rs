@@ -51,22 +51,34 @@ fn the_phases_of_a_clean_loop_cover_its_run_and_weigh_its_iterations() {
     assert!((s.paet_ns() + s.other_ns - s.runtime_ns as f64).abs() < 1e-3);
 }
 
-#[test]
-fn noise_is_time_no_phase_covers() {
-    let bursts = job(40, 0.0).bursts();
+/// The signature of a clean job, and of the same job with every 10th analysed burst of rank 0
+/// made noise and, when `elsewhere`, moved to code no phase has.
+fn clean_and_noisy(elsewhere: bool) -> (AppSignature, AppSignature) {
+    let mut bursts = job(40, 0.0).bursts();
     let mut analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
     let clean = signature(&bursts, &analysis, &regions(&bursts)).unwrap();
-    // Every 10th analysed burst of rank 0 made noise.
     let mut seen = 0;
-    for (burst, label) in bursts.iter().zip(analysis.labels.iter_mut()) {
+    for (burst, label) in bursts.iter_mut().zip(analysis.labels.iter_mut()) {
         if burst.rank == 0 && label.is_some() {
             if seen % 10 == 0 {
                 *label = Some(NOISE);
+                if elsewhere {
+                    burst.end_site = CallSite {
+                        module: "elsewhere".into(),
+                        offset: 1,
+                    };
+                }
             }
             seen += 1;
         }
     }
-    let s = signature(&bursts, &analysis, &regions(&bursts)).unwrap();
+    let noisy = signature(&bursts, &analysis, &regions(&bursts)).unwrap();
+    (clean, noisy)
+}
+
+#[test]
+fn noise_of_code_no_phase_has_is_time_no_phase_covers() {
+    let (clean, s) = clean_and_noisy(true);
     assert_eq!(
         s.phases.iter().map(|p| p.weight).sum::<f64>(),
         80.0 - 8.0 / 4.0
@@ -78,6 +90,19 @@ fn noise_is_time_no_phase_covers() {
         clean.other_ns
     );
     assert!((s.paet_ns() + s.other_ns - s.runtime_ns as f64).abs() < 1e-3);
+}
+
+#[test]
+fn a_noise_burst_of_a_phases_code_is_a_perturbed_repetition_of_that_phase() {
+    let (clean, s) = clean_and_noisy(false);
+    let weights = |s: &AppSignature| -> Vec<(PhaseKey, Vec<ClusterId>, f64)> {
+        s.phases
+            .iter()
+            .map(|p| (p.key.clone(), p.clusters.clone(), p.weight))
+            .collect()
+    };
+    assert_eq!(weights(&s), weights(&clean));
+    assert!((s.other_ns - clean.other_ns).abs() < 1e-3);
 }
 
 #[test]
