@@ -567,6 +567,22 @@ fn call_sites_identify_source_lines_across_ranks() {
         durations[&1].keys().eq(&sites),
         "the same two call sites in both ranks: {durations:?}"
     );
+    // The kernel counts every call per call site, whatever the burst filter: per rank, the
+    // same two barrier sites, one call per iteration each.
+    for (rank, record) in &job.ranks {
+        let barriers: BTreeMap<&CallSite, u64> = record
+            .call_sites
+            .iter()
+            .filter(|s| s.function == "MPI_Barrier")
+            .map(|s| (&s.site, s.calls))
+            .collect();
+        let expected: BTreeMap<&CallSite, u64> =
+            sites.iter().map(|&s| (s, ITERATIONS as u64)).collect();
+        assert_eq!(
+            barriers, expected,
+            "rank {rank}: barrier calls per call site"
+        );
+    }
     // Each call site maps back to its marked source line: module offset → addr2line.
     let site_of_line: BTreeMap<u32, &CallSite> = sites
         .iter()

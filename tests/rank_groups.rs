@@ -1,5 +1,6 @@
 //! Rank groups on real MPI runs under the real daemon: a distributor, workers and a collector;
-//! 2-D stencils on 3 × 3 and 4 × 4 ranks; ranks that swap roles half-way. The groups are
+//! 2-D stencils on 3 × 3 and 4 × 4 ranks, and on 3 × 3 split by relative peers; ranks that swap
+//! roles half-way. The groups are
 //! checked as sets of ranks, from the daemon's API and from `mpiburst report` on the recording,
 //! which replays the daemon's readings to the same groups and changes.
 
@@ -183,6 +184,63 @@ fn stencils_on_3x3_and_4x4_ranks_give_corner_edge_and_interior_groups() {
 
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn with_split_by_peers_a_3x3_stencil_has_nine_groups_with_their_exact_relative_peers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("mpiburst.toml");
+    std::fs::write(&config, "[groups]\nsplit_by_peers = true\n").unwrap();
+    let daemon = Daemon::start(&["--config", config.to_str().unwrap()]);
+    let mut seen = Vec::new();
+    for mpi in [Mpi::OpenMpi, Mpi::Mpich] {
+        let program = program("stencil", mpi);
+        run_mpi(mpi, 9, &program, &["3", "3", "100", "0.2"]);
+        let id = job_id(&daemon.addr, &program, &seen);
+        let live = ended_job_groups(&daemon.addr, &id);
+        let groups = live["groups"].as_array().unwrap();
+        assert_eq!(
+            memberships(&live),
+            (0..9).map(|r| (r, set([r]))).collect::<Vec<_>>(),
+            "{mpi:?}: nine SRC/DEST patterns: {live}"
+        );
+        // The program's own layout: rank r at (r mod 3, r / 3) exchanges with its west, east,
+        // north and south neighbours where they exist, from one Isend and one Irecv site, 100
+        // times; the mean neighbour less r is each site's relative peer.
+        for (r, g) in (0..9i64).zip(groups) {
+            let (x, y) = (r % 3, r / 3);
+            let offsets: Vec<i64> = [(x > 0, -1), (x < 2, 1), (y > 0, -3), (y < 2, 3)]
+                .into_iter()
+                .filter_map(|(exists, d)| exists.then_some(d))
+                .collect();
+            let mean = offsets.iter().sum::<i64>() as f64 / offsets.len() as f64;
+            for function in ["MPI_Isend", "MPI_Irecv"] {
+                let steps: Vec<&serde_json::Value> = g["signature"]["call_sites"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|s| s["function"] == function)
+                    .collect();
+                assert_eq!(steps.len(), 1, "{mpi:?} rank {r}: one {function} site: {g}");
+                assert_eq!(steps[0]["calls"], 100 * offsets.len() as u64, "{g}");
+                let peer = steps[0]["relative_peer"].as_f64().unwrap();
+                assert!(
+                    (peer - mean).abs() < 1e-9,
+                    "{mpi:?} rank {r} {function}: {peer} vs {mean}"
+                );
+            }
+            // Allreduce has no peer.
+            assert!(g["signature"]["call_sites"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["function"] == "MPI_Allreduce")
+                .all(|s| s.get("relative_peer").is_none()));
+        }
+        seen.push(id);
+    }
+    daemon.stop();
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn ranks_that_switch_roles_half_way_are_one_behaviour_change() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("mpiburst.toml");
@@ -221,18 +279,26 @@ fn ranks_that_switch_roles_half_way_are_one_behaviour_change() {
         vec![(0, set([0, 2])), (1, set([1, 3]))],
         "{live}"
     );
-    let call_paths: Vec<&serde_json::Value> = live["groups"]
+    // Each call path step is a function at one call site of the program.
+    let call_paths: Vec<Vec<String>> = live["groups"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|g| &g["signature"]["call_path"])
+        .map(|g| {
+            let steps = g["signature"]["call_path"].as_array().unwrap();
+            steps
+                .iter()
+                .map(|s| {
+                    let (function, site) = s.as_str().unwrap().split_once('@').unwrap();
+                    assert!(site.contains("+0x"), "{s}");
+                    function.to_string()
+                })
+                .collect()
+        })
         .collect();
     assert_eq!(
         call_paths,
-        [
-            &serde_json::json!(["MPI_Allreduce", "MPI_Recv"]),
-            &serde_json::json!(["MPI_Allreduce", "MPI_Send"])
-        ]
+        [["MPI_Allreduce", "MPI_Recv"], ["MPI_Allreduce", "MPI_Send"]]
     );
     let keep = dir.path().join("switch.jsonl");
     daemon.stop_keeping(Some(&keep));

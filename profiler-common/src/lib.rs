@@ -20,6 +20,10 @@ pub const NUM_COUNTERS: usize = 2;
 /// | 28    | polling call: counted, but it neither ends nor starts a burst |
 /// | 29    | MPI_Init / MPI_Init_thread: its return starts the region of interest |
 /// | 30    | MPI_Finalize: its entry ends the region of interest           |
+/// | 32–35 | argument index of the peer rank (dest or source), `NO_ARG` if none |
+/// | 36–39 | argument index of the communicator (6 and up: on the stack)   |
+/// | 40–41 | how MPI_COMM_WORLD is recognised (`COMM_*`)                   |
+/// | 42–63 | Open MPI: (GOT slot of ompi_mpi_comm_world − the function's address) ÷ 8, signed |
 pub mod cookie {
     pub const NO_ARG: u64 = 0xf;
     /// No byte accounting at this attach point (for example Fortran wrappers, whose arguments
@@ -29,6 +33,17 @@ pub mod cookie {
     pub const DTYPE_OPENMPI: u64 = 1;
     /// MPICH: builtin datatype handles encode their size in bits 8–15.
     pub const DTYPE_MPICH: u64 = 2;
+    /// No peer accounting at this attach point.
+    pub const COMM_NONE: u64 = 0;
+    /// MPICH: MPI_COMM_WORLD is the integer handle 0x44000000.
+    pub const COMM_MPICH: u64 = 1;
+    /// Open MPI: MPI_COMM_WORLD points at `ompi_mpi_comm_world`, whose address the library's
+    /// global offset table slot for it holds; the slot's distance from the probed function is
+    /// the same in every process (both move with the library). The object itself may sit in the
+    /// executable (a copy relocation), so only the slot is at a fixed distance.
+    pub const COMM_OPENMPI: u64 = 2;
+    /// The largest distance, in bytes, the Open MPI encoding holds.
+    pub const MAX_WORLD_DISTANCE: i64 = (1 << 21) * 8 - 8;
     pub const POLLING: u64 = 1 << 28;
     pub const REGION_START: u64 = 1 << 29;
     pub const REGION_END: u64 = 1 << 30;
@@ -40,6 +55,33 @@ pub mod cookie {
             | (dtype_arg & 0xf) << 20
             | (dtype & 0xf) << 24
             | (flags & (POLLING | REGION_START | REGION_END))
+    }
+    /// Adds the peer fields to a cookie: `world_distance` is Open MPI's distance to the slot, in
+    /// bytes (a multiple of 8 within ±`MAX_WORLD_DISTANCE`).
+    pub const fn with_peer(
+        c: u64,
+        peer_arg: u64,
+        comm_arg: u64,
+        comm: u64,
+        world_distance: i64,
+    ) -> u64 {
+        c | (peer_arg & 0xf) << 32
+            | (comm_arg & 0xf) << 36
+            | (comm & 0x3) << 40
+            | ((world_distance / 8) as u64 & 0x3f_ffff) << 42
+    }
+    pub const fn peer_arg(c: u64) -> u64 {
+        (c >> 32) & 0xf
+    }
+    pub const fn comm_arg(c: u64) -> u64 {
+        (c >> 36) & 0xf
+    }
+    pub const fn comm(c: u64) -> u64 {
+        (c >> 40) & 0x3
+    }
+    pub const fn world_distance(c: u64) -> i64 {
+        // Sign-extend the 22-bit field.
+        ((c as i64) >> 42) * 8
     }
     pub const fn func(c: u64) -> u32 {
         (c & 0xffff) as u32
@@ -154,6 +196,9 @@ pub struct ThreadState {
     /// costs more than the rest of the probe).
     pub pending: BurstRecord,
     pub outer_bytes: u64,
+    /// The peer rank in MPI_COMM_WORLD of the outermost call in progress, when
+    /// `OUTER_WORLD_PEER` is set.
+    pub outer_peer: i64,
     pub outer_flags: u32,
     pub polling_calls: u32,
     /// 0 when no burst is open.
@@ -183,7 +228,12 @@ pub const OUTER_BYTES_DONE: u32 = 2;
 pub const OUTER_BURST_PENDING: u32 = 4;
 /// The outermost call in progress is MPI_Init/MPI_Init_thread.
 pub const OUTER_REGION_START: u32 = 8;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 248);
+/// The peer argument of the outermost call in progress was looked at (once, at the first
+/// C-level call inside it).
+pub const OUTER_PEER_DONE: u32 = 16;
+/// `outer_peer` holds a rank of MPI_COMM_WORLD.
+pub const OUTER_WORLD_PEER: u32 = 32;
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 256);
 
 /// Value of the task → thread map: which thread (and process) a kernel task is.
 #[repr(C)]
@@ -194,17 +244,20 @@ pub struct TaskThread {
 }
 const _: () = assert!(core::mem::size_of::<TaskThread>() == 8);
 
-/// Key of the per-thread, per-function call statistics. Keyed by thread, not process, so that
+/// Key of the per-thread, per-call-site call statistics. Keyed by thread, not process, so that
 /// only one CPU at a time updates an entry and plain adds are exact without atomics.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FuncKey {
     pub tid: u32,
     pub func: u32,
+    /// The return address of the outermost call: its call site.
+    pub site: u64,
 }
-const _: () = assert!(core::mem::size_of::<FuncKey>() == 8);
+const _: () = assert!(core::mem::size_of::<FuncKey>() == 16);
 
-/// Calls, time inside the call and bytes, summed in kernel per (thread, function).
+/// Calls, time inside the call, bytes and peers, summed in kernel per (thread, function, call
+/// site).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FuncStats {
@@ -216,8 +269,12 @@ pub struct FuncStats {
     pub bytes: u64,
     /// Calls whose datatype size was known, so `bytes` covers exactly these.
     pub sized_calls: u64,
+    /// Calls whose peer was a rank of MPI_COMM_WORLD (not MPI_ANY_SOURCE, MPI_PROC_NULL or a
+    /// rank of another communicator), and the sum of those peers.
+    pub world_peer_calls: u64,
+    pub world_peer_sum: u64,
 }
-const _: () = assert!(core::mem::size_of::<FuncStats>() == 40);
+const _: () = assert!(core::mem::size_of::<FuncStats>() == 56);
 
 /// Burst totals per thread (keyed by tid, like `FuncKey`), summed in kernel for every burst
 /// whatever the duration filter, so useful time is exact. `filtered_*` are the bursts below the

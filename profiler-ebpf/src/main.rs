@@ -27,7 +27,8 @@ use aya_log_ebpf::warn;
 use profiler_common::{
     cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoTotals,
     RankRegion, TaskThread, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
-    OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_POLLING, OUTER_REGION_START,
+    OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_PEER_DONE, OUTER_POLLING, OUTER_REGION_START,
+    OUTER_WORLD_PEER,
 };
 
 /// Bursts shorter than this are only summed in kernel. Set by the daemon at load time.
@@ -284,6 +285,41 @@ fn arg(regs: &pt_regs, index: u64) -> u64 {
     }
 }
 
+/// Argument `index` of a call at its entry: the first six in registers, the rest on the stack
+/// above the return address.
+#[inline(always)]
+fn any_arg(regs: &pt_regs, index: u64) -> Option<u64> {
+    if index < 6 {
+        return Some(arg(regs, index));
+    }
+    let sp = unsafe { core::ptr::read_volatile(&regs.rsp) };
+    unsafe { bpf_probe_read_user((sp + 8 * (index - 5)) as *const u64) }.ok()
+}
+
+/// The call's peer when it is a rank of MPI_COMM_WORLD: not MPI_ANY_SOURCE or MPI_PROC_NULL
+/// (negative in both MPIs), and not a rank of another communicator, whose numbering differs.
+#[inline(always)]
+fn world_peer(regs: &pt_regs, c: u64) -> Option<i64> {
+    let peer = arg(regs, cookie::peer_arg(c)) as i32;
+    if peer < 0 {
+        return None;
+    }
+    let comm = any_arg(regs, cookie::comm_arg(c))?;
+    let world = match cookie::comm(c) {
+        cookie::COMM_MPICH => comm as u32 == 0x4400_0000,
+        // At an entry probe the instruction pointer is the function's address; the library's
+        // GOT slot for ompi_mpi_comm_world lies at a fixed distance from it.
+        cookie::COMM_OPENMPI => {
+            let ip = unsafe { core::ptr::read_volatile(&regs.rip) };
+            let slot = ip.wrapping_add(cookie::world_distance(c) as u64);
+            let world = unsafe { bpf_probe_read_user(slot as *const u64) }.ok()?;
+            comm == world
+        }
+        _ => false,
+    };
+    world.then_some(peer as i64)
+}
+
 /// Bytes of a call's (count, datatype) pair, or None where the datatype size is unknown.
 #[inline(always)]
 fn call_bytes(regs: &pt_regs, c: u64) -> Option<u64> {
@@ -436,6 +472,13 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
             st.outer_flags &= !OUTER_BYTES_DONE;
         }
     }
+    if st.outer_flags & OUTER_PEER_DONE == 0 && cookie::comm(c) != cookie::COMM_NONE {
+        st.outer_flags |= OUTER_PEER_DONE;
+        if let Some(peer) = world_peer(regs, c) {
+            st.outer_peer = peer;
+            st.outer_flags |= OUTER_WORLD_PEER;
+        }
+    }
     0
 }
 
@@ -459,9 +502,13 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     if st.outer_flags & OUTER_REGION_START != 0 {
         set_region(st.pid, |r| r.init_return_ns = now);
     }
+    // At a return probe the instruction pointer is the return address, i.e. the call site:
+    // user stacks cannot be walked without frame pointers, but this needs none.
+    let site = unsafe { (*ctx.regs).rip };
     let key = FuncKey {
         tid,
         func: st.outer_func,
+        site,
     };
     let initial = FuncStats {
         pid: st.pid,
@@ -473,6 +520,10 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
         if st.outer_flags & OUTER_BYTES_DONE != 0 {
             s.bytes += st.outer_bytes;
             s.sized_calls += 1;
+        }
+        if st.outer_flags & OUTER_WORLD_PEER != 0 {
+            s.world_peer_calls += 1;
+            s.world_peer_sum += st.outer_peer as u64;
         }
     }
     if st.outer_flags & OUTER_POLLING != 0 {
@@ -486,9 +537,6 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
         st.polling_calls += 1;
         return 0;
     }
-    // At a return probe the instruction pointer is the return address, i.e. the call site:
-    // user stacks cannot be walked without frame pointers, but this needs none.
-    let site = unsafe { (*ctx.regs).rip };
     if st.outer_flags & OUTER_BURST_PENDING != 0 {
         ship_pending(st, tid, site);
     }

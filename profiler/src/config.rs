@@ -201,14 +201,18 @@ impl Config {
         );
         out.push_str(&format!(
             "\n# Rank groups (CallPath+Parameter clustering, Bahmani and Mueller): main groups by\n\
-             # the MPI functions called, subgroups by their calls and message sizes, re-clustered\n\
-             # when a rank's call path changes for two windows of analysis.window_s.\n\
+             # call path (the MPI functions called, at their call sites), subgroups by their calls\n\
+             # and message sizes, re-clustered when a rank's call path changes for two windows of\n\
+             # analysis.window_s.\n\
              [groups]\n\
              # Most groups per job; raised to the number of distinct call paths.\n\
              k = {}\n\
              # Relative difference within which calls or mean message sizes count as equal.\n\
-             count_tolerance = {:?}\n",
-            d.groups.k, d.groups.count_tolerance
+             count_tolerance = {:?}\n\
+             # Also split ranks whose mean peer relative to the rank differs at a call site (the\n\
+             # corners of a stencil by orientation, workers by their distance to the master).\n\
+             split_by_peers = {}\n",
+            d.groups.k, d.groups.count_tolerance, d.groups.split_by_peers
         ));
         // The property file's own format, nested under [properties].
         out.push_str("\n[properties]\n");

@@ -31,7 +31,7 @@ use crate::{
         AttachPoint, Capture, CaptureError,
     },
     config::Config,
-    discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
+    discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary, ProbePoint},
     export::{
         bottlenecks,
         http::{self, Published},
@@ -47,7 +47,7 @@ use crate::{
         INIT_FUNCTIONS,
     },
     properties::{LiveEvaluator, LiveProperties, PropertyConfig},
-    store::{CallStats, Job, JobMeta, JobStore, RankRecord, RankTotals, RegionMarks},
+    store::{CallStats, Job, JobMeta, JobStore, RankRecord, RankTotals, RegionMarks, SiteStats},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -239,6 +239,24 @@ fn note_modules(
 }
 
 /// The cookie flags of a probed function: polling, or a bound of the region of interest.
+/// Adds the peer fields to an attach point's cookie where the function has a peer rank and the
+/// binding passes it by value (Fortran wrappers pass pointers; the C call inside them has it).
+fn with_peer(cookie: u64, spec: &FunctionSpec, lib: &MpiLibrary, point: &ProbePoint) -> u64 {
+    let (Some(peer), Some(comm)) = (spec.peer_arg, spec.comm_arg) else {
+        return cookie;
+    };
+    let (kind, distance) = match (lib.binding, lib.flavor, point.world_slot_distance) {
+        (Binding::C, MpiFlavor::Mpich, _) => (cookie::COMM_MPICH, 0),
+        (Binding::C, MpiFlavor::OpenMpi, Some(d))
+            if d % 8 == 0 && d.abs() <= cookie::MAX_WORLD_DISTANCE =>
+        {
+            (cookie::COMM_OPENMPI, d)
+        }
+        _ => return cookie,
+    };
+    cookie::with_peer(cookie, peer as u64, comm as u64, kind, distance)
+}
+
 fn cookie_flags(spec: &FunctionSpec) -> u64 {
     if spec.class == FunctionClass::Polling {
         cookie::POLLING
@@ -465,10 +483,11 @@ impl Daemon {
                     }
                     _ => (cookie::NO_ARG, cookie::NO_ARG, cookie::DTYPE_NONE),
                 };
+                let cookie = cookie::encode(id as u16, count, dt, kind, cookie_flags(spec));
                 Some(AttachPoint {
                     function: p.function.clone(),
                     file_offset: p.file_offset,
-                    cookie: cookie::encode(id as u16, count, dt, kind, cookie_flags(spec)),
+                    cookie: with_peer(cookie, spec, lib, p),
                 })
             })
             .collect();
@@ -582,6 +601,7 @@ impl Daemon {
             Job::new(meta)
         });
         job.ranks.entry(rank).or_insert_with(|| RankRecord {
+            call_sites: Vec::new(),
             rank,
             pid,
             first_seen_ns,
@@ -719,7 +739,7 @@ impl Daemon {
         let per_process = capture::per_process(&totals);
         let io = self.capture.read_io()?;
         let now = unix_now_ns();
-        for (pid, (bursts, functions)) in &per_process {
+        for (pid, process) in &per_process {
             let Some(member) = self.member(*pid, state) else {
                 continue;
             };
@@ -731,6 +751,7 @@ impl Daemon {
             else {
                 continue;
             };
+            let bursts = &process.bursts;
             rank.totals = RankTotals {
                 bursts: bursts.bursts,
                 burst_ns: bursts.burst_ns,
@@ -740,16 +761,18 @@ impl Daemon {
                 dropped_bursts: bursts.dropped_bursts,
                 counter_sums: self.capture.counters.is_ok().then_some(bursts.counters),
             };
-            rank.functions = functions
+            let name = |id: u32| {
+                self.functions
+                    .get(id as usize)
+                    .cloned()
+                    .unwrap_or_else(|| format!("#{id}"))
+            };
+            rank.functions = process
+                .functions
                 .iter()
-                .map(|(id, s)| {
-                    let name = self
-                        .functions
-                        .get(*id as usize)
-                        .cloned()
-                        .unwrap_or_else(|| format!("#{id}"));
+                .map(|(&id, s)| {
                     (
-                        name,
+                        name(id),
                         CallStats {
                             calls: s.calls,
                             time_ns: s.time_ns,
@@ -759,6 +782,20 @@ impl Daemon {
                     )
                 })
                 .collect();
+            rank.call_sites = process
+                .sites
+                .iter()
+                .map(|(&(id, address), s)| SiteStats {
+                    function: name(id),
+                    site: self.resolver.resolve(*pid, address),
+                    calls: s.calls,
+                    bytes: s.bytes,
+                    world_peer_calls: s.world_peer_calls,
+                    world_peer_sum: s.world_peer_sum,
+                })
+                .collect();
+            rank.call_sites
+                .sort_by(|a, b| (&a.function, &a.site).cmp(&(&b.function, &b.site)));
             let marks = totals.regions.get(pid).copied().unwrap_or_default();
             let seen = |t: u64| (t != 0).then(|| self.unix_ns(t));
             rank.region = RegionMarks {

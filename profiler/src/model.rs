@@ -24,6 +24,12 @@ impl CallSite {
             offset: address,
         }
     }
+
+    /// Whether this is an [`CallSite::unknown`] site: a raw address, not comparable between
+    /// processes.
+    pub fn is_unknown(&self) -> bool {
+        self.module.as_ref() == "?"
+    }
 }
 
 impl std::fmt::Display for CallSite {

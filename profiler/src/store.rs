@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{is_lifecycle_function, Burst, JobId, FINALIZE_FUNCTION, INIT_FUNCTIONS};
+use crate::model::{
+    is_lifecycle_function, Burst, CallSite, JobId, FINALIZE_FUNCTION, INIT_FUNCTIONS,
+};
 
 /// Exact per-rank burst totals (from the kernel; independent of the duration filter).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +25,25 @@ pub struct RankTotals {
     /// filter; `None` when counters are off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counter_sums: Option<[u64; 2]>,
+}
+
+/// Calls, bytes and peers of one MPI function at one call site of a rank (outermost calls only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiteStats {
+    pub function: String,
+    pub site: CallSite,
+    pub calls: u64,
+    pub bytes: u64,
+    /// Calls whose peer (destination or source) was a rank of MPI_COMM_WORLD, and the sum of
+    /// those peers: their mean less the rank is the mean relative peer.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub world_peer_calls: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub world_peer_sum: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Calls, time and bytes of one MPI function in one rank (outermost calls only).
@@ -59,6 +80,9 @@ pub struct RankRecord {
     pub ended_ns: Option<u64>,
     pub totals: RankTotals,
     pub functions: BTreeMap<String, CallStats>,
+    /// The same calls by call site, in (function, site) order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub call_sites: Vec<SiteStats>,
     #[serde(default)]
     pub region: RegionMarks,
 }
@@ -376,8 +400,8 @@ mod tests {
             counters: None,
             start_func: "MPI_Init".into(),
             end_func: "MPI_Barrier".into(),
-            start_site: crate::model::CallSite::unknown(1),
-            end_site: crate::model::CallSite::unknown(2),
+            start_site: CallSite::unknown(1),
+            end_site: CallSite::unknown(2),
         };
         let (storm, quiet) = (JobId("storm".into()), JobId("quiet".into()));
         let mut store = JobStore::default();

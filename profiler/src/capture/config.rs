@@ -139,7 +139,9 @@ pub struct MpiConfig {
     /// can come after MPI_Init and the first calls.
     pub hold_new_libraries: bool,
     /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
-    /// the (count, datatype) pair in the C binding whose product gives the call's bytes.
+    /// the (count, datatype) pair in the C binding whose product gives the call's bytes;
+    /// `peer_arg` and `comm_arg` those of the peer rank (destination or source) and of its
+    /// communicator.
     pub functions: Vec<FunctionSpec>,
 }
 
@@ -152,6 +154,10 @@ pub struct FunctionSpec {
     pub count_arg: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datatype_arg: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_arg: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm_arg: Option<u8>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -251,15 +257,39 @@ const DEFAULT_FUNCTIONS: &[DefaultFunction] = {
     ]
 };
 
+/// (name, peer argument, communicator argument) of the default functions with a peer rank.
+const PEER_ARGUMENTS: &[(&str, u8, u8)] = &[
+    ("MPI_Send", 3, 5),
+    ("MPI_Recv", 3, 5),
+    ("MPI_Isend", 3, 5),
+    ("MPI_Irecv", 3, 5),
+    ("MPI_Ssend", 3, 5),
+    ("MPI_Bsend", 3, 5),
+    ("MPI_Rsend", 3, 5),
+    ("MPI_Issend", 3, 5),
+    // The destination; the source is argument 8.
+    ("MPI_Sendrecv", 3, 10),
+    ("MPI_Sendrecv_replace", 3, 7),
+    ("MPI_Probe", 0, 2),
+    ("MPI_Mprobe", 0, 2),
+    ("MPI_Iprobe", 0, 2),
+    ("MPI_Improbe", 0, 2),
+];
+
 impl Default for MpiConfig {
     fn default() -> Self {
         let functions = DEFAULT_FUNCTIONS
             .iter()
-            .map(|&(name, class, bytes)| FunctionSpec {
-                name: name.to_string(),
-                class,
-                count_arg: bytes.map(|b| b.0),
-                datatype_arg: bytes.map(|b| b.1),
+            .map(|&(name, class, bytes)| {
+                let peer = PEER_ARGUMENTS.iter().find(|p| p.0 == name);
+                FunctionSpec {
+                    name: name.to_string(),
+                    class,
+                    count_arg: bytes.map(|b| b.0),
+                    datatype_arg: bytes.map(|b| b.1),
+                    peer_arg: peer.map(|p| p.1),
+                    comm_arg: peer.map(|p| p.2),
+                }
             })
             .collect();
         MpiConfig {
@@ -298,6 +328,17 @@ impl MpiConfig {
                     ))
                 }
             }
+            match (f.peer_arg, f.comm_arg) {
+                (None, None) => {}
+                (Some(p), Some(c)) if p < 6 && c < 15 => {}
+                _ => {
+                    return Err(format!(
+                        "mpi.functions {}: peer_arg and comm_arg go together; peer_arg must be \
+                         below 6 (a register argument) and comm_arg below 15",
+                        f.name
+                    ))
+                }
+            }
         }
         Ok(())
     }
@@ -313,20 +354,26 @@ impl MpiConfig {
              # false: such a library is found by the scan after exec, which can miss MPI_Init.\n\
              hold_new_libraries = true\n\
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
-             # pair in the C binding; their product is the call's bytes. Class \"polling\" functions\n\
-             # are counted in kernel and never end a burst.\n\
+             # pair in the C binding; their product is the call's bytes. peer_arg/comm_arg: those of\n\
+             # the peer rank and its communicator (peers in MPI_COMM_WORLD are summed per call site).\n\
+             # Class \"polling\" functions are counted in kernel and never end a burst.\n\
              functions = [\n",
         );
         for f in &MpiConfig::default().functions {
             let class = toml::Value::try_from(f.class).expect("a function class is a TOML string");
-            let _ = match (f.count_arg, f.datatype_arg) {
-                (Some(c), Some(t)) => writeln!(
-                    out,
-                    "  {{ name = \"{}\", class = {class}, count_arg = {c}, datatype_arg = {t} }},",
-                    f.name
-                ),
-                _ => writeln!(out, "  {{ name = \"{}\", class = {class} }},", f.name),
+            let bytes = match (f.count_arg, f.datatype_arg) {
+                (Some(c), Some(t)) => format!(", count_arg = {c}, datatype_arg = {t}"),
+                _ => String::new(),
             };
+            let peer = match (f.peer_arg, f.comm_arg) {
+                (Some(p), Some(c)) => format!(", peer_arg = {p}, comm_arg = {c}"),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "  {{ name = \"{}\", class = {class}{bytes}{peer} }},",
+                f.name
+            );
         }
         out.push_str("]\n\n");
         out

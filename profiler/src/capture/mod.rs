@@ -100,7 +100,7 @@ pub struct AttachPoint {
 /// Per-thread values read from the kernel maps, summed by the caller per process.
 #[derive(Debug, Default)]
 pub struct KernelTotals {
-    /// (tid, function id) → stats; each value names its pid.
+    /// (tid, function id, call site) → stats; each value names its pid.
     pub functions: Vec<(FuncKey, FuncStats)>,
     /// tid → burst totals; each value names its pid.
     pub bursts: Vec<(u32, BurstTotals)>,
@@ -712,13 +712,21 @@ where
     T::try_from(map).map_err(|source| CaptureError::Map { map: name, source })
 }
 
+/// One process's kernel totals, its threads summed.
+#[derive(Debug, Default)]
+pub struct ProcessTotals {
+    pub bursts: BurstTotals,
+    /// By function id.
+    pub functions: BTreeMap<u32, FuncStats>,
+    /// By (function id, call site address).
+    pub sites: BTreeMap<(u32, u64), FuncStats>,
+}
+
 /// Sums per-thread kernel totals per process.
-pub fn per_process(
-    totals: &KernelTotals,
-) -> BTreeMap<u32, (BurstTotals, BTreeMap<u32, FuncStats>)> {
-    let mut out: BTreeMap<u32, (BurstTotals, BTreeMap<u32, FuncStats>)> = BTreeMap::new();
+pub fn per_process(totals: &KernelTotals) -> BTreeMap<u32, ProcessTotals> {
+    let mut out: BTreeMap<u32, ProcessTotals> = BTreeMap::new();
     for (_, t) in &totals.bursts {
-        let e = &mut out.entry(t.pid).or_default().0;
+        let e = &mut out.entry(t.pid).or_default().bursts;
         e.pid = t.pid;
         e.bursts += t.bursts;
         e.burst_ns += t.burst_ns;
@@ -731,12 +739,19 @@ pub fn per_process(
         }
     }
     for (k, s) in &totals.functions {
-        let e = out.entry(s.pid).or_default().1.entry(k.func).or_default();
-        e.pid = s.pid;
-        e.calls += s.calls;
-        e.time_ns += s.time_ns;
-        e.bytes += s.bytes;
-        e.sized_calls += s.sized_calls;
+        let process = out.entry(s.pid).or_default();
+        add_stats(process.functions.entry(k.func).or_default(), s);
+        add_stats(process.sites.entry((k.func, k.site)).or_default(), s);
     }
     out
+}
+
+fn add_stats(sum: &mut FuncStats, s: &FuncStats) {
+    sum.pid = s.pid;
+    sum.calls += s.calls;
+    sum.time_ns += s.time_ns;
+    sum.bytes += s.bytes;
+    sum.sized_calls += s.sized_calls;
+    sum.world_peer_calls += s.world_peer_calls;
+    sum.world_peer_sum = sum.world_peer_sum.wrapping_add(s.world_peer_sum);
 }

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use object::read::ReadCache;
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{
+    Object, ObjectSegment, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
+    SymbolKind,
+};
 
 use super::error::DiscoveryError;
 
@@ -74,6 +77,9 @@ pub(crate) struct DynamicSymbols {
     defined: HashMap<String, DefinedSymbol>,
     imported: HashSet<String>,
     segments: Vec<LoadSegment>,
+    /// Symbol name → address of its global offset table slot (R_X86_64_GLOB_DAT), which the
+    /// loader fills with the symbol's address in the process, wherever the definition ended up.
+    got_slots: HashMap<String, u64>,
 }
 
 struct DefinedSymbol {
@@ -118,11 +124,36 @@ impl DynamicSymbols {
                     }
                 })
                 .collect();
+            let mut got_slots = HashMap::new();
+            if let (Some(relocations), Some(table)) =
+                (elf.dynamic_relocations(), elf.dynamic_symbol_table())
+            {
+                for (slot, relocation) in relocations {
+                    let RelocationTarget::Symbol(index) = relocation.target() else {
+                        continue;
+                    };
+                    if relocation.flags()
+                        != (RelocationFlags::Elf {
+                            r_type: object::elf::R_X86_64_GLOB_DAT,
+                        })
+                    {
+                        continue;
+                    }
+                    if let Some(name) = table
+                        .symbol_by_index(index)
+                        .ok()
+                        .and_then(|s| s.name().ok())
+                    {
+                        got_slots.insert(name.to_string(), slot);
+                    }
+                }
+            }
             Ok(DynamicSymbols {
                 path: path.to_path_buf(),
                 defined,
                 imported,
                 segments,
+                got_slots,
             })
         })
     }
@@ -149,6 +180,17 @@ impl DynamicSymbols {
             .get(name)
             .filter(|s| s.function)
             .and_then(|s| self.file_offset(s.address, 1))
+    }
+
+    /// The address of a defined symbol of any kind, as linked (before the library is moved).
+    pub(crate) fn address(&self, name: &str) -> Option<u64> {
+        self.defined.get(name).map(|s| s.address)
+    }
+
+    /// The address, as linked, of the global offset table slot through which the file reaches
+    /// the data object `name`.
+    pub(crate) fn got_slot(&self, name: &str) -> Option<u64> {
+        self.got_slots.get(name).copied()
     }
 
     fn file_offset(&self, address: u64, size: u64) -> Option<u64> {

@@ -148,7 +148,7 @@ impl AddressResolver {
             }
         }
         let site = self.search(pid, address);
-        if site.module.as_ref() != "?" {
+        if !site.is_unknown() {
             self.recent[slot] = Some((pid, address, site.clone()));
         }
         site

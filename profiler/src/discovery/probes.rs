@@ -18,6 +18,13 @@ pub struct ProbePoint {
     pub symbol: String,
     /// File offset of the entry point, as a uprobe needs it.
     pub file_offset: u64,
+    /// Open MPI's C library: the distance in bytes from the entry point to the library's global
+    /// offset table slot of `ompi_mpi_comm_world`, the object MPI_COMM_WORLD points at. The
+    /// slot holds the object's address in the process, in the library or, when the executable
+    /// refers to MPI_COMM_WORLD itself, in the executable's copy of it; the distance is the same
+    /// in every process, since both move with the library.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_slot_distance: Option<i64>,
 }
 
 /// The probe points of one library, and the requested functions it does not have.
@@ -34,6 +41,7 @@ pub struct ProbePoints {
 /// call twice. Distinct code for one function (`mpi_send_` and `mpi_send_f08_`) gets a point each.
 pub fn probe_points(lib: &MpiLibrary, functions: &[String]) -> Result<ProbePoints, DiscoveryError> {
     let symbols = DynamicSymbols::read(&lib.path)?;
+    let world = symbols.got_slot("ompi_mpi_comm_world");
     let mut taken = HashSet::new();
     let mut points = Vec::new();
     let mut missing = Vec::new();
@@ -45,10 +53,14 @@ pub fn probe_points(lib: &MpiLibrary, functions: &[String]) -> Result<ProbePoint
             };
             found = true;
             if taken.insert(file_offset) {
+                let world_slot_distance = world
+                    .zip(symbols.address(&symbol))
+                    .map(|(slot, entry)| slot.wrapping_sub(entry) as i64);
                 points.push(ProbePoint {
                     function: function.clone(),
                     symbol,
                     file_offset,
+                    world_slot_distance,
                 });
             }
         }

@@ -528,6 +528,7 @@ mod tests {
             job.ranks.insert(
                 rank,
                 RankRecord {
+                    call_sites: Vec::new(),
                     rank,
                     pid: 10 + rank,
                     first_seen_ns: 0,

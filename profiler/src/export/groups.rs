@@ -5,16 +5,16 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use crate::{
     analysis::groups::{
-        signature::Counts, FunctionUse, GroupParams, RankGroupTracker, RankGroupsView,
+        signature::Counts, CallPathStep, FunctionUse, GroupParams, RankGroupTracker, RankGroupsView,
     },
     model::is_lifecycle_function,
     store::{Job, RankRecord},
 };
 
-/// A rank's cumulative calls and bytes per MPI function, without MPI_Init and MPI_Finalize
-/// (every rank calls them once, whatever its role).
+/// A rank's cumulative calls and bytes per MPI function and per call site, without MPI_Init and
+/// MPI_Finalize (every rank calls them once, whatever its role).
 pub fn counts(record: &RankRecord) -> Counts {
-    record
+    let mut counts: Counts = record
         .functions
         .iter()
         .filter(|(name, _)| !is_lifecycle_function(name))
@@ -25,7 +25,24 @@ pub fn counts(record: &RankRecord) -> Counts {
             };
             (name.clone(), u)
         })
-        .collect()
+        .collect();
+    for s in &record.call_sites {
+        if is_lifecycle_function(&s.function) {
+            continue;
+        }
+        // A site the daemon could not resolve (its process gone first) is a raw address, which
+        // ASLR makes differ between ranks: such calls count by function.
+        let step = CallPathStep {
+            function: s.function.clone(),
+            site: (!s.site.is_unknown()).then(|| s.site.clone()),
+        };
+        let u = counts.sites.entry(step).or_default();
+        u.calls += s.calls;
+        u.bytes += s.bytes;
+        u.world_peer_calls += s.world_peer_calls;
+        u.world_peer_sum = u.world_peer_sum.wrapping_add(s.world_peer_sum);
+    }
+    counts
 }
 
 /// Every rank's [`counts`].
@@ -102,7 +119,28 @@ pub fn render(view: &RankGroupsView, job_start_ns: u64) -> String {
                 } else {
                     String::new()
                 };
-                format!("{f} {}{size}", u.calls)
+                let steps: Vec<_> = g
+                    .signature
+                    .call_sites
+                    .iter()
+                    .filter(|s| &s.step.function == f)
+                    .collect();
+                let sites = if steps.len() > 1 {
+                    format!(" from {} sites", steps.len())
+                } else {
+                    String::new()
+                };
+                let peers: Vec<String> = steps
+                    .iter()
+                    .filter_map(|s| s.relative_peer)
+                    .map(|p| format!("{p:+.1}"))
+                    .collect();
+                let peers = if peers.is_empty() {
+                    String::new()
+                } else {
+                    format!(" peer {}", peers.join("/"))
+                };
+                format!("{f} {}{size}{sites}{peers}", u.calls)
             })
             .collect();
         let _ = writeln!(
@@ -153,7 +191,8 @@ mod tests {
                     bytes: 10_240,
                 },
             )]
-            .into()
+            .into_iter()
+            .collect()
         };
         let signatures = [
             (0, counts("MPI_Send")),
@@ -161,7 +200,12 @@ mod tests {
             (2, counts("MPI_Recv")),
         ]
         .into_iter()
-        .map(|(r, c)| (r, crate::analysis::groups::RankSignature::between(&c, None)))
+        .map(|(r, c)| {
+            (
+                r,
+                crate::analysis::groups::RankSignature::between(r, &c, None),
+            )
+        })
         .collect();
         let view = RankGroupsView {
             groups: cluster(&signatures, &GroupParams::default()),

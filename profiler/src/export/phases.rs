@@ -1040,6 +1040,7 @@ mod tests {
         job.ranks.insert(
             0,
             RankRecord {
+                call_sites: Vec::new(),
                 rank: 0,
                 pid: 1,
                 first_seen_ns: 0,

@@ -843,6 +843,7 @@ mod tests {
             },
         );
         RankRecord {
+            call_sites: Vec::new(),
             rank,
             pid: 100 + rank,
             first_seen_ns: first_seen_s * 1_000_000_000,

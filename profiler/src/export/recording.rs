@@ -218,6 +218,7 @@ pub fn write_synthetic(
             event_counts: b.counters.map(|c| [c.instructions, c.cycles]),
         })?;
         let r = ranks.entry(b.rank).or_insert_with(|| RankRecord {
+            call_sites: Vec::new(),
             rank: b.rank,
             pid: 1000 + b.rank,
             first_seen_ns: b.start_ns,
@@ -433,6 +434,7 @@ mod tests {
         })
         .unwrap();
         let record = RankRecord {
+            call_sites: Vec::new(),
             rank: 0,
             pid: 1,
             first_seen_ns: 0,

@@ -265,6 +265,7 @@ mod tests {
             },
         );
         RankRecord {
+            call_sites: Vec::new(),
             rank: 3,
             pid: 42,
             first_seen_ns,

@@ -287,6 +287,7 @@ mod tests {
             job.ranks.insert(
                 rank as u32,
                 RankRecord {
+                    call_sites: Vec::new(),
                     rank: rank as u32,
                     pid: 10 + rank as u32,
                     first_seen_ns: 100 * W,

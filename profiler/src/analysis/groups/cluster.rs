@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{FunctionUse, GroupParams, RankSignature};
+use super::{signature::StepUse, FunctionUse, GroupParams, RankSignature};
 
 /// One group of ranks and the behaviour its lead stands for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -26,10 +26,13 @@ pub struct GroupSignature {
     /// The main group, i.e. the call path, the group belongs to: 1, 2, … in the order of their
     /// lowest ranks. Groups of one main group differ in their parameters only.
     pub main_group: u32,
-    /// The MPI functions the lead called (lifecycle calls left out).
+    /// The steps of the lead's call path (lifecycle calls left out): each MPI function with
+    /// its call site (module+offset) where known.
     pub call_path: Vec<String>,
-    /// The lead's calls and bytes of each of them.
+    /// The lead's calls and bytes of each function.
     pub functions: BTreeMap<String, FunctionUse>,
+    /// The lead's calls, bytes and mean relative peer at each call path step.
+    pub call_sites: Vec<StepUse>,
 }
 
 /// Ranks of one call path whose parameters agree within the tolerance with their lead's.
@@ -52,14 +55,14 @@ pub fn cluster(signatures: &BTreeMap<u32, RankSignature>, params: &GroupParams) 
     let k = params.k.max(mains.len()).max(1);
     let total_subgroups: Vec<Vec<Subgroup>> = mains
         .iter()
-        .map(|ranks| subgroups(ranks, signatures, params.count_tolerance))
+        .map(|ranks| subgroups(ranks, signatures, params))
         .collect();
     let over = total_subgroups.iter().map(Vec::len).sum::<usize>() > k;
     let local_k = (k / mains.len().max(1)).max(1);
     let mut groups: Vec<RankGroup> = Vec::new();
     for (main, subs) in total_subgroups.into_iter().enumerate() {
         let subs = if over && subs.len() > local_k {
-            farthest_first(subs, local_k, signatures)
+            farthest_first(subs, local_k, signatures, params.split_by_peers)
         } else {
             subs
         };
@@ -73,6 +76,7 @@ pub fn cluster(signatures: &BTreeMap<u32, RankSignature>, params: &GroupParams) 
                     main_group: main as u32 + 1,
                     call_path: lead.call_path(),
                     functions: lead.functions.clone(),
+                    call_sites: lead.call_sites.clone(),
                 },
             });
         }
@@ -90,14 +94,14 @@ pub fn cluster(signatures: &BTreeMap<u32, RankSignature>, params: &GroupParams) 
 fn subgroups(
     ranks: &[u32],
     signatures: &BTreeMap<u32, RankSignature>,
-    tolerance: f64,
+    params: &GroupParams,
 ) -> Vec<Subgroup> {
     let mut subs: Vec<Subgroup> = Vec::new();
     for &rank in ranks {
         let s = &signatures[&rank];
         match subs
             .iter_mut()
-            .find(|g| signatures[&g.lead].agrees(s, tolerance))
+            .find(|g| signatures[&g.lead].agrees(s, params.count_tolerance, params.split_by_peers))
         {
             Some(g) => g.members.push(rank),
             None => subs.push(Subgroup {
@@ -116,8 +120,10 @@ fn farthest_first(
     subs: Vec<Subgroup>,
     k: usize,
     signatures: &BTreeMap<u32, RankSignature>,
+    peers: bool,
 ) -> Vec<Subgroup> {
-    let distance = |a: &Subgroup, b: &Subgroup| signatures[&a.lead].distance(&signatures[&b.lead]);
+    let distance =
+        |a: &Subgroup, b: &Subgroup| signatures[&a.lead].distance(&signatures[&b.lead], peers);
     let mut heads: Vec<usize> = vec![0];
     while heads.len() < k.min(subs.len()) {
         let next = (0..subs.len())

@@ -6,20 +6,22 @@
 //! online as in their Chameleon; both are chapters 3 and 5 of A. Bahmani, *Scalable
 //! Communication Tracing via Clustering*, PhD thesis, North Carolina State University, 2017.
 //!
-//! * **Signature** ([`signature`]): per rank, the MPI functions it called (its call path at
-//!   function granularity) and, as parameters, the calls and the mean message size of each. All
-//!   of it comes from the kernel's exact per-function counts, so it does not depend on the burst
-//!   filter or on lost bursts. The thesis folds stack signatures (return addresses) into a 64-bit
-//!   call-path hash; here the call site of an MPI call is only known for bursts long enough to be
-//!   shipped, so call sites are not part of the signature (a site seen or not would split ranks
-//!   of one role by chance). Peers are not captured: the relative SRC/DEST of the thesis are
-//!   missing, which is also what lets the corners of a stencil form one group whatever their
-//!   orientation.
+//! * **Signature** ([`signature`]): per rank, its call path (each MPI function at each call site,
+//!   the return address of the outermost call as a module and offset, the same in every process
+//!   of one build) and, as parameters of each step, the calls, the mean message size and the
+//!   mean peer relative to the rank (the thesis' SRC/DEST, for peers in MPI_COMM_WORLD). All of
+//!   it comes from the kernel's exact per-call-site counts, so it does not depend on the burst
+//!   filter or on lost bursts. Where the sites are unknown (recordings made before they were
+//!   counted), the steps are the functions.
 //! * **Clustering** ([`cluster()`]): main groups by equal call path (never merged: a merged call
 //!   path loses events); inside each, subgroups of ranks whose parameters agree within
 //!   [`GroupParams::count_tolerance`] (5 %, the thesis' COUNT tolerance); at most `K` groups
 //!   (K = 9 by default, raised to the number of call paths), each main group keeping ⌊K / call
 //!   paths⌋ subgroups by farthest-first selection (Chameleon's K-Farthest) with Manhattan distance.
+//!   Peers split subgroups only with [`GroupParams::split_by_peers`]: relative peers tell the
+//!   orientation of a stencil's corners and edges and a worker's distance from its master, which
+//!   the thesis counts as behaviours of their own (its LU and CG results) but a user looking for
+//!   roles does not.
 //!   The lead of a group is its lowest rank, as the start rank of the thesis' ranklist; a group
 //!   that absorbed others to stay within K keeps its farthest-first head as lead.
 //! * **Online** ([`online`]): windows aligned to Unix time; each closed window gives every rank
@@ -38,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cluster::{cluster, RankGroup};
 pub use online::{BehaviourChange, GroupState, RankGroupTracker, RankGroupsView};
-pub use signature::{FunctionUse, RankSignature};
+pub use signature::{CallPathStep, FunctionUse, RankSignature};
 
 /// How ranks are grouped (`[groups]` in the configuration file).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,6 +52,11 @@ pub struct GroupParams {
     /// Relative difference within which two ranks' calls of a function, or their mean message
     /// sizes, count as equal (0.05).
     pub count_tolerance: f64,
+    /// Whether ranks whose mean relative peers differ (by more than half a rank) at a call
+    /// site fall into different subgroups, as the thesis' SRC/DEST dimensions do (false). On,
+    /// the corners of a 2-D stencil split by orientation, and the workers of a master split
+    /// by their distance to it; off, the peers are shown in the signatures only.
+    pub split_by_peers: bool,
 }
 
 impl Default for GroupParams {
@@ -57,6 +64,7 @@ impl Default for GroupParams {
         GroupParams {
             k: 9,
             count_tolerance: 0.05,
+            split_by_peers: false,
         }
     }
 }

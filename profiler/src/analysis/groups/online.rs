@@ -183,7 +183,7 @@ impl RankGroupTracker {
             .map(|(&r, c)| {
                 (
                     r,
-                    RankSignature::between(c, self.boundary.get(&r)).call_path(),
+                    RankSignature::between(r, c, self.boundary.get(&r)).call_path(),
                 )
             })
             .filter(|(_, p)| !p.is_empty())
@@ -259,7 +259,7 @@ impl RankGroupTracker {
     fn refresh(&mut self, ranks: &BTreeMap<u32, Counts>) {
         let signatures: BTreeMap<u32, RankSignature> = ranks
             .iter()
-            .map(|(&r, c)| (r, RankSignature::between(c, self.segment.get(&r))))
+            .map(|(&r, c)| (r, RankSignature::between(r, c, self.segment.get(&r))))
             .collect();
         self.view.groups = cluster(&signatures, &self.params);
     }

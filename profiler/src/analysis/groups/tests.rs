@@ -14,7 +14,7 @@ fn uses(list: &[(&str, u64, u64)]) -> Counts {
 fn signatures(ranks: impl IntoIterator<Item = (u32, Counts)>) -> BTreeMap<u32, RankSignature> {
     ranks
         .into_iter()
-        .map(|(r, c)| (r, RankSignature::between(&c, None)))
+        .map(|(r, c)| (r, RankSignature::between(r, &c, None)))
         .collect()
 }
 
@@ -96,12 +96,15 @@ fn stencils_fall_into_corner_edge_and_interior_ranks() {
 
 #[test]
 fn counts_within_the_tolerance_agree_and_one_call_always_does() {
-    let one = |calls, bytes| RankSignature::between(&uses(&[("MPI_Send", calls, bytes)]), None);
-    assert!(one(100, 100_000).agrees(&one(104, 104_000), 0.05));
-    assert!(!one(100, 100_000).agrees(&one(110, 110_000), 0.05));
-    assert!(one(3, 300).agrees(&one(4, 400), 0.05), "one call apart");
+    let one = |calls, bytes| RankSignature::between(0, &uses(&[("MPI_Send", calls, bytes)]), None);
+    assert!(one(100, 100_000).agrees(&one(104, 104_000), 0.05, true));
+    assert!(!one(100, 100_000).agrees(&one(110, 110_000), 0.05, true));
     assert!(
-        !one(100, 100 * 1000).agrees(&one(100, 100 * 1200), 0.05),
+        one(3, 300).agrees(&one(4, 400), 0.05, true),
+        "one call apart"
+    );
+    assert!(
+        !one(100, 100 * 1000).agrees(&one(100, 100 * 1200), 0.05, true),
         "message size"
     );
     // Not transitive: 100 ~ 104 ~ 108 but 100 ≁ 108. Each rank is compared with its
@@ -228,6 +231,113 @@ fn above_k_each_call_path_keeps_its_share_chosen_farthest_first() {
     assert_eq!(groups.len(), 13);
 }
 
+/// Counts by call site: (function, site offset in one module, calls, sum of world peers,
+/// calls with a world peer).
+fn sited(list: &[(&str, u64, u64, u64, u64)]) -> Counts {
+    let mut c = Counts::default();
+    for &(f, offset, calls, peer_sum, peer_calls) in list {
+        let fu = c.functions.entry(f.to_string()).or_default();
+        fu.calls += calls;
+        let step = CallPathStep {
+            function: f.to_string(),
+            site: Some(crate::model::CallSite {
+                module: "5c67a17bd1d52349ce751c5c8d839c532fd49ed4".into(),
+                offset,
+            }),
+        };
+        c.sites.insert(
+            step,
+            signature::SiteUse {
+                calls,
+                bytes: 0,
+                world_peer_calls: peer_calls,
+                world_peer_sum: peer_sum,
+            },
+        );
+    }
+    c
+}
+
+#[test]
+fn the_same_function_from_another_call_site_is_another_call_path() {
+    // Ranks 0 and 1 reduce at one line, ranks 2 and 3 at another: equal function counts, two
+    // call paths.
+    let ranks = (0..4u32).map(|r| {
+        let site = if r < 2 { 0x11a0 } else { 0x11f4 };
+        (r, sited(&[("MPI_Allreduce", site, 100, 0, 0)]))
+    });
+    let groups = cluster(&signatures(ranks), &GroupParams::default());
+    assert_eq!(memberships(&groups), vec![(0, vec![0, 1]), (2, vec![2, 3])]);
+    assert_eq!(
+        groups[1].signature.call_path,
+        ["MPI_Allreduce@5c67a17bd1d5+0x11f4"]
+    );
+    assert_eq!(groups[1].signature.main_group, 2);
+}
+
+#[test]
+fn relative_peers_are_shown_and_split_subgroups_only_when_asked() {
+    // Pairs: rank r exchanges with r ^ 1 from one call site, so even ranks send to +1 and odd
+    // ranks to -1 with otherwise equal counts.
+    let ranks: Vec<(u32, Counts)> = (0..4u32)
+        .map(|r| {
+            (
+                r,
+                sited(&[("MPI_Send", 0x1234, 50, 50 * (r ^ 1) as u64, 50)]),
+            )
+        })
+        .collect();
+    let s = signatures(ranks);
+    let groups = cluster(&s, &GroupParams::default());
+    assert_eq!(memberships(&groups), vec![(0, vec![0, 1, 2, 3])]);
+    assert_eq!(groups[0].signature.call_sites[0].relative_peer, Some(1.0));
+    let split = GroupParams {
+        split_by_peers: true,
+        ..GroupParams::default()
+    };
+    let groups = cluster(&s, &split);
+    assert_eq!(memberships(&groups), vec![(0, vec![0, 2]), (1, vec![1, 3])]);
+    assert_eq!(groups[1].signature.call_sites[0].relative_peer, Some(-1.0));
+}
+
+#[test]
+fn split_by_peers_a_3x3_stencil_has_nine_src_dest_patterns() {
+    // The thesis' 2-D stencil with one call path: every rank of a 3 × 3 grid has peers of its
+    // own relative to it (9 SRC/DEST sub-clusters), and K = 9 keeps them all.
+    let ranks = (0..9u32).map(|r| {
+        let (x, y) = (r % 3, r / 3);
+        let peers: Vec<u32> = [
+            (x > 0).then(|| r - 1),
+            (x < 2).then(|| r + 1),
+            (y > 0).then(|| r - 3),
+            (y < 2).then(|| r + 3),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let (n, sum) = (
+            peers.len() as u64 * 200,
+            peers.iter().sum::<u32>() as u64 * 200,
+        );
+        (
+            r,
+            sited(&[
+                ("MPI_Isend", 0x1300, n, sum, n),
+                ("MPI_Irecv", 0x12c0, n, sum, n),
+            ]),
+        )
+    });
+    let split = GroupParams {
+        split_by_peers: true,
+        ..GroupParams::default()
+    };
+    let groups = cluster(&signatures(ranks), &split);
+    assert_eq!(groups.len(), 9);
+    assert!(groups.iter().all(|g| g.members == [g.lead]));
+    // Corner 0 sends east (+1) and south (+3): mean +2.
+    assert_eq!(groups[0].signature.call_sites[0].relative_peer, Some(2.0));
+}
+
 /// Feeds a tracker windows of per-rank window counts (added up as the kernel would), one
 /// reading per window, 1 s windows; returns the tracker.
 fn run_windows(windows: &[Vec<Counts>]) -> RankGroupTracker {
@@ -238,8 +348,8 @@ fn run_windows(windows: &[Vec<Counts>]) -> RankGroupTracker {
     for (i, window) in windows.iter().enumerate() {
         for (r, counts) in window.iter().enumerate() {
             let c = cumulative.entry(r as u32).or_default();
-            for (f, u) in counts {
-                let e = c.entry(f.clone()).or_default();
+            for (f, u) in &counts.functions {
+                let e = c.functions.entry(f.clone()).or_default();
                 e.calls += u.calls;
                 e.bytes += u.bytes;
             }
@@ -284,7 +394,7 @@ fn a_persistent_role_switch_is_one_change_in_its_window() {
         .zip(&after)
         .map(|(a, b)| {
             let mut m = a.clone();
-            m.extend(b.clone());
+            m.functions.extend(b.functions.clone());
             m
         })
         .collect();
@@ -346,11 +456,13 @@ fn a_job_shorter_than_a_window_is_grouped_at_its_end() {
 fn the_closing_calls_of_a_job_are_no_change_and_the_groups_end_exact() {
     let mut tracker = run_windows(&vec![vec![producer(), consumer()]; 4]);
     let closing = |mut counts: Counts| {
-        for u in counts.values_mut() {
+        for u in counts.functions.values_mut() {
             u.calls *= 4;
             u.bytes *= 4;
         }
-        counts.insert("MPI_Barrier".into(), FunctionUse { calls: 1, bytes: 0 });
+        counts
+            .functions
+            .insert("MPI_Barrier".into(), FunctionUse { calls: 1, bytes: 0 });
         counts
     };
     let last: BTreeMap<u32, Counts> = [(0, closing(producer())), (1, closing(consumer()))].into();

@@ -115,12 +115,8 @@ pub struct Pairing {
 
 type Region<'a> = (&'a CallSite, &'a CallSite);
 
-fn unresolved(site: &CallSite) -> bool {
-    &*site.module == "?"
-}
-
 fn resolved(region: &RegionCount) -> bool {
-    !unresolved(&region.start) && !unresolved(&region.end)
+    !region.start.is_unknown() && !region.end.is_unknown()
 }
 
 /// Joint min–max normalisation of both frames' sampled points (B's first feature shifted).

@@ -424,6 +424,7 @@ mod tests {
                 main_group: id,
                 call_path: Vec::new(),
                 functions: Default::default(),
+                call_sites: Vec::new(),
             },
         };
         let view = RankGroupsView {

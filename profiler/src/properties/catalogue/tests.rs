@@ -46,6 +46,7 @@ fn rank_record(rank: u32, burst_ns: u64, mpi_ns: u64) -> RankRecord {
         },
     );
     RankRecord {
+        call_sites: Vec::new(),
         rank,
         pid: 100 + rank,
         first_seen_ns: 0,
