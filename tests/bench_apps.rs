@@ -25,12 +25,16 @@
 //! start to its exit, which also holds MPI start-up, where the daemon stops each process at its
 //! open of the MPI library until the library's probes are attached. Per code the medians over
 //! the rounds and the slowdown (median with / median without − 1); last the median of the codes'
-//! slowdowns, for both times. The project's target is a median slowdown of at most 1 %.
+//! slowdowns, for both times. The project's target is a median slowdown of at most 1 %. A
+//! polling loop ends when the peer's message arrives, so a slower MPI_Test shows in fewer polls
+//! rather than in its wall time: for poll_loop the bench also prints the calls the program
+//! counted and the time per call, without and with the daemon.
 //!
 //! The MPI calls the daemon saw per code (`mpiburst_job_mpi_calls_total` of the jobs whose
 //! executable is the code's, read from its /metrics once they ended) show that the probes were
-//! active. Another mpiburst daemon on the node (one started from an `mpiburst` binary) probes the
-//! runs without this bench's daemon too: the rounds in which one ran are counted and printed.
+//! active. Another mpiburst daemon on the node (or another profiler's uprobes) probes the runs
+//! without this bench's daemon too: the rounds in which another process held user-space probes
+//! are counted and printed.
 //!
 //! Usage: bench_apps [ROUNDS=5], with MPIBURST_BIN and MPIBURST_MPI_PROGRAMS as for the
 //! integration tests (`cargo xtask bench apps` sets them); as root.
@@ -76,8 +80,8 @@ impl Code {
         format!("{} ({})", self.name, mpi_name(self.mpi))
     }
 
-    /// Runs the code once in `dir`: (its own timing of its main loop, the job's wall time), in s.
-    fn run(&self, dir: &Path) -> (f64, f64) {
+    /// Runs the code once in `dir`.
+    fn run(&self, dir: &Path) -> Run {
         let mut cmd = self.mpi.launcher(RANKS);
         cmd.arg(&self.executable).args(&self.args).current_dir(dir);
         let started = Instant::now();
@@ -95,8 +99,22 @@ impl Code {
         );
         let timed_s = timed_seconds(&stdout)
             .unwrap_or_else(|| panic!("{} printed no timing:\n{stdout}", self.label()));
-        (timed_s, job_s)
+        Run {
+            timed_s,
+            job_s,
+            polls: polls(&stdout),
+        }
     }
+}
+
+/// One run of a code.
+struct Run {
+    /// The code's own timing of its main loop.
+    timed_s: f64,
+    /// The job's wall time, from the launcher's start to its exit.
+    job_s: f64,
+    /// The MPI_Test calls the code counted itself, if it says.
+    polls: Option<f64>,
 }
 
 /// A code's own timing of its main loop: "…, timed T s…" from the bundled programs, "Loop time
@@ -107,6 +125,14 @@ fn timed_seconds(stdout: &str) -> Option<f64> {
             .split_once(", timed ")
             .or_else(|| line.split_once("Loop time of "))?;
         rest.split(' ').next()?.parse().ok()
+    })
+}
+
+/// The MPI_Test calls a polling code counted: "…, P MPI_Test calls" (tests/mpi/poll_loop).
+fn polls(stdout: &str) -> Option<f64> {
+    stdout.lines().find_map(|line| {
+        let (head, _) = line.split_once(" MPI_Test calls")?;
+        head.rsplit(' ').next()?.parse().ok()
     })
 }
 
@@ -315,22 +341,41 @@ fn seen_calls(exposition: &str) -> BTreeMap<PathBuf, SeenCalls> {
     seen
 }
 
-/// Pids of mpiburst daemons on the node other than `own`: they probe every MPI process, this
-/// bench's runs without its daemon included. (Daemons run inside other programs, such as the
-/// overhead benchmark, are not seen.)
-fn other_daemons(own: Option<u32>) -> Vec<u32> {
+/// Processes other than `own` that hold user-space probes (a BPF link of type uprobe_multi or
+/// uretprobe_multi, as the daemon attaches them): another mpiburst daemon, in its own binary or
+/// inside a test or benchmark, or another profiler. Probes on the MPI library slow down this
+/// bench's runs without its daemon too. Each as "PID (COMMAND)".
+fn other_uprobe_holders(own: Option<u32>) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| Some(pid) != own)
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/exe"))
-                .is_ok_and(|exe| exe.file_name().is_some_and(|n| n == "mpiburst"))
+        .filter(|&pid| Some(pid) != own && holds_uprobes(pid))
+        .map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("{pid} ({})", comm.trim())
         })
         .collect()
+}
+
+fn holds_uprobes(pid: u32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf_link")
+            && std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .is_ok_and(|info| {
+                info.lines()
+                    .any(|l| l.starts_with("link_type:") && l.contains("uprobe_multi"))
+            })
+    })
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -348,19 +393,39 @@ fn slowdown_percent(without: f64, with: f64) -> f64 {
     100.0 * (with / without - 1.0)
 }
 
-/// A code's runs: (timed, job) seconds, without and with the daemon.
+/// A code's runs without and with the daemon.
 #[derive(Default)]
 struct Runs {
-    without: Vec<(f64, f64)>,
-    with: Vec<(f64, f64)>,
+    without: Vec<Run>,
+    with: Vec<Run>,
 }
 
 impl Runs {
     /// (median without, median with, slowdown %) of the time `pick` takes from a run.
-    fn compare(&self, pick: fn(&(f64, f64)) -> f64) -> (f64, f64, f64) {
+    fn compare(&self, pick: fn(&Run) -> f64) -> (f64, f64, f64) {
         let without = median(&self.without.iter().map(pick).collect::<Vec<_>>());
         let with = median(&self.with.iter().map(pick).collect::<Vec<_>>());
         (without, with, slowdown_percent(without, with))
+    }
+
+    /// For a code that counts its MPI_Test calls: the calls per run and the main loop's time per
+    /// call, without and with the daemon (medians), which shows a per-call cost that the wall
+    /// time of a polling loop can hide (it ends when the peer's message arrives).
+    fn polling(&self) -> Option<String> {
+        let per_call_ns = |runs: &[Run]| -> Option<(f64, f64)> {
+            let polls: Vec<f64> = runs.iter().map(|r| r.polls).collect::<Option<_>>()?;
+            let ns: Vec<f64> = runs
+                .iter()
+                .zip(&polls)
+                .map(|(r, p)| 1e9 * r.timed_s / p)
+                .collect();
+            Some((median(&polls), median(&ns)))
+        };
+        let (polls_without, ns_without) = per_call_ns(&self.without)?;
+        let (polls_with, ns_with) = per_call_ns(&self.with)?;
+        Some(format!(
+            "MPI_Test calls per run as the program counted them, median {polls_without:.0} without the daemon and {polls_with:.0} with it: one poll every {ns_without:.0} ns without, {ns_with:.0} ns with"
+        ))
     }
 }
 
@@ -394,21 +459,23 @@ fn main() {
             );
             let profiler = with.then(Profiler::start);
             let own = profiler.as_ref().map(|p| p.child.id());
-            others.extend(other_daemons(own));
+            others.extend(other_uprobe_holders(own));
             for (code, runs) in codes.iter().zip(&mut runs) {
-                let (timed, job) = code.run(work_dir.path());
+                let run = code.run(work_dir.path());
                 eprintln!(
-                    "  {:<24} timed {timed:>7.3} s, job {job:>7.3} s",
-                    code.label()
+                    "  {:<24} timed {:>7.3} s, job {:>7.3} s",
+                    code.label(),
+                    run.timed_s,
+                    run.job_s
                 );
                 if with {
                     &mut runs.with
                 } else {
                     &mut runs.without
                 }
-                .push((timed, job));
+                .push(run);
             }
-            others.extend(other_daemons(own));
+            others.extend(other_uprobe_holders(own));
             if let Some(profiler) = profiler {
                 for (exe, calls) in profiler.calls_when_ended(&codes, codes.len()) {
                     seen.entry(exe).or_default().add(calls);
@@ -420,7 +487,7 @@ fn main() {
         others.dedup();
         if !others.is_empty() {
             disturbed_rounds += 1;
-            eprintln!("bench apps: another mpiburst daemon ran during round {} (pids {others:?}): it probed the runs without this bench's daemon too", round + 1);
+            eprintln!("bench apps: other processes held user-space probes during round {}: {}; they may have probed the runs without this bench's daemon too", round + 1, others.join(", "));
         }
     }
 
@@ -439,8 +506,8 @@ fn main() {
     );
     let (mut loop_slowdowns, mut job_slowdowns) = (Vec::new(), Vec::new());
     for (code, runs) in codes.iter().zip(&runs) {
-        let (loop_without, loop_with, loop_slowdown) = runs.compare(|r| r.0);
-        let (job_without, job_with, job_slowdown) = runs.compare(|r| r.1);
+        let (loop_without, loop_with, loop_slowdown) = runs.compare(|r| r.timed_s);
+        let (job_without, job_with, job_slowdown) = runs.compare(|r| r.job_s);
         loop_slowdowns.push(loop_slowdown);
         job_slowdowns.push(job_slowdown);
         let calls = seen
@@ -450,6 +517,11 @@ fn main() {
             "{:<24} {loop_without:>9.3} {loop_with:>9.3} {loop_slowdown:>+8.1}%  {job_without:>9.3} {job_with:>9.3} {job_slowdown:>+8.1}%  {calls}",
             code.label()
         );
+    }
+    for (code, runs) in codes.iter().zip(&runs) {
+        if let Some(note) = runs.polling() {
+            println!("{}: {note}", code.label());
+        }
     }
     for line in &skipped {
         println!("{line}");
@@ -461,6 +533,6 @@ fn main() {
         median(&job_slowdowns)
     );
     println!(
-        "rounds in which another mpiburst daemon ran on the node (it probes the runs without too): {disturbed_rounds} of {rounds}"
+        "rounds in which another process on the node held user-space probes (another mpiburst daemon or profiler, which may probe the runs without too): {disturbed_rounds} of {rounds}"
     );
 }
