@@ -24,10 +24,11 @@
 //! programs, "Loop time of T" from LAMMPS), and the whole job's wall time from the launcher's
 //! start to its exit, which also holds MPI start-up, where the daemon stops each process at its
 //! open of the MPI library until the library's probes are attached. Per code the medians over
-//! the rounds and the slowdown (median with / median without − 1); last the median of the codes'
-//! slowdowns, for both times. The project's target is a median slowdown of at most 1 %. A
-//! polling loop ends when the peer's message arrives, so a slower MPI_Test shows in fewer polls
-//! rather than in its wall time: for poll_loop the bench also prints the calls the program
+//! the rounds and the slowdown (median with / median without − 1), with the least and the most
+//! slowdown of one round's pair of runs (how far the machine's noise reaches); last the median
+//! of the codes' slowdowns, for both times. The project's target is a median slowdown of at most
+//! 1 %. A polling loop ends when the peer's message arrives, so a slower MPI_Test shows in fewer
+//! polls rather than in its wall time: for poll_loop the bench also prints the calls the program
 //! counted and the time per call, without and with the daemon.
 //!
 //! The MPI calls the daemon saw per code (`mpiburst_job_mpi_calls_total` of the jobs whose
@@ -408,6 +409,19 @@ impl Runs {
         (without, with, slowdown_percent(without, with))
     }
 
+    /// The least and the most slowdown % of the time `pick` takes from a run, each round's run
+    /// with the daemon against the same round's run without: how far the noise of the machine
+    /// reaches.
+    fn round_slowdowns(&self, pick: fn(&Run) -> f64) -> (f64, f64) {
+        self.without
+            .iter()
+            .zip(&self.with)
+            .map(|(without, with)| slowdown_percent(pick(without), pick(with)))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(least, most), s| {
+                (least.min(s), most.max(s))
+            })
+    }
+
     /// For a code that counts its MPI_Test calls: the calls per run and the main loop's time per
     /// call, without and with the daemon (medians), which shows a per-call cost that the wall
     /// time of a polling loop can hide (it ends when the peer's message arrives).
@@ -497,24 +511,26 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "{:<24} {:>29}  {:>29}  MPI calls the daemon saw (its /metrics)",
-        "", "main loop (median s)", "whole job (median s)"
+        "{:<24} {:>45}  {:>29}  MPI calls the daemon saw (its /metrics)",
+        "", "main loop (median s; slowdown of each round)", "whole job (median s)"
     );
     println!(
-        "{:<24} {:>9} {:>9} {:>9}  {:>9} {:>9} {:>9}",
-        "code", "without", "with", "slowdown", "without", "with", "slowdown"
+        "{:<24} {:>9} {:>9} {:>9} {:>15}  {:>9} {:>9} {:>9}",
+        "code", "without", "with", "slowdown", "rounds", "without", "with", "slowdown"
     );
     let (mut loop_slowdowns, mut job_slowdowns) = (Vec::new(), Vec::new());
     for (code, runs) in codes.iter().zip(&runs) {
         let (loop_without, loop_with, loop_slowdown) = runs.compare(|r| r.timed_s);
         let (job_without, job_with, job_slowdown) = runs.compare(|r| r.job_s);
+        let (least, most) = runs.round_slowdowns(|r| r.timed_s);
+        let rounds = format!("{least:+.0}..{most:+.0}%");
         loop_slowdowns.push(loop_slowdown);
         job_slowdowns.push(job_slowdown);
         let calls = seen
             .get(&code.executable)
             .map_or("none".to_string(), |s| s.describe(loop_without));
         println!(
-            "{:<24} {loop_without:>9.3} {loop_with:>9.3} {loop_slowdown:>+8.1}%  {job_without:>9.3} {job_with:>9.3} {job_slowdown:>+8.1}%  {calls}",
+            "{:<24} {loop_without:>9.3} {loop_with:>9.3} {loop_slowdown:>+8.1}% {rounds:>15}  {job_without:>9.3} {job_with:>9.3} {job_slowdown:>+8.1}%  {calls}",
             code.label()
         );
     }
