@@ -157,7 +157,7 @@ impl Daemon {
         let dir = tempfile::tempdir().unwrap();
         let recording = dir.path().join("recording.jsonl");
         let addr = free_loopback_addr();
-        let bin = env_path("MPIBURST_BIN");
+        let bin = daemon_binary();
         let mut command = match wrapper.split_first() {
             Some((first, rest)) => {
                 let mut c = Command::new(first);
@@ -166,42 +166,19 @@ impl Daemon {
             }
             None => Command::new(&bin),
         };
-        let mut child = command
+        command
             .args(["record", "-o"])
             .arg(&recording)
             .args(["--listen", &addr, "--report-interval", "0"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the daemon");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.starts_with("mpiburst ready") {
-                    let _ = tx.send(());
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let mut daemon = Daemon {
+            .args(extra);
+        let (child, log) = spawn_daemon(command);
+        Daemon {
             child,
             recording,
             log,
             addr,
             _dir: dir,
-        };
-        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
-            let _ = daemon.child.kill();
-            panic!(
-                "the daemon did not become ready; its log:\n{}",
-                daemon.log_text()
-            );
         }
-        daemon
     }
 
     pub fn log_text(&self) -> String {
@@ -212,9 +189,7 @@ impl Daemon {
         self.child.id()
     }
 
-    /// SIGTERM (how a service manager stops it), wait for the clean shutdown, and read the
-    /// recording. Not SIGINT: the daemon listens for SIGINT only while it waits, so one that
-    /// arrives while it drains on a busy machine is lost.
+    /// [`terminate_daemon`], and read the recording.
     pub fn stop(self) -> Recording {
         self.stop_keeping(None)
     }
@@ -223,18 +198,7 @@ impl Daemon {
     pub fn stop_keeping(mut self, keep: Option<&Path>) -> Recording {
         // Give the last totals read a chance to see the ranks gone (stats interval is 1 s).
         thread::sleep(Duration::from_millis(1200));
-        let st = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let st = wait_with_timeout(&mut self.child, Duration::from_secs(60)).unwrap_or_else(|| {
-            panic!(
-                "the daemon did not stop within 60 s of SIGTERM; its log:\n{}",
-                self.log_text()
-            )
-        });
-        assert!(st.success(), "daemon exit {st}; log:\n{}", self.log_text());
+        terminate_daemon(&mut self.child, &self.log);
         if let Some(keep) = keep {
             std::fs::copy(&self.recording, keep).expect("copy the recording");
         }
@@ -253,6 +217,62 @@ impl Drop for Daemon {
         let log = &self.log;
         kill_daemon_left_running(&mut self.child, || log.lock().unwrap().join("\n"));
     }
+}
+
+/// The daemon binary `cargo xtask test` built.
+pub fn daemon_binary() -> PathBuf {
+    env_path("MPIBURST_BIN")
+}
+
+/// Starts the daemon `command` runs, collecting its standard error in the returned log, and
+/// waits until it says it is ready; kills it and panics with its log if it is not within 60 s.
+pub fn spawn_daemon(mut command: Command) -> (Child, Arc<Mutex<Vec<String>>>) {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the daemon");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let sink = log.clone();
+    thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.starts_with("mpiburst ready") {
+                let _ = tx.send(());
+            }
+            sink.lock().unwrap().push(line);
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "the daemon did not become ready; its log:\n{}",
+            log.lock().unwrap().join("\n")
+        );
+    }
+    (child, log)
+}
+
+/// Stops a daemon with SIGTERM (how a service manager stops it) and waits for its clean
+/// shutdown; panics with its log if it does not stop within 60 s or fails. Not SIGINT: the daemon
+/// listens for SIGINT only while it waits, so one that arrives while it drains on a busy machine
+/// is lost.
+pub fn terminate_daemon(child: &mut Child, log: &Mutex<Vec<String>>) {
+    let st = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let log_text = || log.lock().unwrap().join("\n");
+    let st = wait_with_timeout(child, Duration::from_secs(60)).unwrap_or_else(|| {
+        panic!(
+            "the daemon did not stop within 60 s of SIGTERM; its log:\n{}",
+            log_text()
+        )
+    });
+    assert!(st.success(), "daemon exit {st}; log:\n{}", log_text());
 }
 
 /// Kills a daemon a test leaves running (it panicked), and shows what the daemon said: a failed

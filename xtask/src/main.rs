@@ -51,10 +51,12 @@ const USAGE: &str = "usage: cargo xtask <command>
                           CPU competes for every core. The whole suite is
                           gated by `cargo fmt --check`, clippy and rustdoc with warnings
                           as errors
-  bench overhead|cluster|daemon
+  bench overhead|cluster|daemon|apps [ROUNDS]
                           measure probe cost per call, the system call tax on processes the
                           daemon does not track, and application slowdown; clustering speed;
-                          or the daemon's own cost under a burst storm
+                          the daemon's own cost under a burst storm; or the slowdown of real
+                          MPI codes (halo exchange, CG solver, MPI_Test polling, LAMMPS) under
+                          the daemon, both MPIs, in ROUNDS (5) alternating rounds
   fuzz [TARGET...] [--seconds N]
                           run the cargo-fuzz targets of fuzz/ (all without names) for N s
                           each (60 by default), with the pinned nightly; installs cargo-fuzz
@@ -168,7 +170,12 @@ fn install_lint_components() -> Result<()> {
 }
 
 fn install_apt_packages() -> Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+    install_apt(APT_PACKAGES)
+}
+
+/// Installs those of `packages` that are missing (as root).
+fn install_apt(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| {
@@ -803,7 +810,8 @@ fn bench(args: &[String]) -> Result<()> {
         Some("overhead") => bench_overhead(),
         Some("cluster") => status(&mut example("bench_cluster")),
         Some("daemon") => bench_daemon(),
-        _ => bail!("usage: cargo xtask bench overhead|cluster|daemon"),
+        Some("apps") => bench_apps(&args[1..]),
+        _ => bail!("usage: cargo xtask bench overhead|cluster|daemon|apps"),
     }
 }
 
@@ -815,6 +823,22 @@ fn bench_daemon() -> Result<()> {
         example("bench_daemon")
             .arg(&bin)
             .arg(programs.join("call_loop.openmpi")),
+    )
+}
+
+/// The slowdown of real MPI codes under the daemon (tests/bench_apps.rs). LAMMPS, one of the
+/// codes, is installed here (Debian package lammps, about 70 MB) and only here: without it the
+/// benchmark says LAMMPS was skipped and why.
+fn bench_apps(args: &[String]) -> Result<()> {
+    let (bin, programs) = bpf_bench_setup("apps")?;
+    if let Err(e) = install_apt(&["lammps"]) {
+        eprintln!("xtask: the Debian package lammps is not installed ({e:#}); the benchmark runs without LAMMPS");
+    }
+    status(
+        example_of("mpiburst-tests", "bench_apps")
+            .env("MPIBURST_BIN", &bin)
+            .env("MPIBURST_MPI_PROGRAMS", &programs)
+            .args(args),
     )
 }
 
@@ -831,16 +855,13 @@ fn bpf_bench_setup(name: &str) -> Result<(PathBuf, PathBuf)> {
 
 /// `cargo run --release -p profiler --example NAME --`, for the caller's arguments.
 fn example(name: &str) -> Command {
+    example_of("profiler", name)
+}
+
+/// `cargo run --release -p PACKAGE --example NAME --`, for the caller's arguments.
+fn example_of(package: &str, name: &str) -> Command {
     let mut cmd = cargo();
-    cmd.args([
-        "run",
-        "--release",
-        "-p",
-        "profiler",
-        "--example",
-        name,
-        "--",
-    ]);
+    cmd.args(["run", "--release", "-p", package, "--example", name, "--"]);
     cmd
 }
 

@@ -1,0 +1,554 @@
+//! The slowdown the daemon causes on real MPI codes (`cargo xtask bench apps`): each code of the
+//! set runs with 2 ranks under Open MPI and under MPICH, without and with the daemon, in paired,
+//! interleaved rounds, and the bench prints per code the median times without and with and the
+//! slowdown, and the median slowdown over the set. It measures and prints; it asserts nothing.
+//!
+//! The set: tests/mpi/halo (2-D halo exchange, MPI_Isend/MPI_Irecv/MPI_Waitall and a stencil
+//! each iteration), tests/mpi/solver (conjugate gradients, two MPI_Allreduce per iteration),
+//! tests/mpi/poll_loop (one rank polls a pending receive with MPI_Test while its peer computes:
+//! the worst case for a per-call cost), and LAMMPS (`lmp` on the PATH, Debian package lammps)
+//! on tests/mpi/melt.lammps under the MPI it is linked with; without it, or under the other MPI,
+//! the bench says LAMMPS was skipped and why.
+//!
+//! Method. Each round runs every code once without the daemon and once with it. The daemon is the
+//! release binary as its systemd unit runs it (`mpiburst run`, default settings) with its own
+//! loopback port and lock file in a temporary directory; it is started once per round (when it
+//! answers, its probes are attached), runs through every code of the round, and is stopped by
+//! its pid. Starting it once per round rather than once per run keeps the bench to a few minutes
+//! and leaves its periodic work (statistics reads, analysis windows, job-end reports) running
+//! alongside the codes, as it does in production. The order of the two halves alternates from
+//! round to round (without first in odd rounds, with first in even ones), so drift in the
+//! machine's load hits both alike.
+//!
+//! Two times per run: the code's own timing of its main loop ("timed T s" from the bundled
+//! programs, "Loop time of T" from LAMMPS), and the whole job's wall time from the launcher's
+//! start to its exit, which also holds MPI start-up, where the daemon stops each process at its
+//! open of the MPI library until the library's probes are attached. Per code the medians over
+//! the rounds and the slowdown (median with / median without − 1), with the least and the most
+//! slowdown of one round's pair of runs (how far the machine's noise reaches); last the median
+//! of the codes' slowdowns, for both times. The project's target is a median slowdown of at most
+//! 1 %. A polling loop ends when the peer's message arrives, so a slower MPI_Test shows in fewer
+//! polls rather than in its wall time: for poll_loop the bench also prints the calls the program
+//! counted and the time per call, without and with the daemon.
+//!
+//! The MPI calls the daemon saw per code (`mpiburst_job_mpi_calls_total` of the jobs whose
+//! executable is the code's, read from its /metrics once they ended) show that the probes were
+//! active. Another mpiburst daemon on the node (or another profiler's uprobes) probes the runs
+//! without this bench's daemon too: the rounds in which another process held user-space probes
+//! are counted and printed.
+//!
+//! Usage: bench_apps [ROUNDS=5], with MPIBURST_BIN and MPIBURST_MPI_PROGRAMS as for the
+//! integration tests (`cargo xtask bench apps` sets them); as root.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use mpiburst_tests::{
+    daemon_binary, free_loopback_addr, http_get, kill_daemon_left_running, program, require_root,
+    spawn_daemon, terminate_daemon, Mpi,
+};
+
+const RANKS: u32 = 2;
+const DEFAULT_ROUNDS: usize = 5;
+/// The bundled programs of the set, each run with its default arguments (0.3–1.5 s alone).
+const BUNDLED: [&str; 3] = ["halo", "solver", "poll_loop"];
+/// How long the daemon may take to see every job of a round end.
+const JOBS_END_LIMIT: Duration = Duration::from_secs(30);
+
+fn mpi_name(mpi: Mpi) -> &'static str {
+    match mpi {
+        Mpi::OpenMpi => "Open MPI",
+        Mpi::Mpich => "MPICH",
+    }
+}
+
+/// One code of the set under one MPI implementation.
+struct Code {
+    name: &'static str,
+    mpi: Mpi,
+    /// Canonical, as the daemon names a job's executable.
+    executable: PathBuf,
+    args: Vec<String>,
+}
+
+impl Code {
+    fn label(&self) -> String {
+        format!("{} ({})", self.name, mpi_name(self.mpi))
+    }
+
+    /// Runs the code once in `dir`.
+    fn run(&self, dir: &Path) -> Run {
+        let mut cmd = self.mpi.launcher(RANKS);
+        cmd.arg(&self.executable).args(&self.args).current_dir(dir);
+        let started = Instant::now();
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let job_s = started.elapsed().as_secs_f64();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{} failed ({}):\n{stdout}\n{}",
+            self.label(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let timed_s = timed_seconds(&stdout)
+            .unwrap_or_else(|| panic!("{} printed no timing:\n{stdout}", self.label()));
+        Run {
+            timed_s,
+            job_s,
+            polls: polls(&stdout),
+        }
+    }
+}
+
+/// One run of a code.
+struct Run {
+    /// The code's own timing of its main loop.
+    timed_s: f64,
+    /// The job's wall time, from the launcher's start to its exit.
+    job_s: f64,
+    /// The MPI_Test calls the code counted itself, if it says.
+    polls: Option<f64>,
+}
+
+/// A code's own timing of its main loop: "…, timed T s…" from the bundled programs, "Loop time
+/// of T on …" from LAMMPS.
+fn timed_seconds(stdout: &str) -> Option<f64> {
+    stdout.lines().find_map(|line| {
+        let (_, rest) = line
+            .split_once(", timed ")
+            .or_else(|| line.split_once("Loop time of "))?;
+        rest.split(' ').next()?.parse().ok()
+    })
+}
+
+/// The MPI_Test calls a polling code counted: "…, P MPI_Test calls" (tests/mpi/poll_loop).
+fn polls(stdout: &str) -> Option<f64> {
+    stdout.lines().find_map(|line| {
+        let (head, _) = line.split_once(" MPI_Test calls")?;
+        head.rsplit(' ').next()?.parse().ok()
+    })
+}
+
+/// `lmp` on the PATH and the MPI implementation it is linked with, or why LAMMPS cannot run.
+fn lammps() -> Result<(PathBuf, Mpi), String> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let lmp = std::env::split_paths(&path)
+        .map(|dir| dir.join("lmp"))
+        .find(|p| p.is_file())
+        .ok_or("no `lmp` on the PATH: install the Debian package lammps (`cargo xtask bench apps` does, as root)")?;
+    let lmp = lmp
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", lmp.display()))?;
+    let deps = Command::new("ldd")
+        .arg(&lmp)
+        .output()
+        .map_err(|e| format!("cannot run ldd on {}: {e}", lmp.display()))?;
+    let deps = String::from_utf8_lossy(&deps.stdout);
+    let mpi = if deps.contains("libmpi.so") {
+        Mpi::OpenMpi
+    } else if deps.contains("libmpich") {
+        Mpi::Mpich
+    } else {
+        return Err(format!(
+            "{} is linked with neither Open MPI's libmpi nor MPICH's libmpich",
+            lmp.display()
+        ));
+    };
+    Ok((lmp, mpi))
+}
+
+/// The codes of the set, and a line for each that cannot run here.
+fn the_set() -> (Vec<Code>, Vec<String>) {
+    let melt = Path::new(env!("CARGO_MANIFEST_DIR")).join("mpi/melt.lammps");
+    let lammps = lammps();
+    let (mut codes, mut skipped) = (Vec::new(), Vec::new());
+    for mpi in Mpi::ALL {
+        for name in BUNDLED {
+            codes.push(Code {
+                name,
+                mpi,
+                executable: program(name, mpi).canonicalize().expect("a built program"),
+                args: Vec::new(),
+            });
+        }
+        match &lammps {
+            Ok((lmp, linked)) if *linked == mpi => codes.push(Code {
+                name: "LAMMPS melt",
+                mpi,
+                executable: lmp.clone(),
+                args: ["-in", &melt.display().to_string(), "-log", "none"]
+                    .map(String::from)
+                    .to_vec(),
+            }),
+            Ok((lmp, linked)) => skipped.push(format!(
+                "LAMMPS ({}): skipped: {} is linked with {} only",
+                mpi_name(mpi),
+                lmp.display(),
+                mpi_name(*linked)
+            )),
+            Err(reason) => skipped.push(format!("LAMMPS ({}): skipped: {reason}", mpi_name(mpi))),
+        }
+    }
+    (codes, skipped)
+}
+
+/// The daemon binary as a service runs it, with its own port and lock file; stopped by pid.
+struct Profiler {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Profiler {
+    fn start() -> Profiler {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let config = dir.path().join("mpiburst.toml");
+        let lock = dir.path().join("mpiburst.lock");
+        std::fs::write(
+            &config,
+            format!("[daemon]\nlock_file = {:?}\n", lock.display().to_string()),
+        )
+        .expect("write the daemon's config");
+        let addr = free_loopback_addr();
+        let mut command = Command::new(daemon_binary());
+        command
+            .args(["run", "--listen", &addr, "--config"])
+            .arg(&config);
+        let (child, log) = spawn_daemon(command);
+        Profiler {
+            child,
+            log,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    /// The calls per MPI function of each code's jobs, once the daemon has seen all `runs` jobs
+    /// of the codes end (their final counts).
+    fn calls_when_ended(&self, codes: &[Code], runs: usize) -> BTreeMap<PathBuf, SeenCalls> {
+        let deadline = Instant::now() + JOBS_END_LIMIT;
+        loop {
+            let mut seen = seen_calls(&http_get(&self.addr, "/metrics"));
+            seen.retain(|exe, _| codes.iter().any(|c| &c.executable == exe));
+            let jobs: usize = seen.values().map(|s| s.jobs).sum();
+            let running: usize = seen.values().map(|s| s.running).sum();
+            if (jobs >= runs && running == 0) || Instant::now() > deadline {
+                if running > 0 || jobs < runs {
+                    eprintln!("bench apps: the daemon saw {jobs} of {runs} jobs, {running} still running, after {JOBS_END_LIMIT:?}");
+                }
+                return seen;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn stop(mut self) {
+        terminate_daemon(&mut self.child, &self.log);
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        let log = &self.log;
+        kill_daemon_left_running(&mut self.child, || log.lock().unwrap().join("\n"));
+    }
+}
+
+/// What the daemon's /metrics says of the jobs of one executable.
+#[derive(Default)]
+struct SeenCalls {
+    jobs: usize,
+    running: usize,
+    calls: BTreeMap<String, f64>,
+}
+
+impl SeenCalls {
+    fn add(&mut self, other: SeenCalls) {
+        self.jobs += other.jobs;
+        self.running += other.running;
+        for (function, calls) in other.calls {
+            *self.calls.entry(function).or_default() += calls;
+        }
+    }
+
+    /// "N per run (R/s per rank), most FUNCTION M" for runs whose main loop took `loop_s`.
+    fn describe(&self, loop_s: f64) -> String {
+        let runs = self.jobs.max(1) as f64;
+        let per_run = self.calls.values().sum::<f64>() / runs;
+        let top = self.calls.iter().max_by(|a, b| a.1.total_cmp(b.1));
+        format!(
+            "{per_run:.0} per run ({:.0}/s per rank){}",
+            per_run / f64::from(RANKS) / loop_s,
+            top.map_or(String::new(), |(f, c)| format!(
+                ", most {f} {:.0}",
+                c / runs
+            ))
+        )
+    }
+}
+
+/// The value of label `key` in an exposition line.
+fn label<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let labels = line.split_once('{')?.1.rsplit_once('}')?.0;
+    labels
+        .split("\",")
+        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix("=\""))
+        .map(|value| value.trim_end_matches('"'))
+}
+
+/// Per executable, its jobs, how many still run and their MPI calls, from one exposition.
+fn seen_calls(exposition: &str) -> BTreeMap<PathBuf, SeenCalls> {
+    let samples = |family: &str| {
+        let prefix = format!("{family}{{");
+        exposition
+            .lines()
+            .filter(move |l| l.starts_with(&prefix))
+            .filter_map(|l| Some((l, l.rsplit(' ').next()?.parse::<f64>().ok()?)))
+            .collect::<Vec<_>>()
+    };
+    let executable_of: BTreeMap<&str, PathBuf> = samples("mpiburst_job_info")
+        .into_iter()
+        .filter_map(|(l, _)| Some((label(l, "mpi_job")?, label(l, "executable")?.into())))
+        .collect();
+    let mut seen: BTreeMap<PathBuf, SeenCalls> = BTreeMap::new();
+    for exe in executable_of.values() {
+        seen.entry(exe.clone()).or_default().jobs += 1;
+    }
+    let of_job = |l: &str| label(l, "mpi_job").and_then(|job| executable_of.get(job));
+    for (line, value) in samples("mpiburst_job_running") {
+        if let Some(exe) = of_job(line) {
+            seen.get_mut(exe).unwrap().running += usize::from(value > 0.0);
+        }
+    }
+    for (line, value) in samples("mpiburst_job_mpi_calls_total") {
+        if let (Some(exe), Some(function)) = (of_job(line), label(line, "function")) {
+            *seen
+                .get_mut(exe)
+                .unwrap()
+                .calls
+                .entry(function.to_string())
+                .or_default() += value;
+        }
+    }
+    seen
+}
+
+/// Processes other than `own` that hold user-space probes (a BPF link of type uprobe_multi or
+/// uretprobe_multi, as the daemon attaches them): another mpiburst daemon, in its own binary or
+/// inside a test or benchmark, or another profiler. Probes on the MPI library slow down this
+/// bench's runs without its daemon too. Each as "PID (COMMAND)".
+fn other_uprobe_holders(own: Option<u32>) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| Some(pid) != own && holds_uprobes(pid))
+        .map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("{pid} ({})", comm.trim())
+        })
+        .collect()
+}
+
+fn holds_uprobes(pid: u32) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf_link")
+            && std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .is_ok_and(|info| {
+                info.lines()
+                    .any(|l| l.starts_with("link_type:") && l.contains("uprobe_multi"))
+            })
+    })
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    }
+}
+
+fn slowdown_percent(without: f64, with: f64) -> f64 {
+    100.0 * (with / without - 1.0)
+}
+
+/// A code's runs without and with the daemon.
+#[derive(Default)]
+struct Runs {
+    without: Vec<Run>,
+    with: Vec<Run>,
+}
+
+impl Runs {
+    /// (median without, median with, slowdown %) of the time `pick` takes from a run.
+    fn compare(&self, pick: fn(&Run) -> f64) -> (f64, f64, f64) {
+        let without = median(&self.without.iter().map(pick).collect::<Vec<_>>());
+        let with = median(&self.with.iter().map(pick).collect::<Vec<_>>());
+        (without, with, slowdown_percent(without, with))
+    }
+
+    /// The least and the most slowdown % of the time `pick` takes from a run, each round's run
+    /// with the daemon against the same round's run without: how far the noise of the machine
+    /// reaches.
+    fn round_slowdowns(&self, pick: fn(&Run) -> f64) -> (f64, f64) {
+        self.without
+            .iter()
+            .zip(&self.with)
+            .map(|(without, with)| slowdown_percent(pick(without), pick(with)))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(least, most), s| {
+                (least.min(s), most.max(s))
+            })
+    }
+
+    /// For a code that counts its MPI_Test calls: the calls per run and the main loop's time per
+    /// call, without and with the daemon (medians), which shows a per-call cost that the wall
+    /// time of a polling loop can hide (it ends when the peer's message arrives).
+    fn polling(&self) -> Option<String> {
+        let per_call_ns = |runs: &[Run]| -> Option<(f64, f64)> {
+            let polls: Vec<f64> = runs.iter().map(|r| r.polls).collect::<Option<_>>()?;
+            let ns: Vec<f64> = runs
+                .iter()
+                .zip(&polls)
+                .map(|(r, p)| 1e9 * r.timed_s / p)
+                .collect();
+            Some((median(&polls), median(&ns)))
+        };
+        let (polls_without, ns_without) = per_call_ns(&self.without)?;
+        let (polls_with, ns_with) = per_call_ns(&self.with)?;
+        Some(format!(
+            "MPI_Test calls per run as the program counted them, median {polls_without:.0} without the daemon and {polls_with:.0} with it: one poll every {ns_without:.0} ns without, {ns_with:.0} ns with"
+        ))
+    }
+}
+
+fn main() {
+    require_root();
+    let rounds: usize = match std::env::args().nth(1) {
+        Some(n) => n
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .expect("usage: bench_apps [ROUNDS >= 1]"),
+        None => DEFAULT_ROUNDS,
+    };
+    let (codes, skipped) = the_set();
+    for line in &skipped {
+        eprintln!("bench apps: {line}");
+    }
+    let work_dir = tempfile::tempdir().expect("a temporary directory");
+    let mut runs: Vec<Runs> = codes.iter().map(|_| Runs::default()).collect();
+    let mut seen: BTreeMap<PathBuf, SeenCalls> = BTreeMap::new();
+    let mut disturbed_rounds = 0;
+    let started = Instant::now();
+    for round in 0..rounds {
+        let with_first = round % 2 == 1;
+        let mut others = Vec::new();
+        for with in [with_first, !with_first] {
+            eprintln!(
+                "bench apps: round {}/{rounds}, {} the daemon",
+                round + 1,
+                if with { "with" } else { "without" }
+            );
+            let profiler = with.then(Profiler::start);
+            let own = profiler.as_ref().map(|p| p.child.id());
+            others.extend(other_uprobe_holders(own));
+            for (code, runs) in codes.iter().zip(&mut runs) {
+                let run = code.run(work_dir.path());
+                eprintln!(
+                    "  {:<24} timed {:>7.3} s, job {:>7.3} s",
+                    code.label(),
+                    run.timed_s,
+                    run.job_s
+                );
+                if with {
+                    &mut runs.with
+                } else {
+                    &mut runs.without
+                }
+                .push(run);
+            }
+            others.extend(other_uprobe_holders(own));
+            if let Some(profiler) = profiler {
+                for (exe, calls) in profiler.calls_when_ended(&codes, codes.len()) {
+                    seen.entry(exe).or_default().add(calls);
+                }
+                profiler.stop();
+            }
+        }
+        others.sort_unstable();
+        others.dedup();
+        if !others.is_empty() {
+            disturbed_rounds += 1;
+            eprintln!("bench apps: other processes held user-space probes during round {}: {}; they may have probed the runs without this bench's daemon too", round + 1, others.join(", "));
+        }
+    }
+
+    println!(
+        "bench apps: {} codes, {RANKS} ranks each, {rounds} rounds alternating without/with the daemon, {:.0} s",
+        codes.len(),
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "{:<24} {:>45}  {:>29}  MPI calls the daemon saw (its /metrics)",
+        "", "main loop (median s; slowdown of each round)", "whole job (median s)"
+    );
+    println!(
+        "{:<24} {:>9} {:>9} {:>9} {:>15}  {:>9} {:>9} {:>9}",
+        "code", "without", "with", "slowdown", "rounds", "without", "with", "slowdown"
+    );
+    let (mut loop_slowdowns, mut job_slowdowns) = (Vec::new(), Vec::new());
+    for (code, runs) in codes.iter().zip(&runs) {
+        let (loop_without, loop_with, loop_slowdown) = runs.compare(|r| r.timed_s);
+        let (job_without, job_with, job_slowdown) = runs.compare(|r| r.job_s);
+        let (least, most) = runs.round_slowdowns(|r| r.timed_s);
+        let rounds = format!("{least:+.0}..{most:+.0}%");
+        loop_slowdowns.push(loop_slowdown);
+        job_slowdowns.push(job_slowdown);
+        let calls = seen
+            .get(&code.executable)
+            .map_or("none".to_string(), |s| s.describe(loop_without));
+        println!(
+            "{:<24} {loop_without:>9.3} {loop_with:>9.3} {loop_slowdown:>+8.1}% {rounds:>15}  {job_without:>9.3} {job_with:>9.3} {job_slowdown:>+8.1}%  {calls}",
+            code.label()
+        );
+    }
+    for (code, runs) in codes.iter().zip(&runs) {
+        if let Some(note) = runs.polling() {
+            println!("{}: {note}", code.label());
+        }
+    }
+    for line in &skipped {
+        println!("{line}");
+    }
+    println!(
+        "median slowdown over the {} codes: main loop {:+.1} %, whole job {:+.1} % (target: at most 1 %)",
+        codes.len(),
+        median(&loop_slowdowns),
+        median(&job_slowdowns)
+    );
+    println!(
+        "rounds in which another process on the node held user-space probes (another mpiburst daemon or profiler, which may probe the runs without too): {disturbed_rounds} of {rounds}"
+    );
+}
