@@ -108,7 +108,7 @@ fn main() -> Result<()> {
         .context("MPI_Barrier not in libmpi")?;
     let floor_point = AttachPoint {
         function: barrier.function.clone(),
-        file_offset: barrier.file_offset,
+        file_offset: barrier.probe_offset,
         cookie: 0,
     };
 

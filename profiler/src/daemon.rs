@@ -486,7 +486,7 @@ impl Daemon {
                 let cookie = cookie::encode(id as u16, count, dt, kind, cookie_flags(spec));
                 Some(AttachPoint {
                     function: p.function.clone(),
-                    file_offset: p.file_offset,
+                    file_offset: p.probe_offset,
                     cookie: with_peer(cookie, spec, lib, p),
                 })
             })

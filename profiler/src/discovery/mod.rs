@@ -8,6 +8,7 @@ mod interposers;
 mod ld_cache;
 mod libraries;
 mod maps;
+mod placement;
 mod probes;
 mod process;
 mod stat;

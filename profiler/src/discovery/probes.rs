@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::elf::DynamicSymbols;
 use super::error::DiscoveryError;
 use super::libraries::{Binding, MpiLibrary};
+use super::placement::probe_offset;
 
 /// Where one MPI function starts in a library file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,9 +17,13 @@ pub struct ProbePoint {
     pub function: String,
     /// The exported symbol the offset was taken from, e.g. `mpi_send_` or `MPI_Send`.
     pub symbol: String,
-    /// File offset of the entry point, as a uprobe needs it.
+    /// File offset of the entry point.
     pub file_offset: u64,
-    /// Open MPI's C library: the distance in bytes from the entry point to the library's global
+    /// File offset where the entry and return probes go: the entry point, or a later
+    /// instruction of the entry block the kernel emulates instead of single-stepping
+    /// ([`super::placement`]).
+    pub probe_offset: u64,
+    /// Open MPI's C library: the distance in bytes from the probe point to the library's global
     /// offset table slot of `ompi_mpi_comm_world`, the object MPI_COMM_WORLD points at. The
     /// slot holds the object's address in the process, in the library or, when the executable
     /// refers to MPI_COMM_WORLD itself, in the executable's copy of it; the distance is the same
@@ -53,13 +58,19 @@ pub fn probe_points(lib: &MpiLibrary, functions: &[String]) -> Result<ProbePoint
             };
             found = true;
             if taken.insert(file_offset) {
-                let world_slot_distance = world
-                    .zip(symbols.address(&symbol))
-                    .map(|(slot, entry)| slot.wrapping_sub(entry) as i64);
+                // A function whose code cannot be read keeps its probes at the entry.
+                let probe_offset = symbols
+                    .data(&symbol)
+                    .map_or(file_offset, |code| probe_offset(&code, file_offset));
+                let world_slot_distance =
+                    world.zip(symbols.address(&symbol)).map(|(slot, entry)| {
+                        slot.wrapping_sub(entry + (probe_offset - file_offset)) as i64
+                    });
                 points.push(ProbePoint {
                     function: function.clone(),
                     symbol,
                     file_offset,
+                    probe_offset,
                     world_slot_distance,
                 });
             }
