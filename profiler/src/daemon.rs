@@ -6,6 +6,7 @@
 //! programs are loaded, so a daemon that cannot run, or a second one, changes nothing.
 
 mod analysis;
+mod attach;
 mod groups;
 mod instance;
 mod libraries;
@@ -19,19 +20,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use profiler_common::{cookie, BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
+use profiler_common::{BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
 use tokio::{signal::unix::SignalKind, sync::watch};
 
 use crate::{
     analysis::online::PhasesSnapshot,
     capture::{
         self,
-        config::{FunctionClass, FunctionSpec},
         usage::{self, JobUsage, UsageTotals},
-        AttachPoint, Capture, CaptureError,
+        Capture, CaptureError,
     },
     config::Config,
-    discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary, ProbePoint},
+    discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
     export::{
         bottlenecks,
         http::{self, Published},
@@ -42,10 +42,7 @@ use crate::{
         },
         report, SelfStats,
     },
-    model::{
-        is_lifecycle_function, unix_now_ns, Burst, HwCounters, JobId, FINALIZE_FUNCTION,
-        INIT_FUNCTIONS,
-    },
+    model::{is_lifecycle_function, unix_now_ns, Burst, HwCounters, JobId},
     properties::{LiveEvaluator, LiveProperties, PropertyConfig},
     store::{CallStats, Job, JobMeta, JobStore, RankRecord, RankTotals, RegionMarks, SiteStats},
 };
@@ -239,36 +236,6 @@ fn note_modules(
 }
 
 /// The cookie flags of a probed function: polling, or a bound of the region of interest.
-/// Adds the peer fields to an attach point's cookie where the function has a peer rank and the
-/// binding passes it by value (Fortran wrappers pass pointers; the C call inside them has it).
-fn with_peer(cookie: u64, spec: &FunctionSpec, lib: &MpiLibrary, point: &ProbePoint) -> u64 {
-    let (Some(peer), Some(comm)) = (spec.peer_arg, spec.comm_arg) else {
-        return cookie;
-    };
-    let (kind, distance) = match (lib.binding, lib.flavor, point.world_slot_distance) {
-        (Binding::C, MpiFlavor::Mpich, _) => (cookie::COMM_MPICH, 0),
-        (Binding::C, MpiFlavor::OpenMpi, Some(d))
-            if d % 8 == 0 && d.abs() <= cookie::MAX_WORLD_DISTANCE =>
-        {
-            (cookie::COMM_OPENMPI, d)
-        }
-        _ => return cookie,
-    };
-    cookie::with_peer(cookie, peer as u64, comm as u64, kind, distance)
-}
-
-fn cookie_flags(spec: &FunctionSpec) -> u64 {
-    if spec.class == FunctionClass::Polling {
-        cookie::POLLING
-    } else if INIT_FUNCTIONS.contains(&spec.name.as_str()) {
-        cookie::REGION_START
-    } else if spec.name == FINALIZE_FUNCTION {
-        cookie::REGION_END
-    } else {
-        0
-    }
-}
-
 fn process_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -439,74 +406,6 @@ impl Daemon {
         daemon.state.probes_attached = true;
         daemon.publish();
         Ok(daemon)
-    }
-
-    fn attach(&mut self, lib: &MpiLibrary) {
-        if self.capture.is_attached((lib.dev, lib.inode)) {
-            return;
-        }
-        let points = match discovery::probe_points(lib, &self.functions) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!("skipping {}: {e}", lib.path.display());
-                return;
-            }
-        };
-        let dtype = match (lib.binding, lib.flavor) {
-            // Fortran wrappers pass pointers, and an interposer's arguments are also read at its
-            // PMPI call: the C call inside them accounts the bytes.
-            (Binding::Fortran | Binding::Interposer, _) => cookie::DTYPE_NONE,
-            (Binding::C, MpiFlavor::Mpich) => cookie::DTYPE_MPICH,
-            (Binding::C, MpiFlavor::OpenMpi) => match (
-                self.ompi_dtype_offset,
-                discovery::openmpi_datatype_size_offset(lib),
-            ) {
-                (Some(loaded), Ok(this)) if loaded == this => cookie::DTYPE_OPENMPI,
-                _ => {
-                    tracing::warn!(
-                        "{}: datatype layout unknown, bytes per call are not counted",
-                        lib.path.display()
-                    );
-                    cookie::DTYPE_NONE
-                }
-            },
-        };
-        let attach_points: Vec<AttachPoint> = points
-            .points
-            .iter()
-            .filter_map(|p| {
-                let id = self.functions.iter().position(|f| *f == p.function)?;
-                let spec = &self.config.mpi.functions[id];
-                let (count, dt, kind) = match (spec.count_arg, spec.datatype_arg) {
-                    (Some(c), Some(d)) if dtype != cookie::DTYPE_NONE => {
-                        (c as u64, d as u64, dtype)
-                    }
-                    _ => (cookie::NO_ARG, cookie::NO_ARG, cookie::DTYPE_NONE),
-                };
-                let cookie = cookie::encode(id as u16, count, dt, kind, cookie_flags(spec));
-                Some(AttachPoint {
-                    function: p.function.clone(),
-                    file_offset: p.probe_offset,
-                    cookie: with_peer(cookie, spec, lib, p),
-                })
-            })
-            .collect();
-        match self
-            .capture
-            .attach_library(&lib.path, (lib.dev, lib.inode), &attach_points)
-        {
-            Ok(n) => {
-                self.libraries += 1;
-                tracing::info!(
-                    "attached {n} entry points of {} ({:?} {:?}); {} functions not in this library",
-                    lib.path.display(),
-                    lib.flavor,
-                    lib.binding,
-                    points.missing.len()
-                );
-            }
-            Err(e) => tracing::warn!("{e}"),
-        }
     }
 
     /// Publishes the current state to the HTTP server.
