@@ -61,7 +61,8 @@ pub struct DaemonConfig {
     /// hierarchy); empty profiles every process.
     pub cgroup: String,
     /// Most bursts kept in memory on the node, over all jobs, for the phases printed when a job
-    /// ends: the oldest of the job holding the most go first; totals stay exact.
+    /// ends: the oldest of the job holding the most go first; totals stay exact. As many may
+    /// wait for the phase analysis, beyond which the daemon waits for it.
     pub max_bursts: usize,
     /// Lock file that keeps a second daemon from starting (it holds the running one's pid);
     /// empty means mpiburst.lock in the runtime directory systemd gives the service, or none
@@ -167,7 +168,8 @@ impl Config {
              # hierarchy (e.g. \"/system.slice/slurmstepd.scope\"); empty profiles every process.\n\
              cgroup = \"\"\n\
              # Most bursts kept in memory on the node, over all jobs, for the phases printed when a\n\
-             # job ends: the oldest of the job holding the most go first; totals stay exact.\n\
+             # job ends: the oldest of the job holding the most go first; totals stay exact. As\n\
+             # many may wait for the phase analysis, beyond which the daemon waits for it.\n\
              max_bursts = {}\n\
              # Lock file that keeps a second daemon from starting; it holds the running one's pid.\n\
              # Empty: mpiburst.lock in the runtime directory systemd gives the service\n\

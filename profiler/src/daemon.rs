@@ -341,13 +341,14 @@ impl Daemon {
             )?),
             None => None,
         };
-        let (analysis, analysis_updates) = analysis::AnalysisWorker::start(config.analysis.clone())
-            .map_err(|source| {
-                DaemonError::Capture(CaptureError::Io {
-                    what: "the phase analysis thread".into(),
-                    source,
-                })
-            })?;
+        let (analysis, analysis_updates) =
+            analysis::AnalysisWorker::start(config.analysis.clone(), config.daemon.max_bursts)
+                .map_err(|source| {
+                    DaemonError::Capture(CaptureError::Io {
+                        what: "the phase analysis thread".into(),
+                        source,
+                    })
+                })?;
         let function_names = functions
             .iter()
             .map(|f| Arc::from(f.as_str()))

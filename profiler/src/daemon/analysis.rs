@@ -4,12 +4,15 @@
 //!
 //! The daemon's loop sends the bursts of each drain, the ticks of the stats timer and the jobs that
 //! ended, in order, through a bounded channel: when the analysis falls more than
-//! [`QUEUE_BATCHES`] messages behind, the loop waits for it instead of holding an unbounded
-//! backlog. The thread sends back each job's snapshot after every tick, which the loop publishes.
+//! [`QUEUE_BATCHES`] messages or the node's burst budget (`daemon.max_bursts`, over all jobs)
+//! behind, the loop waits for it instead of holding an unbounded backlog; the kernel's ring
+//! buffer then holds what comes meanwhile, and counts what it cannot. So the bursts in memory
+//! stay within twice the budget: the store's and the queue's. The thread sends back each job's
+//! snapshot after every tick, which the loop publishes.
 
 use std::{
     collections::{BTreeMap, HashSet},
-    sync::{mpsc, Arc},
+    sync::{mpsc, Arc, Condvar, Mutex, PoisonError},
     thread::JoinHandle,
 };
 
@@ -54,37 +57,92 @@ pub enum Request {
     Forget(JobId),
 }
 
+impl Request {
+    /// The bursts the request holds in memory until the analysis has taken it.
+    fn bursts(&self) -> usize {
+        match self {
+            Request::Bursts { bursts, .. } | Request::Ended { bursts, .. } => bursts.len(),
+            Request::Tick { .. } | Request::Forget(_) => 0,
+        }
+    }
+}
+
+/// The bursts sent and not yet taken by the analysis, over all jobs, and the most allowed.
+struct QueuedBursts {
+    count: Mutex<usize>,
+    taken: Condvar,
+    limit: usize,
+}
+
+impl QueuedBursts {
+    /// Waits until `n` more bursts fit (a batch larger than the limit goes alone), then counts
+    /// them. A poisoned lock still holds a valid count.
+    fn add(&self, n: usize) {
+        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        if *count > 0 && *count + n > self.limit {
+            tracing::debug!(queued = *count, batch = n, "waiting for the phase analysis");
+        }
+        while *count > 0 && *count + n > self.limit {
+            count = self
+                .taken
+                .wait(count)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *count += n;
+    }
+
+    fn take(&self, n: usize) {
+        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        *count = count.saturating_sub(n);
+        self.taken.notify_all();
+    }
+}
+
 /// A job's new snapshot, or `None` when its analysis was dropped.
 pub type Update = (JobId, Option<Arc<PhasesSnapshot>>);
 
 /// The analysis thread. [`AnalysisWorker::finish`] lets it complete what was sent and joins it.
 pub struct AnalysisWorker {
     requests: Option<mpsc::SyncSender<Request>>,
+    queued: Arc<QueuedBursts>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl AnalysisWorker {
+    /// Starts the thread; at most `max_bursts` bursts wait for it, over all jobs.
     pub fn start(
         params: OnlineParams,
+        max_bursts: usize,
     ) -> std::io::Result<(AnalysisWorker, tokio::sync::mpsc::UnboundedReceiver<Update>)> {
         let (requests, inbox) = mpsc::sync_channel(QUEUE_BATCHES);
         let (updates, results) = tokio::sync::mpsc::unbounded_channel();
+        let queued = Arc::new(QueuedBursts {
+            count: Mutex::new(0),
+            taken: Condvar::new(),
+            limit: max_bursts,
+        });
+        let taken = queued.clone();
         let thread = std::thread::Builder::new()
             .name("mpiburst-analysis".into())
-            .spawn(move || Analyses::new(params).serve(inbox, updates))?;
+            .spawn(move || Analyses::new(params).serve(inbox, &taken, updates))?;
         Ok((
             AnalysisWorker {
                 requests: Some(requests),
+                queued,
                 thread: Some(thread),
             },
             results,
         ))
     }
 
-    /// Sends a request; waits while the analysis is [`QUEUE_BATCHES`] behind.
+    /// Sends a request; waits while the analysis is [`QUEUE_BATCHES`] requests or the burst
+    /// budget behind.
     pub fn send(&self, request: Request) {
         if let Some(requests) = &self.requests {
+            let n = request.bursts();
+            self.queued.add(n);
             if requests.send(request).is_err() {
+                self.queued.take(n);
                 tracing::error!(
                     "the phase analysis thread has stopped; phases are no longer updated"
                 );
@@ -127,60 +185,68 @@ impl Analyses {
     fn serve(
         mut self,
         inbox: mpsc::Receiver<Request>,
+        queued: &QueuedBursts,
         updates: tokio::sync::mpsc::UnboundedSender<Update>,
     ) {
         for request in inbox {
-            match request {
-                Request::Bursts { job, ranks, bursts } => {
-                    if let Some(phases) = self.job(&job, ranks) {
-                        let pushed = isolated(|| {
-                            for burst in &bursts {
-                                phases.push(burst);
-                            }
-                        });
-                        if let Err(why) = pushed {
-                            self.disable(&job, &why);
+            let n = request.bursts();
+            self.handle(request, &updates);
+            queued.take(n);
+        }
+    }
+
+    /// Carries out one request of the loop.
+    fn handle(&mut self, request: Request, updates: &tokio::sync::mpsc::UnboundedSender<Update>) {
+        match request {
+            Request::Bursts { job, ranks, bursts } => {
+                if let Some(phases) = self.job(&job, ranks) {
+                    let pushed = isolated(|| {
+                        for burst in &bursts {
+                            phases.push(burst);
                         }
+                    });
+                    if let Err(why) = pushed {
+                        self.disable(&job, &why);
                     }
                 }
-                Request::Tick { now_ns, ranks } => {
-                    let mut failed = Vec::new();
-                    for (id, phases) in &mut self.jobs {
-                        if let Some(&r) = ranks.get(id) {
-                            phases.set_ranks(r);
+            }
+            Request::Tick { now_ns, ranks } => {
+                let mut failed = Vec::new();
+                for (id, phases) in &mut self.jobs {
+                    if let Some(&r) = ranks.get(id) {
+                        phases.set_ranks(r);
+                    }
+                    match isolated(|| (phases.tick(now_ns), phases.snapshot())) {
+                        Ok((events, snapshot)) => {
+                            log_events(id, events);
+                            // The loop may be gone at shutdown; the final prints still happen.
+                            let _ = updates.send((id.clone(), Some(Arc::new(snapshot))));
                         }
-                        match isolated(|| (phases.tick(now_ns), phases.snapshot())) {
-                            Ok((events, snapshot)) => {
-                                log_events(id, events);
-                                // The loop may be gone at shutdown; the final prints still happen.
-                                let _ = updates.send((id.clone(), Some(Arc::new(snapshot))));
-                            }
-                            Err(why) => failed.push((id.clone(), why)),
-                        }
-                    }
-                    for (id, why) in failed {
-                        self.disable(&id, &why);
+                        Err(why) => failed.push((id.clone(), why)),
                     }
                 }
-                Request::Ended {
-                    job,
-                    ranks,
-                    bursts,
-                    report,
-                    bottlenecks,
-                } => {
-                    let phases = self.final_phases(&job, ranks, &bursts);
-                    let mut text = format!("{report}\n{phases}\n");
-                    if let Some(bottlenecks) = bottlenecks {
-                        text.push_str(&format!("{bottlenecks}\n"));
-                    }
-                    super::print_report(&text);
+                for (id, why) in failed {
+                    self.disable(&id, &why);
                 }
-                Request::Forget(job) => {
-                    self.jobs.remove(&job);
-                    self.disabled.remove(&job);
-                    let _ = updates.send((job, None));
+            }
+            Request::Ended {
+                job,
+                ranks,
+                bursts,
+                report,
+                bottlenecks,
+            } => {
+                let phases = self.final_phases(&job, ranks, &bursts);
+                let mut text = format!("{report}\n{phases}\n");
+                if let Some(bottlenecks) = bottlenecks {
+                    text.push_str(&format!("{bottlenecks}\n"));
                 }
+                super::print_report(&text);
+            }
+            Request::Forget(job) => {
+                self.jobs.remove(&job);
+                self.disabled.remove(&job);
+                let _ = updates.send((job, None));
             }
         }
     }
@@ -277,6 +343,36 @@ fn log_events(id: &JobId, events: Vec<PhaseEvent>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_queue_holds_at_most_the_burst_budget_and_a_larger_batch_alone() {
+        let queued = Arc::new(QueuedBursts {
+            count: Mutex::new(0),
+            taken: Condvar::new(),
+            limit: 100,
+        });
+        queued.add(60);
+        // 60 + 50 is over the budget: the sender waits until the analysis takes the first 60.
+        let sender = queued.clone();
+        let (added, done) = mpsc::channel();
+        let waiting = std::thread::spawn(move || {
+            sender.add(50);
+            added.send(()).unwrap();
+        });
+        assert!(
+            done.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "added beyond the budget"
+        );
+        queued.take(60);
+        done.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("added once taken");
+        waiting.join().unwrap();
+        // A batch larger than the whole budget waits for an empty queue and goes alone.
+        queued.take(50);
+        queued.add(500);
+        assert_eq!(*queued.count.lock().unwrap(), 500);
+    }
 
     #[test]
     fn a_panic_in_one_piece_of_work_becomes_its_message() {
