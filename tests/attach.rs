@@ -251,6 +251,8 @@ fn a_daemon_that_knows_no_mpi_library_attaches_when_a_job_opens_one() {
     );
     let job = job_with_outputs(&recording, &program, &outputs);
     assert_calls_exact(job, &outputs, "counts on a library the daemon did not know");
+    // Bytes too: where Open MPI keeps a datatype's size is learnt from the library at its open.
+    assert_bytes_exact(job, &outputs, "counts on a library the daemon did not know");
 }
 
 /// One run of counts in a mount namespace of its own, on a copy of the MPI library in a

@@ -302,6 +302,24 @@ pub fn assert_calls_exact(job: &Job, outputs: &[serde_json::Value], what: &str) 
     }
 }
 
+/// Asserts that every call of a function the program sized was sized in kernel, and that the
+/// bytes per function of each rank of `job` equal the program's own (its `bytes` object).
+pub fn assert_bytes_exact(job: &Job, outputs: &[serde_json::Value], what: &str) {
+    for out in outputs {
+        let rank = out["rank"].as_u64().unwrap() as u32;
+        let own: BTreeMap<String, u64> = serde_json::from_value(out["bytes"].clone()).unwrap();
+        for (function, bytes) in own {
+            let stats = &job.ranks[&rank].functions[&function];
+            assert_eq!(
+                (stats.sized_calls, stats.bytes),
+                (stats.calls, bytes),
+                "{what}: rank {rank} {function}: (sized calls, bytes) against (calls, the \
+                 program's bytes)"
+            );
+        }
+    }
+}
+
 /// The recorded jobs whose executable is `program`.
 pub fn jobs_of<'a>(recording: &'a Recording, program: &Path) -> Vec<&'a Job> {
     let exe = program.canonicalize().unwrap();

@@ -34,10 +34,6 @@ use profiler_common::{
 /// Bursts shorter than this are only summed in kernel. Set by the daemon at load time.
 #[no_mangle]
 static MIN_BURST_NS: u64 = 0;
-/// Byte offset of the size field inside an Open MPI datatype object (checked by the daemon
-/// against the library's own predefined datatypes).
-#[no_mangle]
-static OMPI_DTYPE_SIZE_OFFSET: u64 = 24;
 /// 1 when the daemon filled the counter arrays with per-CPU perf events.
 #[no_mangle]
 static COUNTERS_ENABLED: u32 = 0;
@@ -67,6 +63,11 @@ static TASK_THREADS: LruHashMap<u64, TaskThread> = LruHashMap::with_max_entries(
 static TASK_FILTER: Array<u64> = Array::with_max_entries(TASK_FILTER_WORDS, 0);
 const TASK_FILTER_BITS: u32 = 16;
 const TASK_FILTER_WORDS: u32 = 1 << (TASK_FILTER_BITS - 6);
+/// Byte offset of the size field inside an Open MPI datatype object, set by the daemon when it
+/// attaches to the first Open MPI library (checked against the library's own predefined
+/// datatypes); a map, not a load-time constant, because that library may come long after start.
+#[map]
+static OMPI_DTYPE_SIZE_OFFSET: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 static FUNC_STATS: HashMap<FuncKey, FuncStats> = HashMap::with_max_entries(65536, 0);
 #[map]
@@ -327,7 +328,7 @@ fn call_bytes(regs: &pt_regs, c: u64) -> Option<u64> {
     let handle = arg(regs, cookie::dtype_arg(c));
     let size = match cookie::dtype(c) {
         cookie::DTYPE_OPENMPI => {
-            let addr = handle.checked_add(config(&OMPI_DTYPE_SIZE_OFFSET))?;
+            let addr = handle.checked_add(*OMPI_DTYPE_SIZE_OFFSET.get(0)?)?;
             unsafe { bpf_probe_read_user(addr as *const u64) }.ok()?
         }
         // MPICH builtin datatypes: handle kind "builtin" (01) and object kind "datatype"

@@ -116,7 +116,7 @@ fn main() -> Result<()> {
     for round in 0..ROUNDS {
         none.push(ns_per_call(&program)?);
         {
-            let mut capture = Capture::load(&config.capture, 0)?;
+            let mut capture = Capture::load(&config.capture)?;
             capture.attach_floor(&libmpi.path, std::slice::from_ref(&floor_point))?;
             floor.push(ns_per_call(&program)?);
         }
@@ -172,7 +172,7 @@ fn main() -> Result<()> {
     }
     let mut tracked = Vec::new();
     for round in 0..ROUNDS {
-        let mut capture = Capture::load(&io_on.capture, 0)?;
+        let mut capture = Capture::load(&io_on.capture)?;
         capture.track(std::process::id())?;
         tracked.push(ns_per_write()?);
         let counted = capture

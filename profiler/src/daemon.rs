@@ -31,7 +31,7 @@ use crate::{
         Capture, CaptureError,
     },
     config::Config,
-    discovery::{self, AddressResolver, Binding, MpiFlavor, MpiLibrary},
+    discovery::{self, AddressResolver, Binding, MpiLibrary},
     export::{
         bottlenecks,
         http::{self, Published},
@@ -181,6 +181,7 @@ pub struct Daemon {
     libraries: usize,
     /// Libraries found at run time: held processes, PMPI interposers.
     run_time_libraries: libraries::RunTimeLibraries,
+    /// Where Open MPI datatypes keep their size, once an Open MPI library is attached.
     ompi_dtype_offset: Option<u64>,
     counters_note: String,
     hardware_counters: bool,
@@ -280,20 +281,7 @@ impl Daemon {
             .filter(|l| l.binding == Binding::C || configured(l))
             .collect();
         libraries.extend(discovery::all_process_libraries());
-        let ompi_dtype_offset = libraries
-            .iter()
-            .filter(|l| l.flavor == MpiFlavor::OpenMpi && l.binding == Binding::C)
-            .find_map(|l| match discovery::openmpi_datatype_size_offset(l) {
-                Ok(offset) => Some(offset),
-                Err(e) => {
-                    tracing::warn!(
-                        "Open MPI bytes per call unavailable for {}: {e}",
-                        l.path.display()
-                    );
-                    None
-                }
-            });
-        let capture = Capture::load(&config.capture, ompi_dtype_offset.unwrap_or(0))?;
+        let capture = Capture::load(&config.capture)?;
         let (counters_note, hardware_counters) = match &capture.counters {
             Ok(events) if events.iter().all(|e| e.is_hardware()) => {
                 (format!("hardware counters: {}, {}", events[0].name, events[1].name), true)
@@ -382,7 +370,7 @@ impl Daemon {
             started_ns: unix_now_ns(),
             libraries: 0,
             run_time_libraries: Default::default(),
-            ompi_dtype_offset,
+            ompi_dtype_offset: None,
             counters_note,
             hardware_counters,
             last_report: Instant::now(),

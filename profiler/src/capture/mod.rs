@@ -234,7 +234,7 @@ pub struct Capture {
 impl Capture {
     /// Loads the programs and attaches the scheduler tracepoints. MPI libraries are attached
     /// afterwards with [`Capture::attach_library`].
-    pub fn load(config: &CaptureConfig, ompi_dtype_size_offset: u64) -> Result<Self, CaptureError> {
+    pub fn load(config: &CaptureConfig) -> Result<Self, CaptureError> {
         if BPF_OBJECT.is_empty() {
             return Err(CaptureError::NoBpfObject);
         }
@@ -259,7 +259,6 @@ impl Capture {
         let mut ebpf = EbpfLoader::new()
             .override_global("MIN_BURST_NS", &min_burst_ns, true)
             .override_global("COUNTERS_ENABLED", &counters_enabled, true)
-            .override_global("OMPI_DTYPE_SIZE_OFFSET", &ompi_dtype_size_offset, true)
             .override_global("EXEC_PID_OFFSET", &exec_pid_offset, true)
             .override_global("EXIT_GROUP_DEAD_OFFSET", &exit_group_dead_offset, true)
             .override_global("IO_FD_OFFSET", &io_fd_offset, true)
@@ -502,6 +501,16 @@ impl Capture {
             source,
         })?;
         self.set_tracked_bit(pid, true)
+    }
+
+    /// Sets where Open MPI datatype objects keep their size, for the attach points whose cookie
+    /// says `DTYPE_OPENMPI`.
+    pub fn set_ompi_dtype_size_offset(&mut self, offset: u64) -> Result<(), CaptureError> {
+        let mut slot: Array<&mut MapData, u64> = map_mut(&mut self.ebpf, "OMPI_DTYPE_SIZE_OFFSET")?;
+        slot.set(0, offset, 0).map_err(|source| CaptureError::Map {
+            map: "OMPI_DTYPE_SIZE_OFFSET",
+            source,
+        })
     }
 
     /// Sets or clears a pid's bit in TRACKED_PIDS. The daemon is the bitmap's only writer, so a

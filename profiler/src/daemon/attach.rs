@@ -31,19 +31,7 @@ impl Daemon {
             // PMPI call: the C call inside them accounts the bytes.
             (Binding::Fortran | Binding::Interposer, _) => cookie::DTYPE_NONE,
             (Binding::C, MpiFlavor::Mpich) => cookie::DTYPE_MPICH,
-            (Binding::C, MpiFlavor::OpenMpi) => match (
-                self.ompi_dtype_offset,
-                discovery::openmpi_datatype_size_offset(lib),
-            ) {
-                (Some(loaded), Ok(this)) if loaded == this => cookie::DTYPE_OPENMPI,
-                _ => {
-                    tracing::warn!(
-                        "{}: datatype layout unknown, bytes per call are not counted",
-                        lib.path.display()
-                    );
-                    cookie::DTYPE_NONE
-                }
-            },
+            (Binding::C, MpiFlavor::OpenMpi) => self.openmpi_datatypes(lib),
         };
         let attach_points: Vec<AttachPoint> = points
             .points
@@ -80,6 +68,46 @@ impl Daemon {
                 );
             }
             Err(e) => tracing::warn!("{e}"),
+        }
+    }
+
+    /// How the attach points of Open MPI's C library `lib` read a datatype's size: through the
+    /// size offset of the first Open MPI library attached, which the BPF programs hold; a library
+    /// whose datatypes keep their size elsewhere (another Open MPI version) counts no bytes.
+    fn openmpi_datatypes(&mut self, lib: &MpiLibrary) -> u64 {
+        let this = match discovery::openmpi_datatype_size_offset(lib) {
+            Ok(offset) => offset,
+            Err(e) => {
+                tracing::warn!(
+                    "{}: bytes per call are not counted: {e}",
+                    lib.path.display()
+                );
+                return cookie::DTYPE_NONE;
+            }
+        };
+        match self.ompi_dtype_offset {
+            Some(loaded) if loaded == this => cookie::DTYPE_OPENMPI,
+            Some(loaded) => {
+                tracing::warn!(
+                    "{}: its datatypes keep their size at byte {this}, those of the Open MPI \
+                     attached first at byte {loaded}; bytes per call are not counted for it",
+                    lib.path.display()
+                );
+                cookie::DTYPE_NONE
+            }
+            None => match self.capture.set_ompi_dtype_size_offset(this) {
+                Ok(()) => {
+                    self.ompi_dtype_offset = Some(this);
+                    cookie::DTYPE_OPENMPI
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "{}: bytes per call are not counted: {e}",
+                        lib.path.display()
+                    );
+                    cookie::DTYPE_NONE
+                }
+            },
         }
     }
 }
