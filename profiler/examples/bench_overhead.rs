@@ -96,7 +96,10 @@ fn main() -> Result<()> {
             .nth(1)
             .context("usage: bench_overhead PATH/call_loop.openmpi")?,
     );
-    let config = Config::default();
+    // The daemon's loop does not run here, so nothing would resume a process held at its open
+    // of an MPI library.
+    let mut config = Config::default();
+    config.mpi.hold_new_libraries = false;
     let libmpi = discovery::discover_libraries(&[])?
         .into_iter()
         .find(|l| l.flavor == MpiFlavor::OpenMpi && l.binding == Binding::C)
