@@ -308,8 +308,9 @@ fn world_peer(regs: &pt_regs, c: u64) -> Option<i64> {
     let comm = any_arg(regs, cookie::comm_arg(c))?;
     let world = match cookie::comm(c) {
         cookie::COMM_MPICH => comm as u32 == 0x4400_0000,
-        // At an entry probe the instruction pointer is the function's address; the library's
-        // GOT slot for ompi_mpi_comm_world lies at a fixed distance from it.
+        // At an entry probe the instruction pointer is the probe's address; the library's GOT
+        // slot for ompi_mpi_comm_world lies at a fixed distance from it, which the daemon
+        // measured from the probe's place in the function.
         cookie::COMM_OPENMPI => {
             let ip = unsafe { core::ptr::read_volatile(&regs.rip) };
             let slot = ip.wrapping_add(cookie::world_distance(c) as u64);
