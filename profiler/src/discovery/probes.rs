@@ -21,7 +21,7 @@ pub struct ProbePoint {
     pub file_offset: u64,
     /// File offset where the entry and return probes go: the entry point, or a later
     /// instruction of the entry block the kernel emulates instead of single-stepping
-    /// ([`super::placement`]).
+    /// (discovery/placement.rs).
     pub probe_offset: u64,
     /// Open MPI's C library: the distance in bytes from the probe point to the library's global
     /// offset table slot of `ompi_mpi_comm_world`, the object MPI_COMM_WORLD points at. The
