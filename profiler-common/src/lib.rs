@@ -47,14 +47,17 @@ pub mod cookie {
     pub const POLLING: u64 = 1 << 28;
     pub const REGION_START: u64 = 1 << 29;
     pub const REGION_END: u64 = 1 << 30;
+    /// The call may free a datatype (MPI_Type_free): the sizes the probes remember per datatype
+    /// handle are stale from here on, since a new datatype can get the freed one's address.
+    pub const DTYPE_FREE: u64 = 1 << 31;
 
-    /// `flags` is any of `POLLING`, `REGION_START`, `REGION_END`.
+    /// `flags` is any of `POLLING`, `REGION_START`, `REGION_END`, `DTYPE_FREE`.
     pub const fn encode(func: u16, count_arg: u64, dtype_arg: u64, dtype: u64, flags: u64) -> u64 {
         func as u64
             | (count_arg & 0xf) << 16
             | (dtype_arg & 0xf) << 20
             | (dtype & 0xf) << 24
-            | (flags & (POLLING | REGION_START | REGION_END))
+            | (flags & (POLLING | REGION_START | REGION_END | DTYPE_FREE))
     }
     /// Adds the peer fields to a cookie: `world_distance` is Open MPI's distance to the slot, in
     /// bytes (a multiple of 8 within ±`MAX_WORLD_DISTANCE`).
@@ -199,6 +202,18 @@ pub struct ThreadState {
     /// The peer rank in MPI_COMM_WORLD of the outermost call in progress, when
     /// `OUTER_WORLD_PEER` is set.
     pub outer_peer: i64,
+    /// Open MPI: the address of the library's GOT slot for `ompi_mpi_comm_world` and what it
+    /// holds, read at the thread's first call with a peer. The slot is written once, when the
+    /// loader relocates the library, and a user memory read costs more than the rest of the
+    /// entry probe; 0 until read, and again after an exec.
+    pub world_slot: u64,
+    pub world_comm: u64,
+    /// Open MPI: the last datatype handle whose size was read from the datatype object, its
+    /// size, and the datatype epoch (DTYPE_EPOCH) it was read in; reused while the handle and
+    /// the epoch are the same.
+    pub dtype_handle: u64,
+    pub dtype_size: u64,
+    pub dtype_epoch: u64,
     pub outer_flags: u32,
     pub polling_calls: u32,
     /// 0 when no burst is open.
@@ -233,7 +248,7 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 256);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 296);
 
 /// Value of the task → thread map: which thread (and process) a kernel task is.
 #[repr(C)]

@@ -68,6 +68,13 @@ const TASK_FILTER_WORDS: u32 = 1 << (TASK_FILTER_BITS - 6);
 /// datatypes); a map, not a load-time constant, because that library may come long after start.
 #[map]
 static OMPI_DTYPE_SIZE_OFFSET: Array<u64> = Array::with_max_entries(1, 0);
+/// Open MPI datatype epoch, node-wide: 0 while no MPI_Type_free is probed (the probes then read
+/// every call's datatype size from the datatype object), set to 1 by the daemon once one is, and
+/// changed at every MPI_Type_free entry. A thread reuses the size it read for a datatype handle
+/// only within one epoch: a datatype freed and made again can get the same address with another
+/// size, but only after a free.
+#[map]
+static DTYPE_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 static FUNC_STATS: HashMap<FuncKey, FuncStats> = HashMap::with_max_entries(65536, 0);
 #[map]
@@ -300,7 +307,7 @@ fn any_arg(regs: &pt_regs, index: u64) -> Option<u64> {
 /// The call's peer when it is a rank of MPI_COMM_WORLD: not MPI_ANY_SOURCE or MPI_PROC_NULL
 /// (negative in both MPIs), and not a rank of another communicator, whose numbering differs.
 #[inline(always)]
-fn world_peer(regs: &pt_regs, c: u64) -> Option<i64> {
+fn world_peer(st: &mut ThreadState, regs: &pt_regs, c: u64) -> Option<i64> {
     let peer = arg(regs, cookie::peer_arg(c)) as i32;
     if peer < 0 {
         return None;
@@ -314,8 +321,11 @@ fn world_peer(regs: &pt_regs, c: u64) -> Option<i64> {
         cookie::COMM_OPENMPI => {
             let ip = unsafe { core::ptr::read_volatile(&regs.rip) };
             let slot = ip.wrapping_add(cookie::world_distance(c) as u64);
-            let world = unsafe { bpf_probe_read_user(slot as *const u64) }.ok()?;
-            comm == world
+            if st.world_slot != slot {
+                st.world_comm = unsafe { bpf_probe_read_user(slot as *const u64) }.ok()?;
+                st.world_slot = slot;
+            }
+            comm == st.world_comm
         }
         _ => false,
     };
@@ -324,23 +334,42 @@ fn world_peer(regs: &pt_regs, c: u64) -> Option<i64> {
 
 /// Bytes of a call's (count, datatype) pair, or None where the datatype size is unknown.
 #[inline(always)]
-fn call_bytes(regs: &pt_regs, c: u64) -> Option<u64> {
+fn call_bytes(st: &mut ThreadState, regs: &pt_regs, c: u64) -> Option<u64> {
     let count = arg(regs, cookie::count_arg(c)) as i32;
     let handle = arg(regs, cookie::dtype_arg(c));
     let size = match cookie::dtype(c) {
-        cookie::DTYPE_OPENMPI => {
-            let addr = handle.checked_add(*OMPI_DTYPE_SIZE_OFFSET.get(0)?)?;
-            unsafe { bpf_probe_read_user(addr as *const u64) }.ok()?
-        }
+        cookie::DTYPE_OPENMPI => ompi_dtype_size(st, handle)?,
         // MPICH builtin datatypes: handle kind "builtin" (01) and object kind "datatype"
         // (0011) in the top six bits; the size sits in bits 8–15.
         cookie::DTYPE_MPICH if (handle as u32) & 0xfc00_0000 == 0x4c00_0000 => (handle >> 8) & 0xff,
         _ => return None,
     };
-    if count < 0 || size > 1 << 20 {
+    if count < 0 {
         return None;
     }
     Some(count as u64 * size)
+}
+
+/// The size of the Open MPI datatype `handle` points at: read from the object (a user memory
+/// read costs more than the rest of the entry probe), or remembered from this thread's last
+/// read of the same handle in the same datatype epoch.
+#[inline(always)]
+fn ompi_dtype_size(st: &mut ThreadState, handle: u64) -> Option<u64> {
+    // The epoch before the read: a free racing with the read raises it, and the next call reads
+    // again.
+    let epoch = unsafe { core::ptr::read_volatile(DTYPE_EPOCH.get_ptr(0)?) };
+    if epoch != 0 && st.dtype_epoch == epoch && st.dtype_handle == handle {
+        return Some(st.dtype_size);
+    }
+    let addr = handle.checked_add(*OMPI_DTYPE_SIZE_OFFSET.get(0)?)?;
+    let size = unsafe { bpf_probe_read_user(addr as *const u64) }.ok()?;
+    if size > 1 << 20 {
+        return None;
+    }
+    st.dtype_handle = handle;
+    st.dtype_size = size;
+    st.dtype_epoch = epoch;
+    Some(size)
 }
 
 /// Closes the open burst at the entry of the call that ends it: sums it into the thread's totals,
@@ -442,6 +471,9 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
         return 0;
     };
     let regs = unsafe { &*ctx.regs };
+    if c & cookie::DTYPE_FREE != 0 {
+        raise_dtype_epoch();
+    }
     if st.depth == 0 {
         st.outer_func = cookie::func(c);
         st.outer_entry_ns = now;
@@ -468,7 +500,7 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
     // pointers; the C call it makes has the values).
     if st.outer_flags & OUTER_BYTES_DONE == 0 && cookie::dtype(c) != cookie::DTYPE_NONE {
         st.outer_flags |= OUTER_BYTES_DONE;
-        if let Some(bytes) = call_bytes(regs, c) {
+        if let Some(bytes) = call_bytes(st, regs, c) {
             st.outer_bytes = bytes;
         } else {
             st.outer_flags &= !OUTER_BYTES_DONE;
@@ -476,7 +508,7 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
     }
     if st.outer_flags & OUTER_PEER_DONE == 0 && cookie::comm(c) != cookie::COMM_NONE {
         st.outer_flags |= OUTER_PEER_DONE;
-        if let Some(peer) = world_peer(regs, c) {
+        if let Some(peer) = world_peer(st, regs, c) {
             st.outer_peer = peer;
             st.outer_flags |= OUTER_WORLD_PEER;
         }
@@ -555,6 +587,19 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     0
 }
 
+/// Makes every thread's remembered datatype sizes stale (at an MPI_Type_free), unless none is
+/// remembered because no free is probed. The new epoch is the time: a plain store, as the BPF
+/// target has no atomic add, and two frees racing on two CPUs still each store a value no
+/// thread has remembered yet.
+#[inline(always)]
+fn raise_dtype_epoch() {
+    if let Some(p) = DTYPE_EPOCH.get_ptr_mut(0) {
+        if unsafe { core::ptr::read_volatile(p) } != 0 {
+            unsafe { core::ptr::write_volatile(p, bpf_ktime_get_ns().max(1)) };
+        }
+    }
+}
+
 /// Records a region boundary of a process (the first thread to reach it sets it).
 #[inline(always)]
 fn set_region(pid: u32, set: impl FnOnce(&mut RankRegion)) {
@@ -630,6 +675,10 @@ pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
 #[tracepoint]
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let pid: u32 = unsafe { ctx.read_at(config(&EXEC_PID_OFFSET) as usize) }.unwrap_or(0);
+    // A new program image: what the thread read from the old one's memory no longer holds.
+    if let Some(st) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid() as u32) {
+        unsafe { (*st).world_slot = 0 };
+    }
     if EXECS
         .output::<ExecRecord>(&ExecRecord { pid, _pad: 0 }, BPF_RB_NO_WAKEUP as u64)
         .is_err()

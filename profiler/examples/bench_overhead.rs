@@ -1,13 +1,23 @@
-//! Cost per probed MPI call, measured side by side in one run (`cargo xtask bench overhead`):
+//! Cost per probed MPI call, measured side by side in one run (`cargo xtask bench overhead`),
+//! for one function of each class of probe on both MPIs (Open MPI and MPICH, whichever is
+//! installed):
 //!
 //! - (c) no probes,
-//! - (a) the floor: empty BPF programs as uprobe + uretprobe on the same function,
+//! - (a) the floor: empty BPF programs as uprobe + uretprobe at the same place in the function,
 //! - (b) mpiburst's real probes, attached exactly as the daemon attaches them.
 //!
-//! The workload is tests/mpi/call_loop: one rank calling MPI_Barrier(MPI_COMM_SELF) in a loop.
-//! The probe cost of a configuration is its ns per call minus (c); the budget is
-//! cost(b) ≤ 1.3 × cost(a). Configurations alternate over several rounds and medians are taken,
-//! so drift on the machine hits all three alike.
+//! The workload is tests/mpi/call_loop: one rank calling one function in a loop, so that it does
+//! almost nothing (see call_loop.c for the classes: a collective without arguments read, bytes,
+//! bytes and peer with the communicator on the stack, completion, polling, polling with peer).
+//! The probe cost of a configuration is its ns per call minus (c); the target is
+//! cost(b) ≤ 1.1 × cost(a). Configurations alternate over several rounds and medians are taken,
+//! so drift on the machine hits all three alike. Where the kernel would single-step a function's
+//! first instruction, the probes sit further in (discovery/placement.rs): the table shows where.
+//!
+//! One more round runs with the kernel's BPF statistics on and prints the run time of the entry
+//! and return programs per call, the floor's empty programs beside mpiburst's: what the
+//! programs' own work costs, apart from the uprobe traps both pay. The statistics add their own
+//! clock reads to every run, which is why the rounds above run without them.
 //!
 //! The file I/O programs sit on system call tracepoints, and while any system call tracepoint is
 //! in use every system call on the node takes the kernel's traced path, so the tax on a process
@@ -17,20 +27,150 @@
 //! but file I/O off (the scheduler programs alone) and with file I/O on, alternating. Last,
 //! 1-byte pwrite calls of a tracked process to a file it opened (counted requests, checked to be
 //! counted exactly).
+//!
+//! Usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS
 
-use std::{path::PathBuf, process::Command};
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{bail, Context, Result};
 use mpiburst::{
     capture::{config::CaptureConfig, usage, AttachPoint, Capture},
     config::Config,
     daemon::Daemon,
-    discovery::{self, Binding, MpiFlavor},
+    discovery::{self, Binding, MpiFlavor, MpiLibrary},
 };
 
-const CALLS: &str = "2000000";
+const CALLS: &str = "300000";
 const ROUNDS: usize = 5;
 const SYSCALLS: u32 = 1_000_000;
+
+/// One function of each class of probe: call_loop's name for it, the MPI function, the class.
+const CLASSES: [(&str, &str, &str); 6] = [
+    ("barrier", "MPI_Barrier", "collective"),
+    ("allreduce", "MPI_Allreduce", "collective, bytes"),
+    ("sendrecv", "MPI_Sendrecv", "p2p, bytes, peer (stack)"),
+    ("waitall", "MPI_Waitall", "completion"),
+    ("test", "MPI_Test", "polling"),
+    ("iprobe", "MPI_Iprobe", "polling, peer"),
+];
+
+/// An installed MPI: its call_loop build, its C library, and the floor's attach points (the
+/// probe places of the CLASSES functions).
+struct Mpi {
+    name: &'static str,
+    program: PathBuf,
+    library: MpiLibrary,
+    floor_points: Vec<AttachPoint>,
+    /// Bytes from the entry point to the probes, per function (0: at the entry point).
+    probe_shift: BTreeMap<String, u64>,
+}
+
+/// The installed MPIs whose call_loop was built; a missing one is reported and left out.
+fn installed_mpis(programs: &Path) -> Result<Vec<Mpi>> {
+    let libraries = discovery::discover_libraries(&[])?;
+    let functions: Vec<String> = CLASSES.iter().map(|c| c.1.to_string()).collect();
+    let mut mpis = Vec::new();
+    for (flavor, name, suffix) in [
+        (MpiFlavor::OpenMpi, "Open MPI", "openmpi"),
+        (MpiFlavor::Mpich, "MPICH", "mpich"),
+    ] {
+        let program = programs.join(format!("call_loop.{suffix}"));
+        let library = libraries
+            .iter()
+            .find(|l| l.flavor == flavor && l.binding == Binding::C);
+        let Some(library) = library.filter(|_| program.exists()) else {
+            eprintln!(
+                "{name}: not installed or {} not built; left out",
+                program.display()
+            );
+            continue;
+        };
+        let points = discovery::probe_points(library, &functions)?.points;
+        mpis.push(Mpi {
+            name,
+            program,
+            library: library.clone(),
+            floor_points: points
+                .iter()
+                .map(|p| AttachPoint {
+                    function: p.function.clone(),
+                    file_offset: p.probe_offset,
+                    cookie: 0,
+                })
+                .collect(),
+            probe_shift: points
+                .iter()
+                .map(|p| (p.function.clone(), p.probe_offset - p.file_offset))
+                .collect(),
+        });
+    }
+    if mpis.is_empty() {
+        bail!("no MPI with a built call_loop: run `cargo xtask build` and tests/mpi/build.sh");
+    }
+    Ok(mpis)
+}
+
+/// The floor's empty programs on every function of every MPI.
+fn load_floor(config: &Config, mpis: &[Mpi]) -> Result<Capture> {
+    let mut capture = Capture::load(&config.capture)?;
+    for mpi in mpis {
+        capture.attach_floor(&mpi.library.path, &mpi.floor_points)?;
+    }
+    Ok(capture)
+}
+
+/// ns per call of every (MPI, class), in the order of `mpis` × CLASSES.
+fn ns_per_call_of_all(mpis: &[Mpi]) -> Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for mpi in mpis {
+        for (arg, _, _) in CLASSES {
+            out.push(ns_per_call(&mpi.program, arg)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Run time and run count of the loaded BPF programs with these names that `known` does not
+/// list (those loaded before this benchmark, by another daemon say).
+fn program_runs(names: [&str; 2], known: &HashSet<u32>) -> Result<[(u64, u64); 2]> {
+    let mut runs = [(0, 0); 2];
+    for info in aya::programs::loaded_programs() {
+        let info = info?;
+        if known.contains(&info.id()) {
+            continue;
+        }
+        if let Some(i) = names.iter().position(|&n| Some(n) == info.name_as_str()) {
+            runs[i].0 += info.run_time().as_nanos() as u64;
+            runs[i].1 += info.run_count();
+        }
+    }
+    Ok(runs)
+}
+
+/// ns per run of the two named programs while each (MPI, class) runs, in the order of
+/// `mpis` × CLASSES.
+fn ns_per_run_of_all(
+    mpis: &[Mpi],
+    names: [&str; 2],
+    known: &HashSet<u32>,
+) -> Result<Vec<[f64; 2]>> {
+    let mut out = Vec::new();
+    for mpi in mpis {
+        for (arg, _, _) in CLASSES {
+            let before = program_runs(names, known)?;
+            ns_per_call(&mpi.program, arg)?;
+            let after = program_runs(names, known)?;
+            out.push([0, 1].map(|i| {
+                (after[i].0 - before[i].0) as f64 / (after[i].1 - before[i].1).max(1) as f64
+            }));
+        }
+    }
+    Ok(out)
+}
 
 /// This thread's CPU time per call of `call`, made SYSCALLS times. CPU time, not wall time:
 /// what other tasks run on the CPU meanwhile (sched_yield hands it to them) is not the caller's
@@ -61,15 +201,16 @@ fn ns_per_yield() -> Result<f64> {
     })
 }
 
-fn ns_per_call(program: &PathBuf) -> Result<f64> {
+/// ns per call of `function` (call_loop's name) measured by call_loop itself.
+fn ns_per_call(program: &Path, function: &str) -> Result<f64> {
     let out = Command::new(program)
-        .arg(CALLS)
+        .args([CALLS, function])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()?;
     if !out.status.success() {
         bail!(
-            "{} failed: {}",
+            "{} {function} failed: {}",
             program.display(),
             String::from_utf8_lossy(&out.stderr)
         );
@@ -91,48 +232,102 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let program = PathBuf::from(
+    let programs = PathBuf::from(
         std::env::args()
             .nth(1)
-            .context("usage: bench_overhead PATH/call_loop.openmpi")?,
+            .context("usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS")?,
     );
     // The daemon's loop does not run here, so nothing would resume a process held at its open
     // of an MPI library.
     let mut config = Config::default();
     config.mpi.hold_new_libraries = false;
-    let libmpi = discovery::discover_libraries(&[])?
-        .into_iter()
-        .find(|l| l.flavor == MpiFlavor::OpenMpi && l.binding == Binding::C)
-        .context("Open MPI's libmpi not found")?;
-    let barrier = discovery::probe_points(&libmpi, &["MPI_Barrier".to_string()])?
-        .points
-        .into_iter()
-        .next()
-        .context("MPI_Barrier not in libmpi")?;
-    let floor_point = AttachPoint {
-        function: barrier.function.clone(),
-        file_offset: barrier.probe_offset,
-        cookie: 0,
-    };
+    let mpis = installed_mpis(&programs)?;
 
-    let (mut none, mut floor, mut real) = (Vec::new(), Vec::new(), Vec::new());
+    // Per (MPI, class), ns per call of each round: none, floor, mpiburst.
+    let mut rounds: [Vec<Vec<f64>>; 3] = Default::default();
     for round in 0..ROUNDS {
-        none.push(ns_per_call(&program)?);
+        rounds[0].push(ns_per_call_of_all(&mpis)?);
         {
-            let mut capture = Capture::load(&config.capture)?;
-            capture.attach_floor(&libmpi.path, std::slice::from_ref(&floor_point))?;
-            floor.push(ns_per_call(&program)?);
+            let _floor = load_floor(&config, &mpis)?;
+            rounds[1].push(ns_per_call_of_all(&mpis)?);
         }
         {
             let _daemon = Daemon::start(config.clone(), None)?;
-            real.push(ns_per_call(&program)?);
+            rounds[2].push(ns_per_call_of_all(&mpis)?);
         }
-        eprintln!(
-            "round {}: none {:.1} ns, floor {:.1} ns, mpiburst {:.1} ns per call",
-            round + 1,
-            none[round],
-            floor[round],
-            real[round]
+        eprintln!("round {} of {ROUNDS} done", round + 1);
+    }
+    // Each program's run time, with the kernel's statistics on for this round only.
+    let known: HashSet<u32> = aya::programs::loaded_programs()
+        .map(|info| info.map(|i| i.id()))
+        .collect::<Result<_, _>>()?;
+    let (floor_runs, real_runs) = {
+        let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .context("turning on the kernel's BPF run-time statistics")?;
+        let floor_runs = {
+            let _floor = load_floor(&config, &mpis)?;
+            ns_per_run_of_all(&mpis, ["floor_enter", "floor_exit"], &known)?
+        };
+        let _daemon = Daemon::start(config.clone(), None)?;
+        (
+            floor_runs,
+            ns_per_run_of_all(&mpis, ["mpi_enter", "mpi_exit"], &known)?,
+        )
+    };
+    println!(
+        "cost per call, {CALLS} calls per run, median of {ROUNDS} alternating rounds (ns per call; \
+         probe cost = with probes - without; target: mpiburst/floor <= 1.1):"
+    );
+    println!(
+        "  {:<9} {:<14} {:<26} {:>8} {:>8} {:>8} {:>9} {:>11} {:>13} {:>6}",
+        "MPI",
+        "function",
+        "class",
+        "probe at",
+        "none",
+        "floor",
+        "mpiburst",
+        "floor cost",
+        "mpiburst cost",
+        "ratio"
+    );
+    let classes = mpis
+        .iter()
+        .flat_map(|mpi| CLASSES.iter().map(move |c| (mpi, c)));
+    for (i, (mpi, (_, function, class))) in classes.clone().enumerate() {
+        let [c, a, b] = [0, 1, 2].map(|k| median(rounds[k].iter().map(|r| r[i]).collect()));
+        println!(
+            "  {:<9} {:<14} {:<26} {:>8} {c:>8.1} {a:>8.1} {b:>9.1} {:>11.1} {:>13.1} {:>6.3}",
+            mpi.name,
+            function,
+            class,
+            format!("+{}", mpi.probe_shift.get(*function).copied().unwrap_or(0)),
+            a - c,
+            b - c,
+            (b - c) / (a - c)
+        );
+    }
+    println!(
+        "BPF program run time per call, one more round with the kernel's statistics on (their own \
+         clock reads included):"
+    );
+    println!(
+        "  {:<9} {:<14} {:>11} {:>10} {:>11} {:>10} {:>22}",
+        "MPI",
+        "function",
+        "floor entry",
+        "floor ret",
+        "mpi_enter",
+        "mpi_exit",
+        "work of the programs"
+    );
+    for (i, (mpi, (_, function, _))) in classes.enumerate() {
+        let ([fe, fr], [me, mr]) = (floor_runs[i], real_runs[i]);
+        println!(
+            "  {:<9} {:<14} {fe:>8.1} ns {fr:>7.1} ns {me:>8.1} ns {mr:>7.1} ns {:>19.1} ns",
+            mpi.name,
+            function,
+            me + mr - fe - fr
         );
     }
     // Untracked system calls: without the daemon, with it but without file I/O counting (the
@@ -191,21 +386,6 @@ fn main() -> Result<()> {
             tracked[round]
         );
     }
-    let (c, a, b) = (median(none), median(floor), median(real));
-    println!("MPI_Barrier(MPI_COMM_SELF), {CALLS} calls, median of {ROUNDS} alternating rounds:");
-    println!("  (c) no probes            {c:>9.1} ns per call");
-    println!(
-        "  (a) empty uprobe+uretprobe {a:>7.1} ns per call  -> probe floor {:.1} ns",
-        a - c
-    );
-    println!(
-        "  (b) mpiburst probes      {b:>9.1} ns per call  -> probe cost  {:.1} ns",
-        b - c
-    );
-    println!(
-        "  ratio b/a of probe costs: {:.3} (budget 1.3)",
-        (b - c) / (a - c)
-    );
     println!(
         "system calls of a process the daemon does not track, CPU time, {SYSCALLS} calls, median \
          of {ROUNDS} alternating rounds:"

@@ -1,35 +1,108 @@
 /*
- * call_loop.c - micro-benchmark of the cost of one probed MPI call.
+ * call_loop.c - micro-benchmark of the cost of one probed MPI call, per class of function.
  *
- * MPI_Barrier(MPI_COMM_SELF) does almost nothing, so the time per call is
- * dominated by the call itself plus whatever the probes add.  Running it with
- * and without the profiler (or with empty BPF programs) gives the per-call
- * overhead.
+ * Each function is called so that it does almost nothing, so the time per call is dominated by
+ * the call itself plus whatever the probes add.  Running it with and without the profiler (or
+ * with empty BPF programs) gives the per-call overhead of each class of probe:
  *
- * Usage: call_loop [N=1000000]   meant for 1 rank (every rank runs its own loop)
- * Prints one line to stdout: {"calls":N,"ns_per_call":X}
+ *   barrier    MPI_Barrier(MPI_COMM_SELF)               collective, no argument read
+ *   allreduce  MPI_Allreduce of 1 double on MPI_COMM_SELF  bytes from (count, datatype)
+ *   sendrecv   MPI_Sendrecv of 1 double with itself on MPI_COMM_WORLD
+ *                                                       bytes, and the peer with its
+ *                                                       communicator (argument 10, on the stack)
+ *   waitall    MPI_Waitall of 0 requests                completion
+ *   test       MPI_Test of a receive that stays pending polling
+ *   iprobe     MPI_Iprobe of a message that never comes polling, peer and communicator
+ *
+ * Usage: call_loop [N=1000000] [FUNCTION=barrier]   meant for 1 rank (every rank runs its own loop)
+ * Prints one line to stdout: {"function":"F","calls":N,"ns_per_call":X}
  */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "clock.h"
+
+/* A tag no message carries: the pending receive and the probe never match. */
+#define NEVER_TAG 4242
+
+static double sent = 1.0, received;
+static MPI_Request pending;
+
+static void call_barrier(void) { MPI_Barrier(MPI_COMM_SELF); }
+
+static void call_allreduce(void)
+{
+    MPI_Allreduce(&sent, &received, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_SELF);
+}
+
+static void call_sendrecv(void)
+{
+    MPI_Sendrecv(&sent, 1, MPI_DOUBLE, 0, 0, &received, 1, MPI_DOUBLE, 0, 0, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+}
+
+static void call_waitall(void)
+{
+    /* Real arrays, not MPI_STATUSES_IGNORE: MPICH's header declares their sizes to the compiler. */
+    MPI_Request requests[1];
+    MPI_Status statuses[1];
+    MPI_Waitall(0, requests, statuses);
+}
+
+static void call_test(void)
+{
+    int done;
+    MPI_Test(&pending, &done, MPI_STATUS_IGNORE);
+}
+
+static void call_iprobe(void)
+{
+    int found;
+    MPI_Iprobe(0, NEVER_TAG + 1, MPI_COMM_WORLD, &found, MPI_STATUS_IGNORE);
+}
+
+static const struct {
+    const char *name;
+    void (*call)(void);
+} FUNCTIONS[] = {
+    {"barrier", call_barrier}, {"allreduce", call_allreduce}, {"sendrecv", call_sendrecv},
+    {"waitall", call_waitall}, {"test", call_test},           {"iprobe", call_iprobe},
+};
 
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
     long n = argc > 1 ? atol(argv[1]) : 1000000;
+    const char *name = argc > 2 ? argv[2] : "barrier";
+    void (*call)(void) = NULL;
+    for (size_t i = 0; i < sizeof FUNCTIONS / sizeof FUNCTIONS[0]; i++)
+        if (strcmp(FUNCTIONS[i].name, name) == 0)
+            call = FUNCTIONS[i].call;
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (call == NULL || n < 0 || size != 1) {
+        fprintf(stderr, "usage: call_loop [N >= 0] [barrier|allreduce|sendrecv|waitall|test|iprobe] "
+                        "with 1 rank\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    MPI_Irecv(&received, 1, MPI_DOUBLE, 0, NEVER_TAG, MPI_COMM_WORLD, &pending);
 
     /* Warm-up: page in the code paths and fill the caches before timing. */
     for (int i = 0; i < 10000; i++)
-        MPI_Barrier(MPI_COMM_SELF);
+        call();
 
     long long t0 = now_ns();
     for (long i = 0; i < n; i++)
-        MPI_Barrier(MPI_COMM_SELF);
+        call();
     long long t1 = now_ns();
 
-    printf("{\"calls\":%ld,\"ns_per_call\":%.2f}\n", n, (double)(t1 - t0) / (n > 0 ? n : 1));
+    /* Complete the pending receive, so that MPI_Finalize finds nothing in flight. */
+    MPI_Send(&sent, 1, MPI_DOUBLE, 0, NEVER_TAG, MPI_COMM_WORLD);
+    MPI_Wait(&pending, MPI_STATUS_IGNORE);
+    printf("{\"function\":\"%s\",\"calls\":%ld,\"ns_per_call\":%.2f}\n", name, n,
+           (double)(t1 - t0) / (n > 0 ? n : 1));
     MPI_Finalize();
     return 0;
 }

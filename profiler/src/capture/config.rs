@@ -171,6 +171,10 @@ pub enum FunctionClass {
     OneSided,
     Io,
     Lifecycle,
+    /// Calls that free a datatype (MPI_Type_free). Open MPI's probes read a call's datatype size
+    /// from the datatype object, and reuse the size read for the same handle until one of these
+    /// is called: a new datatype can get a freed one's address.
+    Datatype,
 }
 
 /// (name, class, (count argument, datatype argument)) of one default probe.
@@ -254,6 +258,7 @@ const DEFAULT_FUNCTIONS: &[DefaultFunction] = {
         ("MPI_File_write_at", Io, Some((3, 4))),
         ("MPI_File_read_at_all", Io, Some((3, 4))),
         ("MPI_File_write_at_all", Io, Some((3, 4))),
+        ("MPI_Type_free", Datatype, None),
     ]
 };
 
@@ -356,7 +361,9 @@ impl MpiConfig {
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
              # pair in the C binding; their product is the call's bytes. peer_arg/comm_arg: those of\n\
              # the peer rank and its communicator (peers in MPI_COMM_WORLD are summed per call site).\n\
-             # Class \"polling\" functions are counted in kernel and never end a burst.\n\
+             # Class \"polling\" functions are counted in kernel and never end a burst. Class\n\
+             # \"datatype\" (MPI_Type_free) lets Open MPI's probes reuse a datatype's size until\n\
+             # the next free instead of reading it at every call.\n\
              functions = [\n",
         );
         for f in &MpiConfig::default().functions {

@@ -513,6 +513,20 @@ impl Capture {
         })
     }
 
+    /// Lets the probes reuse an Open MPI datatype's size per thread until the next
+    /// MPI_Type_free, once a probe on MPI_Type_free is attached (the datatype epoch leaves 0).
+    pub fn reuse_datatype_sizes(&mut self) -> Result<(), CaptureError> {
+        let map = |source| CaptureError::Map {
+            map: "DTYPE_EPOCH",
+            source,
+        };
+        let mut epoch: Array<&mut MapData, u64> = map_mut(&mut self.ebpf, "DTYPE_EPOCH")?;
+        if epoch.get(&0, 0).map_err(map)? == 0 {
+            epoch.set(0, 1, 0).map_err(map)?;
+        }
+        Ok(())
+    }
+
     /// Sets or clears a pid's bit in TRACKED_PIDS. The daemon is the bitmap's only writer, so a
     /// read-modify-write of the word loses no other bit.
     fn set_tracked_bit(&mut self, pid: u32, tracked: bool) -> Result<(), CaptureError> {

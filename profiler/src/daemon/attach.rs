@@ -59,6 +59,12 @@ impl Daemon {
         {
             Ok(n) => {
                 self.libraries += 1;
+                let frees = |p: &AttachPoint| p.cookie & cookie::DTYPE_FREE != 0;
+                if dtype == cookie::DTYPE_OPENMPI && attach_points.iter().any(frees) {
+                    if let Err(e) = self.capture.reuse_datatype_sizes() {
+                        tracing::warn!("{e}: every call reads its datatype's size");
+                    }
+                }
                 tracing::info!(
                     "attached {n} entry points of {} ({:?} {:?}); {} functions not in this library",
                     lib.path.display(),
@@ -133,6 +139,8 @@ fn with_peer(cookie: u64, spec: &FunctionSpec, lib: &MpiLibrary, point: &ProbePo
 fn cookie_flags(spec: &FunctionSpec) -> u64 {
     if spec.class == FunctionClass::Polling {
         cookie::POLLING
+    } else if spec.class == FunctionClass::Datatype {
+        cookie::DTYPE_FREE
     } else if INIT_FUNCTIONS.contains(&spec.name.as_str()) {
         cookie::REGION_START
     } else if spec.name == FINALIZE_FUNCTION {
