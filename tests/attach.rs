@@ -583,15 +583,15 @@ impl Drop for Started {
     }
 }
 
-/// Starts a Python script with `file` as its argument, its standard output piped.
-fn python_on(script: &str, file: &Path) -> Started {
-    let child = Command::new(FUSE_PYTHON)
-        .args(["-c", script])
-        .arg(file)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{FUSE_PYTHON}: {e}"));
-    Started(child)
+impl Started {
+    /// Starts `command` with its standard output piped.
+    fn piped(command: &mut Command) -> Started {
+        let child = command
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+        Started(child)
+    }
 }
 
 /// Waits up to `limit` until `done`; panics naming `what`, with the daemon's log.
@@ -635,13 +635,19 @@ const TIMED_OPEN: &str = "import json, os, sys, time\n\
     held = time.monotonic() - t; os.close(fd)\n\
     print(json.dumps({'pid': os.getpid(), 'open_s': held}))";
 
-/// Maps its argument without touching its pages, and waits to be killed. The open is
-/// read-write: the read-only open of a new library path is held, and this process is for the
-/// scan after exec.
-const MAP_AND_WAIT: &str = "import mmap, os, sys, time\n\
-    fd = os.open(sys.argv[1], os.O_RDWR)\n\
-    m = mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ)\n\
-    print(os.getpid(), flush=True); time.sleep(600)";
+/// Builds tests/fuse/map_file.c (a process that maps a file and waits) into `dir`.
+fn build_mapper(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuse/map_file.c");
+    let mapper = dir.join("map_file");
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&mapper)
+        .arg(&source)
+        .status()
+        .unwrap_or_else(|e| panic!("cc: {e} (install gcc; `cargo xtask test` does)"));
+    assert!(st.success(), "cc {}: {st}", source.display());
+    mapper
+}
 
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
@@ -661,7 +667,11 @@ fn a_library_on_a_hung_file_system_neither_stops_the_daemon_nor_keeps_its_proces
     )
     .unwrap();
     let daemon = Daemon::start(&["--config", config.path().to_str().unwrap()]);
-    let mut opener = python_on(TIMED_OPEN, &opened_file);
+    let mut opener = Started::piped(
+        Command::new(FUSE_PYTHON)
+            .args(["-c", TIMED_OPEN])
+            .arg(&opened_file),
+    );
     wait_until(
         &daemon,
         Duration::from_secs(30),
@@ -700,7 +710,8 @@ fn a_library_on_a_hung_file_system_neither_stops_the_daemon_nor_keeps_its_proces
     eprintln!("{}", wait_for_log_line(&daemon, &warning));
     // A process that maps a file of the hung mount: the scan after its exec reads it, and gives
     // up at the deadline too.
-    let mut mapper = python_on(MAP_AND_WAIT, &mapped_file);
+    let mapper = build_mapper(copy_dir.path());
+    let mut mapper = Started::piped(Command::new(mapper).arg(&mapped_file));
     let mut mapper_pid = String::new();
     std::io::BufRead::read_line(
         &mut std::io::BufReader::new(mapper.0.stdout.as_mut().unwrap()),
