@@ -138,8 +138,11 @@ impl<C, T: Send + 'static> FileReads<C, T> {
     /// none runs. Cancel safe: state changes only as it returns.
     pub(super) async fn next(&mut self) -> Finished<C, T> {
         loop {
-            let first_due = self.pending.iter().min_by_key(|(_, p)| p.due);
-            let (due_id, due) = first_due.map_or((None, None), |(id, p)| (Some(*id), Some(p.due)));
+            let first_due = self
+                .pending
+                .iter()
+                .map(|(id, read)| (*id, read.due))
+                .min_by_key(|(_, due)| *due);
             let deadline = self.deadline;
             tokio::select! {
                 Some((id, result)) = self.finished_rx.recv() => {
@@ -153,13 +156,14 @@ impl<C, T: Send + 'static> FileReads<C, T> {
                         };
                     }
                 }
-                () = sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
-                    let Some(read) = due_id.and_then(|id| self.pending.remove(&id)) else {
-                        continue;
-                    };
+                () = sleep_until(first_due.map_or_else(Instant::now, |(_, due)| due)),
+                    if first_due.is_some() =>
+                {
+                    let Some((id, _)) = first_due else { continue };
+                    let Some(read) = self.pending.remove(&id) else { continue };
                     let at = read.progress.at();
                     self.stuck.insert(
-                        due_id.unwrap_or_default(),
+                        id,
                         Stuck {
                             at: at.clone(),
                             since: read.due - deadline,
