@@ -279,6 +279,8 @@ impl Daemon {
             }
         }
         self.run_time_libraries.stats.reads_stuck = self.run_time_libraries.reads.stuck() as u64;
+        // The scans that came due meanwhile go on at once, not at the next drain.
+        self.start_scans(Instant::now());
     }
 
     /// Attaches the library held processes opened (and their interposers), marks the path
