@@ -1,7 +1,8 @@
 //! MPI libraries found at run time, end to end with the real daemon, real BPF and real MPI: a
 //! library copied outside the loader cache, a daemon that starts knowing no MPI library, a job
-//! in its own mount namespace (a container's view of the files), and a PMPI interposer. Each
-//! run's counts program says what it called; the daemon must agree exactly, MPI_Init included.
+//! in its own mount namespace (a container's view of the files), a PMPI interposer, and a library
+//! on a file system that does not answer (a FUSE mount whose reads block). Each run's counts
+//! program says what it called; the daemon must agree exactly, MPI_Init included.
 
 use std::{
     path::{Path, PathBuf},
@@ -169,6 +170,28 @@ fn wait_for_metric(addr: &str, name: &str, at_least: f64) -> f64 {
     }
 }
 
+/// Stops the daemon and checks that it attached `copy` while a process was held at its open,
+/// and counted exactly the calls of the run of `program` whose ranks wrote `outputs`; the
+/// recording.
+fn stop_after_run_on_copy(
+    daemon: Daemon,
+    copy: &Path,
+    program: &Path,
+    outputs: &[serde_json::Value],
+    what: &str,
+) -> Recording {
+    let log = daemon.log_text();
+    show_holds(&log);
+    let recording = daemon.stop();
+    assert!(
+        log.contains(&format!("opened MPI library {}", copy.display())),
+        "{what}: the copy was not attached at its open; the daemon's log:\n{log}"
+    );
+    let job = job_with_outputs(&recording, program, outputs);
+    assert_calls_exact(job, outputs, what);
+    recording
+}
+
 /// A shell command that runs its arguments in a new mount namespace, where each
 /// `(source, target)` is bind-mounted first.
 fn in_mount_namespace(binds: &[(&Path, &Path)]) -> Vec<String> {
@@ -242,17 +265,11 @@ fn a_daemon_that_knows_no_mpi_library_attaches_when_a_job_opens_one() {
     http_get(&daemon.addr, "/healthz");
     let program = program("counts", Mpi::OpenMpi);
     let outputs = run_counts_on_copy(Mpi::OpenMpi, dir.path());
-    let log = daemon.log_text();
-    show_holds(&log);
-    let recording = daemon.stop();
-    assert!(
-        log.contains(&format!("opened MPI library {}", copy.display())),
-        "the copy was not attached at its open; the daemon's log:\n{log}"
-    );
+    let what = "counts on a library the daemon did not know";
+    let recording = stop_after_run_on_copy(daemon, &copy, &program, &outputs, what);
     let job = job_with_outputs(&recording, &program, &outputs);
-    assert_calls_exact(job, &outputs, "counts on a library the daemon did not know");
     // Bytes too: where Open MPI keeps a datatype's size is learnt from the library at its open.
-    assert_bytes_exact(job, &outputs, "counts on a library the daemon did not know");
+    assert_bytes_exact(job, &outputs, what);
 }
 
 /// One run of counts in a mount namespace of its own, on a copy of the MPI library in a
@@ -458,4 +475,281 @@ fn program_path_of_interposer(mpi: Mpi) -> String {
         .to_str()
         .unwrap()
         .to_string()
+}
+
+/// A FUSE mount of files named like MPI libraries whose reads block until released: the file
+/// system of a hung NFS or FUSE mount (tests/fuse/hung_library.py). Dropping it releases the
+/// reads, unmounts, and stops the server (by pid).
+struct HungMount {
+    server: std::process::Child,
+    dir: tempfile::TempDir,
+    mount_point: PathBuf,
+    names: Vec<String>,
+}
+
+/// The Python with the FUSE bindings (Debian's, where python3-fusepy installs them).
+const FUSE_PYTHON: &str = "/usr/bin/python3";
+
+impl HungMount {
+    /// Mounts it with files `names`, or says why this machine cannot.
+    fn mount(names: &[&str]) -> Result<HungMount, String> {
+        if !Path::new("/dev/fuse").exists() {
+            return Err("no /dev/fuse (the fuse kernel module is not loaded)".into());
+        }
+        let bindings = Command::new(FUSE_PYTHON)
+            .args(["-c", "import fusepy"])
+            .output()
+            .map_err(|e| format!("{FUSE_PYTHON}: {e}"))?;
+        if !bindings.status.success() {
+            return Err(format!(
+                "{FUSE_PYTHON} has no fusepy (install python3-fusepy and fuse3; `cargo xtask \
+                 test` does)"
+            ));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mount_point = dir.path().join("mnt");
+        std::fs::create_dir(&mount_point).unwrap();
+        let server = Command::new(FUSE_PYTHON)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("fuse/hung_library.py"))
+            .arg(&mount_point)
+            .arg(dir.path().join("read-started"))
+            .arg(dir.path().join("release"))
+            .args(names)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{FUSE_PYTHON}: {e}"))?;
+        let mount = HungMount {
+            server,
+            dir,
+            mount_point,
+            names: names.iter().map(|n| n.to_string()).collect(),
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !mount.file(names[0]).exists() {
+            if std::time::Instant::now() > deadline {
+                return Err("the FUSE server did not mount within 20 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(mount)
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.mount_point.join(name)
+    }
+
+    /// A reader is blocked in the file system.
+    fn read_started(&self) -> bool {
+        self.dir.path().join("read-started").exists()
+    }
+
+    /// Lets every read of file `name`, blocked or later, return.
+    fn release(&self, name: &str) {
+        std::fs::write(self.dir.path().join(format!("release-{name}")), b"").unwrap();
+    }
+}
+
+impl Drop for HungMount {
+    fn drop(&mut self) {
+        for name in &self.names {
+            self.release(name);
+        }
+        let unmounted = Command::new("fusermount")
+            .args(["-u", "-z"])
+            .arg(&self.mount_point)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(&self.mount_point)
+                .status();
+        }
+        if wait_with_timeout(&mut self.server, Duration::from_secs(10)).is_none() {
+            eprintln!("the FUSE server did not exit after the unmount: killed");
+        }
+    }
+}
+
+/// A process killed (by pid) when dropped, unless it has exited.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Started {
+    /// Starts `command` with its standard output piped.
+    fn piped(command: &mut Command) -> Started {
+        let child = command
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+        Started(child)
+    }
+}
+
+/// Waits up to `limit` until `done`; panics naming `what`, with the daemon's log.
+fn wait_until(daemon: &Daemon, limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} within {limit:?}; the daemon's log:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The daemon's log line that contains `text`, once it has one.
+fn wait_for_log_line(daemon: &Daemon, text: &str) -> String {
+    let find = || {
+        daemon
+            .log_text()
+            .lines()
+            .find(|l| l.contains(text))
+            .map(str::to_string)
+    };
+    wait_until(
+        daemon,
+        Duration::from_secs(30),
+        &format!("no `{text}…`"),
+        || find().is_some(),
+    );
+    find().unwrap()
+}
+
+/// How long the hung-file test's daemon waits for a library file.
+const READ_TIMEOUT_MS: u64 = 4000;
+
+/// Opens its argument read-only, as the dynamic loader does, timing its own open (a hold is part
+/// of it).
+const TIMED_OPEN: &str = "import json, os, sys, time\n\
+    t = time.monotonic(); fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+    held = time.monotonic() - t; os.close(fd)\n\
+    print(json.dumps({'pid': os.getpid(), 'open_s': held}))";
+
+/// Builds tests/fuse/map_file.c (a process that maps a file and waits) into `dir`.
+fn build_mapper(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuse/map_file.c");
+    let mapper = dir.join("map_file");
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&mapper)
+        .arg(&source)
+        .status()
+        .unwrap_or_else(|e| panic!("cc: {e} (install gcc; `cargo xtask test` does)"));
+    assert!(st.success(), "cc {}: {st}", source.display());
+    mapper
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_library_on_a_hung_file_system_neither_stops_the_daemon_nor_keeps_its_process_held() {
+    const TEST: &str =
+        "a_library_on_a_hung_file_system_neither_stops_the_daemon_nor_keeps_its_process_held";
+    require_root();
+    let hung = match HungMount::mount(&["libmpi.so.40", "libmpich.so.12"]) {
+        Ok(mount) => mount,
+        Err(reason) => return skip_at_run_time(TEST, &reason),
+    };
+    let (opened_file, mapped_file) = (hung.file("libmpi.so.40"), hung.file("libmpich.so.12"));
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        format!("[mpi]\nlibrary_read_timeout_ms = {READ_TIMEOUT_MS}\n"),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&["--config", config.path().to_str().unwrap()]);
+    let mut opener = Started::piped(
+        Command::new(FUSE_PYTHON)
+            .args(["-c", TIMED_OPEN])
+            .arg(&opened_file),
+    );
+    wait_until(
+        &daemon,
+        Duration::from_secs(30),
+        "the daemon did not read the opened file",
+        || hung.read_started(),
+    );
+    // While the daemon's read is blocked: a job on a library the daemon does not know yet is
+    // held, attached and resumed, and counted exactly.
+    let (copy_dir, copy) = copied_library(Mpi::OpenMpi);
+    let program = program("counts", Mpi::OpenMpi);
+    let outputs = run_counts_on_copy(Mpi::OpenMpi, copy_dir.path());
+    let opened = wait_with_timeout(&mut opener.0, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("the opener was not resumed; log:\n{}", daemon.log_text()));
+    assert!(opened.success(), "the opener failed: {opened}");
+    let mut report = String::new();
+    std::io::Read::read_to_string(opener.0.stdout.as_mut().unwrap(), &mut report).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let (pid, held_s) = (
+        report["pid"].as_u64().unwrap(),
+        report["open_s"].as_f64().unwrap(),
+    );
+    let timeout_s = READ_TIMEOUT_MS as f64 / 1e3;
+    eprintln!(
+        "the opener's open of the hung file took {held_s:.3} s (the read timeout is {timeout_s} s)"
+    );
+    // Held from before the daemon's read started until its deadline, then resumed at once (the
+    // margin is for a loaded machine).
+    assert!(
+        held_s >= timeout_s && held_s < timeout_s + 5.0,
+        "the opener's open took {held_s} s for a read timeout of {timeout_s} s"
+    );
+    let warning = format!(
+        "reading {} for pid {pid} did not return",
+        opened_file.display()
+    );
+    eprintln!("{}", wait_for_log_line(&daemon, &warning));
+    // A process that maps a file of the hung mount: the scan after its exec reads it, and gives
+    // up at the deadline too.
+    let mapper = build_mapper(copy_dir.path());
+    let mut mapper = Started::piped(Command::new(mapper).arg(&mapped_file));
+    let mut mapper_pid = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(mapper.0.stdout.as_mut().unwrap()),
+        &mut mapper_pid,
+    )
+    .unwrap();
+    let warning = format!(
+        "reading {}, mapped by pid {}, did not return",
+        mapped_file.display(),
+        mapper_pid.trim()
+    );
+    eprintln!("{}", wait_for_log_line(&daemon, &warning));
+    assert_eq!(
+        wait_for_metric(&daemon.addr, "mpiburst_library_reads_timed_out_total", 2.0),
+        2.0
+    );
+    assert_eq!(metric(&daemon.addr, "mpiburst_library_reads_stuck"), 2.0);
+    // The opened file answers again: its stuck read returns and is said so.
+    hung.release("libmpi.so.40");
+    let returned = format!(
+        "the stuck read of {} (pid {pid}) returned",
+        opened_file.display()
+    );
+    wait_for_log_line(&daemon, &returned);
+    wait_until(
+        &daemon,
+        Duration::from_secs(10),
+        "the returned read is still counted stuck",
+        || metric(&daemon.addr, "mpiburst_library_reads_stuck") == 1.0,
+    );
+    drop(mapper);
+    // The daemon stops (SIGTERM, clean exit) while the read of the mapped file is still stuck.
+    let what = "counts while a library read was stuck";
+    let stopping = std::time::Instant::now();
+    stop_after_run_on_copy(daemon, &copy, &program, &outputs, what);
+    eprintln!(
+        "the daemon stopped in {:.1} s (1.2 s of it the harness's wait) with a read stuck",
+        stopping.elapsed().as_secs_f64()
+    );
+    drop(hung);
 }

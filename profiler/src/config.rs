@@ -253,6 +253,7 @@ mod tests {
         assert!(invalid("[daemon]\nended_job_grace_s = -1.0\n").contains("ended_job_grace_s"));
         assert!(invalid("[capture]\nmin_burst_us = 9223372036854775807\n")
             .contains("capture.min_burst_us"));
+        assert!(invalid("[mpi]\nlibrary_read_timeout_ms = 0\n").contains("library_read_timeout_ms"));
         let longest = "[capture]\nmin_burst_us = 3600000000\n";
         let config = Config::from_toml_str(longest, std::path::Path::new("mpiburst.toml")).unwrap();
         assert_eq!(config.capture.min_burst_ns(), 3_600_000_000_000);

@@ -7,9 +7,11 @@
 
 mod analysis;
 mod attach;
+mod file_reads;
 mod groups;
 mod instance;
 mod libraries;
+mod library_reads;
 pub mod privileges;
 
 use std::{
@@ -342,6 +344,8 @@ impl Daemon {
             .map(|f| Arc::from(f.as_str()))
             .chain([Arc::from("-"), Arc::from("?")])
             .collect();
+        let run_time_libraries =
+            libraries::RunTimeLibraries::new(&functions, config.mpi.library_read_timeout());
         let mut daemon = Daemon {
             node,
             capture,
@@ -369,7 +373,7 @@ impl Daemon {
                 - usage::clock_ns(libc::CLOCK_MONOTONIC) as i128,
             started_ns: unix_now_ns(),
             libraries: 0,
-            run_time_libraries: Default::default(),
+            run_time_libraries,
             ompi_dtype_offset: None,
             counters_note,
             hardware_counters,
@@ -571,21 +575,7 @@ impl Daemon {
             self.scans
                 .extend(EXEC_SCAN_DELAYS.iter().map(|d| (now + *d, pid)));
         }
-        let (due, later): (Vec<_>, Vec<_>) = self.scans.drain(..).partition(|(t, _)| *t <= now);
-        self.scans = later;
-        for (_, pid) in due {
-            let libraries = discovery::process_libraries(pid).unwrap_or_default();
-            for lib in &libraries {
-                self.attach(lib);
-            }
-            if let Some(lib) = libraries.first() {
-                self.attach_interposers(pid, lib.flavor);
-            }
-            // Identify MPI processes while they surely live, not when their first data arrives.
-            if !libraries.is_empty() {
-                self.member(pid, state);
-            }
-        }
+        self.start_scans(now);
         self.capture.forward_bpf_log();
         let mut records = Vec::new();
         self.capture.drain_bursts(|r| records.push(r));
@@ -951,6 +941,7 @@ impl Daemon {
                         guard.clear_ready();
                     }
                 }
+                finished = self.run_time_libraries.read_finished() => self.finish_read(finished),
                 _ = stats.tick() => { self.update_totals(false)?; }
                 Some(update) = self.analysis_updates.recv() => self.take_analysis_updates(update),
                 _ = sigint.recv() => break,
@@ -960,6 +951,7 @@ impl Daemon {
         tracing::info!("shutting down: final drain");
         // No process may wait on the final drain, the recording or the last clustering.
         self.capture.release_held_processes();
+        self.run_time_libraries.release_waiting();
         self.update_totals(true)?;
         if let Some(w) = self.recording.take() {
             let end = RecordingEnd {

@@ -673,9 +673,12 @@ fn daemon(config: Config, recording: Option<std::path::PathBuf>) -> anyhow::Resu
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         let daemon = Daemon::start(config, recording)?;
         daemon.run().await?;
         anyhow::Ok(())
-    })
+    });
+    // A read stuck on a hung file system never returns: exit without waiting for its thread.
+    runtime.shutdown_background();
+    result
 }

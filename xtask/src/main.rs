@@ -36,6 +36,9 @@ const APT_PACKAGES: &[&str] = &[
     "slurmd",
     "slurm-client",
     "munge",
+    // The hung file system of tests/hung_fs.rs: a FUSE server in Python.
+    "python3-fusepy",
+    "fuse3",
 ];
 
 const USAGE: &str = "usage: cargo xtask <command>

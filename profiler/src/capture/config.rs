@@ -127,6 +127,11 @@ impl CaptureConfig {
     }
 }
 
+/// `mpi.library_read_timeout_ms` by default: a healthy read of a library takes milliseconds.
+const DEFAULT_LIBRARY_READ_TIMEOUT_MS: u64 = 3000;
+/// Its largest value: a held process waits that long at most.
+const MAX_LIBRARY_READ_TIMEOUT_MS: u64 = 600_000;
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MpiConfig {
@@ -138,6 +143,11 @@ pub struct MpiConfig {
     /// missed. Off, such a library is found only by the scan after the process's exec, which
     /// can come after MPI_Init and the first calls.
     pub hold_new_libraries: bool,
+    /// How long the daemon waits for the file system when it reads a library found at run time
+    /// (one a held process opened, or one a new process maps), in ms. The read runs off the
+    /// daemon's loop; past this, a held process is resumed and runs unprofiled, and the file is
+    /// not read again until the stuck read returns (a hung NFS or FUSE mount).
+    pub library_read_timeout_ms: u64,
     /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
     /// the (count, datatype) pair in the C binding whose product gives the call's bytes;
     /// `peer_arg` and `comm_arg` those of the peer rank (destination or source) and of its
@@ -300,14 +310,27 @@ impl Default for MpiConfig {
         MpiConfig {
             libraries: Vec::new(),
             hold_new_libraries: true,
+            library_read_timeout_ms: DEFAULT_LIBRARY_READ_TIMEOUT_MS,
             functions,
         }
     }
 }
 
 impl MpiConfig {
+    /// `library_read_timeout_ms` as a duration.
+    pub fn library_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.library_read_timeout_ms)
+    }
+
     /// Checks what the file format cannot express; the error says what to change.
     pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_LIBRARY_READ_TIMEOUT_MS).contains(&self.library_read_timeout_ms) {
+            return Err(format!(
+                "mpi.library_read_timeout_ms is {}: give 1 to {MAX_LIBRARY_READ_TIMEOUT_MS} ms \
+                 (a held process waits that long at most)",
+                self.library_read_timeout_ms
+            ));
+        }
         let mut seen = std::collections::BTreeSet::new();
         if self.functions.len() > u16::MAX as usize {
             return Err("mpi.functions has more than 65535 entries".into());
@@ -350,7 +373,7 @@ impl MpiConfig {
 
     /// The `[mpi]` section of the default file, every default function written out.
     pub fn default_toml() -> String {
-        let mut out = String::from(
+        let mut out = format!(
             "[mpi]\n\
              # Extra MPI library files to probe (the ld.so cache and running processes are searched).\n\
              libraries = []\n\
@@ -358,6 +381,11 @@ impl MpiConfig {
              # probes are attached (a few tens of ms, once per path), so that no call is missed;\n\
              # false: such a library is found by the scan after exec, which can miss MPI_Init.\n\
              hold_new_libraries = true\n\
+             # How long to wait for the file system when reading a library found at run time, in\n\
+             # ms. Past this (a hung NFS or FUSE mount) the held process is resumed and runs\n\
+             # unprofiled, the daemon logs a warning naming the pid and the file, and the file is\n\
+             # not read again until the stuck read returns.\n\
+             library_read_timeout_ms = {}\n\
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
              # pair in the C binding; their product is the call's bytes. peer_arg/comm_arg: those of\n\
              # the peer rank and its communicator (peers in MPI_COMM_WORLD are summed per call site).\n\
@@ -365,6 +393,7 @@ impl MpiConfig {
              # \"datatype\" (MPI_Type_free) lets Open MPI's probes reuse a datatype's size until\n\
              # the next free instead of reading it at every call.\n\
              functions = [\n",
+            DEFAULT_LIBRARY_READ_TIMEOUT_MS
         );
         for f in &MpiConfig::default().functions {
             let class = toml::Value::try_from(f.class).expect("a function class is a TOML string");

@@ -9,21 +9,54 @@ use crate::{
         config::{FunctionClass, FunctionSpec},
         AttachPoint,
     },
-    discovery::{self, Binding, MpiFlavor, MpiLibrary, ProbePoint},
+    discovery::{self, Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoint, ProbePoints},
     model::{FINALIZE_FUNCTION, INIT_FUNCTIONS},
 };
 
-impl Daemon {
-    /// Attaches the probes of every configured function `lib` has, once per file.
-    pub(super) fn attach(&mut self, lib: &MpiLibrary) {
-        if self.capture.is_attached((lib.dev, lib.inode)) {
-            return;
+/// What attaching a library takes from its file. For a library found at run time it is read off
+/// the daemon's loop (library_reads.rs): the file may be on a file system that does not answer.
+pub(super) struct LibraryRead {
+    pub(super) lib: MpiLibrary,
+    points: Result<ProbePoints, DiscoveryError>,
+    /// Open MPI's C library: where its datatypes keep their size.
+    dtype_size_offset: Option<Result<u64, DiscoveryError>>,
+}
+
+impl LibraryRead {
+    /// Reads the entry points of `functions` in `lib`, and where its datatypes keep their size.
+    pub(super) fn read(lib: MpiLibrary, functions: &[String]) -> Self {
+        let points = discovery::probe_points(&lib, functions);
+        let dtype_size_offset = (lib.binding == Binding::C && lib.flavor == MpiFlavor::OpenMpi)
+            .then(|| discovery::openmpi_datatype_size_offset(&lib));
+        LibraryRead {
+            lib,
+            points,
+            dtype_size_offset,
         }
-        let points = match discovery::probe_points(lib, &self.functions) {
+    }
+}
+
+impl Daemon {
+    /// Reads `lib` on the loop's thread and attaches it, once per file: for the libraries known
+    /// at start.
+    pub(super) fn attach(&mut self, lib: &MpiLibrary) {
+        if !self.capture.is_attached((lib.dev, lib.inode)) {
+            self.attach_read(&LibraryRead::read(lib.clone(), &self.functions));
+        }
+    }
+
+    /// Attaches the probes of every configured function a library has, once per file; whether
+    /// they were attached now.
+    pub(super) fn attach_read(&mut self, read: &LibraryRead) -> bool {
+        let lib = &read.lib;
+        if self.capture.is_attached((lib.dev, lib.inode)) {
+            return false;
+        }
+        let points = match &read.points {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!("skipping {}: {e}", lib.path.display());
-                return;
+                return false;
             }
         };
         let dtype = match (lib.binding, lib.flavor) {
@@ -31,7 +64,9 @@ impl Daemon {
             // PMPI call: the C call inside them accounts the bytes.
             (Binding::Fortran | Binding::Interposer, _) => cookie::DTYPE_NONE,
             (Binding::C, MpiFlavor::Mpich) => cookie::DTYPE_MPICH,
-            (Binding::C, MpiFlavor::OpenMpi) => self.openmpi_datatypes(lib),
+            (Binding::C, MpiFlavor::OpenMpi) => {
+                self.openmpi_datatypes(lib, read.dtype_size_offset.as_ref())
+            }
         };
         let attach_points: Vec<AttachPoint> = points
             .points
@@ -53,10 +88,11 @@ impl Daemon {
                 })
             })
             .collect();
-        match self
+        let attached = self
             .capture
-            .attach_library(&lib.path, (lib.dev, lib.inode), &attach_points)
-        {
+            .attach_library(&lib.path, (lib.dev, lib.inode), &attach_points);
+        self.run_time_libraries.files.attached((lib.dev, lib.inode));
+        match attached {
             Ok(n) => {
                 self.libraries += 1;
                 let frees = |p: &AttachPoint| p.cookie & cookie::DTYPE_FREE != 0;
@@ -72,18 +108,27 @@ impl Daemon {
                     lib.binding,
                     points.missing.len()
                 );
+                true
             }
-            Err(e) => tracing::warn!("{e}"),
+            Err(e) => {
+                tracing::warn!("{e}");
+                false
+            }
         }
     }
 
     /// How the attach points of Open MPI's C library `lib` read a datatype's size: through the
     /// size offset of the first Open MPI library attached, which the BPF programs hold; a library
     /// whose datatypes keep their size elsewhere (another Open MPI version) counts no bytes.
-    fn openmpi_datatypes(&mut self, lib: &MpiLibrary) -> u64 {
-        let this = match discovery::openmpi_datatype_size_offset(lib) {
-            Ok(offset) => offset,
-            Err(e) => {
+    fn openmpi_datatypes(
+        &mut self,
+        lib: &MpiLibrary,
+        size_offset: Option<&Result<u64, DiscoveryError>>,
+    ) -> u64 {
+        let this = match size_offset {
+            Some(Ok(offset)) => *offset,
+            None => return cookie::DTYPE_NONE,
+            Some(Err(e)) => {
                 tracing::warn!(
                     "{}: bytes per call are not counted: {e}",
                     lib.path.display()

@@ -18,14 +18,16 @@ use super::maps::read_maps;
 use super::DiscoveryError;
 
 /// The interposers process `pid` maps, for an MPI library of `flavor`: the mapped files, other
-/// than MPI libraries, that define one of `functions` and use a PMPI_* symbol. `checked` holds
-/// the (device, inode) of every file already looked at (interposer or not), which are skipped:
-/// each file is read once however many processes map it.
+/// than MPI libraries, that define one of `functions` and use a PMPI_* symbol. `first_look` is
+/// asked with each file's (device, inode) and says whether it was not looked at before
+/// (interposer or not): each file is read once however many processes map it. A file for which
+/// `may_read` (asked with the mapped path before the file is touched) says no is skipped.
 pub fn process_interposers(
     pid: u32,
     flavor: MpiFlavor,
     functions: &[String],
-    checked: &mut HashSet<(u64, u64)>,
+    first_look: &dyn Fn((u64, u64)) -> bool,
+    may_read: &dyn Fn(&Path) -> bool,
 ) -> Result<Vec<MpiLibrary>, DiscoveryError> {
     let mut interposers = Vec::new();
     let mut seen = HashSet::new();
@@ -36,7 +38,7 @@ pub fn process_interposers(
         else {
             continue;
         };
-        if !seen.insert(mapping.inode) {
+        if !seen.insert(mapping.inode) || !may_read(&path) {
             continue;
         }
         // The host's path when it is the mapped file, else the one in the process's root.
@@ -47,7 +49,7 @@ pub fn process_interposers(
         let Ok(meta) = std::fs::metadata(&access) else {
             continue;
         };
-        if !checked.insert((meta.dev(), meta.ino())) {
+        if !first_look((meta.dev(), meta.ino())) {
             continue;
         }
         match is_interposer(&access, functions) {

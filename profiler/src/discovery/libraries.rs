@@ -186,8 +186,12 @@ pub fn discover_libraries(extra: &[PathBuf]) -> Result<Vec<MpiLibrary>, Discover
 /// The MPI libraries mapped by one process. A mapped file is reached by its path on the host;
 /// where that path names another file or none (the process runs in its own mount namespace, a
 /// container), through the process's root, /proc/PID/root/PATH, which a probe attached by path
-/// reaches as well. A file replaced under the process (deleted) is skipped.
-pub fn process_libraries(pid: u32) -> Result<Vec<MpiLibrary>, DiscoveryError> {
+/// reaches as well. A file replaced under the process (deleted) is skipped, and so is one for
+/// which `may_read` (asked with the mapped path before the file is touched) says no.
+pub fn process_libraries(
+    pid: u32,
+    may_read: &dyn Fn(&Path) -> bool,
+) -> Result<Vec<MpiLibrary>, DiscoveryError> {
     let mut seen = HashSet::new();
     let mut libraries = Vec::new();
     for mapping in read_maps(pid)? {
@@ -197,7 +201,7 @@ pub fn process_libraries(pid: u32) -> Result<Vec<MpiLibrary>, DiscoveryError> {
         else {
             continue;
         };
-        if !seen.insert(mapping.inode) {
+        if !seen.insert(mapping.inode) || !may_read(&path) {
             continue;
         }
         let opened = MpiLibrary::open(&path)
@@ -232,7 +236,7 @@ pub fn all_process_libraries() -> Vec<MpiLibrary> {
     let mut seen = HashSet::new();
     let mut libraries = Vec::new();
     for pid in processes.flatten().map(|p| p.pid as u32) {
-        match process_libraries(pid) {
+        match process_libraries(pid, &|_| true) {
             Ok(libs) => {
                 libraries.extend(libs.into_iter().filter(|l| seen.insert((l.dev, l.inode))))
             }
@@ -344,7 +348,7 @@ mod tests {
         let child = Spawned::start(cmd);
         let mpich = std::fs::canonicalize(MPICH_C).unwrap();
         let found = child.wait_until(|| {
-            let libs = process_libraries(child.pid()).ok()?;
+            let libs = process_libraries(child.pid(), &|_| true).ok()?;
             libs.into_iter().find(|l| l.path == mpich)
         });
         assert_eq!(

@@ -13,7 +13,7 @@ mod probes;
 mod process;
 mod stat;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 
 pub use elf::build_id;
 pub use error::DiscoveryError;

@@ -27,6 +27,11 @@ pub struct LibraryOpenStats {
     pub attached: u64,
     /// Opens that could not be reported (the ring buffer was full): not held.
     pub not_held: u64,
+    /// Reads of library files found at run time that did not return within
+    /// `mpi.library_read_timeout_ms` (a file system that does not answer).
+    pub reads_timed_out: u64,
+    /// Those reads still running.
+    pub reads_stuck: u64,
 }
 
 /// The daemon's own health, exported next to the jobs.

@@ -471,6 +471,16 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         "Opens of an MPI library at a new path not reported (ring buffer full): the process ran on, and its first calls may be missed.",
         [(vec![], opens.not_held as f64)],
     );
+    f.counter(
+        "mpiburst_library_reads_timed_out_total",
+        "Reads of a library file found at run time that did not return within mpi.library_read_timeout_ms (a hung file system): a held process was resumed unprofiled, or new processes were not attached from that file.",
+        [(vec![], opens.reads_timed_out as f64)],
+    );
+    f.gauge(
+        "mpiburst_library_reads_stuck",
+        "Those reads still blocked in the file system, each holding a thread of the daemon.",
+        [(vec![], opens.reads_stuck as f64)],
+    );
     f.gauge(
         "mpiburst_counters_info",
         "1 for the counter events read per burst; event=\"none\" when no counters are available.",
