@@ -241,6 +241,9 @@ fn main() -> Result<()> {
     // of an MPI library.
     let mut config = Config::default();
     config.mpi.hold_new_libraries = false;
+    // A port of its own for each daemon started here: a dropped daemon's HTTP thread closes its
+    // listener a moment later, and the next one would find the port in use.
+    config.daemon.listen = ([127, 0, 0, 1], 0).into();
     let mpis = installed_mpis(&programs)?;
 
     // Per (MPI, class), ns per call of each round: none, floor, mpiburst.
