@@ -64,19 +64,13 @@ pub fn flatten_yaml(text: &str) -> Result<BTreeMap<String, String>, String> {
 /// without ranges): what an alert's expression reads, whatever it compares them with.
 pub fn selectors(expr: &str) -> Vec<String> {
     // Words that are not metric names: operators, modifiers and aggregations (functions are
-    // recognised by the parenthesis after them).
+    // recognised by the parenthesis after them), and the modifiers a label list follows.
     const KEYWORDS: &[&str] = &[
         "and",
         "or",
         "unless",
         "bool",
         "offset",
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
         "sum",
         "min",
         "max",
@@ -145,7 +139,10 @@ pub fn selectors(expr: &str) -> Vec<String> {
             let lower = name.to_ascii_lowercase();
             if LABEL_LISTS.contains(&lower.as_str()) && c.get(next) == Some(&'(') {
                 i = skip_to(next + 1, ')');
-            } else if c.get(next) == Some(&'(') || KEYWORDS.contains(&lower.as_str()) {
+            } else if c.get(next) == Some(&'(')
+                || KEYWORDS.contains(&lower.as_str())
+                || LABEL_LISTS.contains(&lower.as_str())
+            {
                 // A function call or a keyword: its arguments are scanned as they come.
             } else if c.get(next) == Some(&'{') {
                 let end = skip_to(next + 1, '}');
