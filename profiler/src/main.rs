@@ -670,8 +670,12 @@ impl Stdout {
 }
 
 fn daemon(config: Config, recording: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    // The threads that read library files are named like every thread of the daemon: a second
+    // daemon on the node holds no thread named mpiburst* at its open of an MPI library, and two
+    // daemons holding each other's readers would both stop for good.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .thread_name("mpiburst-reader")
         .build()?;
     let result = runtime.block_on(async {
         let daemon = Daemon::start(config, recording)?;
