@@ -315,6 +315,19 @@ impl Daemon {
                 self.run_time_libraries.stats.attached += 1;
             }
         }
+        // Identified now, while held: a short rank could end before the scan after its exec
+        // (which first reads every file it maps) and before its first burst or statistics tick,
+        // and a process that is gone can no longer be told apart from any other.
+        if matches!(read.opened, Opened::Mpi(..)) {
+            let mut state = std::mem::take(&mut self.state);
+            for event in &events {
+                self.member(event.held.pid, &mut state);
+            }
+            self.state = state;
+            if self.members_changed {
+                self.publish();
+            }
+        }
         self.resume(events, true);
     }
 
