@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -53,7 +54,7 @@ pub fn build_id(path: &Path) -> Result<Option<String>, DiscoveryError> {
 
 fn with_elf<T>(
     path: &Path,
-    read: impl FnOnce(&object::File<'_, &ReadCache<File>>) -> Result<T, object::Error>,
+    read: impl FnOnce(&object::File<'_, &ReadCache<WindowedFile>>) -> Result<T, object::Error>,
 ) -> Result<T, DiscoveryError> {
     let file = File::open(path).map_err(|source| DiscoveryError::Read {
         path: path.to_path_buf(),
@@ -61,13 +62,84 @@ fn with_elf<T>(
     })?;
     // ReadCache reads only the parts parsed (headers, dynamic symbols, notes), not the whole
     // file; libmpich alone is 40 MB.
-    let cache = ReadCache::new(file);
+    let cache = ReadCache::new(WindowedFile::new(file));
     object::File::parse(&cache)
         .and_then(|elf| read(&elf))
         .map_err(|source| DiscoveryError::Elf {
             path: path.to_path_buf(),
             source,
         })
+}
+
+/// A file read through a window of WINDOW bytes. ReadCache reads each symbol name on its own, a
+/// seek and a read per name (about 15,000 system calls for the files an Open MPI rank maps), and
+/// the names of a string table lie together: through the window they cost a few reads.
+struct WindowedFile {
+    file: File,
+    position: u64,
+    window_start: u64,
+    window: Vec<u8>,
+}
+
+const WINDOW: usize = 256 << 10;
+
+impl WindowedFile {
+    fn new(file: File) -> Self {
+        WindowedFile {
+            file,
+            position: 0,
+            window_start: 0,
+            window: Vec::new(),
+        }
+    }
+}
+
+impl Read for WindowedFile {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // A large read (a whole symbol table) goes straight to the file.
+        if buf.len() >= WINDOW {
+            let n = self.file.read_at(buf, self.position)?;
+            self.position += n as u64;
+            return Ok(n);
+        }
+        let end = self.window_start + self.window.len() as u64;
+        if !(self.window_start..end).contains(&self.position) {
+            self.window.resize(WINDOW, 0);
+            let mut filled = 0;
+            while filled < WINDOW {
+                match self
+                    .file
+                    .read_at(&mut self.window[filled..], self.position + filled as u64)
+                {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.window.truncate(filled);
+            self.window_start = self.position;
+        }
+        let from = (self.position - self.window_start) as usize;
+        let n = buf.len().min(self.window.len() - from);
+        buf[..n].copy_from_slice(&self.window[from..from + n]);
+        self.position += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for WindowedFile {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        let position = match to {
+            SeekFrom::Start(p) => Some(p),
+            SeekFrom::End(d) => self.file.metadata()?.len().checked_add_signed(d),
+            SeekFrom::Current(d) => self.position.checked_add_signed(d),
+        };
+        self.position = position.ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before the start")
+        })?;
+        Ok(self.position)
+    }
 }
 
 /// The dynamic symbol table of a library (stripped libraries keep only this one) and its loadable
