@@ -210,7 +210,8 @@ pub struct ThreadState {
     pub world_comm: u64,
     /// Open MPI: the last datatype handle whose size was read from the datatype object, its
     /// size, and the datatype epoch (DTYPE_EPOCH) it was read in; reused while the handle and
-    /// the epoch are the same.
+    /// the epoch are the same. The epoch is 0 until read, and again after an exec, whose new
+    /// program may have another datatype at the same address.
     pub dtype_handle: u64,
     pub dtype_size: u64,
     pub dtype_epoch: u64,

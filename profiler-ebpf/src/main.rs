@@ -677,7 +677,11 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let pid: u32 = unsafe { ctx.read_at(config(&EXEC_PID_OFFSET) as usize) }.unwrap_or(0);
     // A new program image: what the thread read from the old one's memory no longer holds.
     if let Some(st) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid() as u32) {
-        unsafe { (*st).world_slot = 0 };
+        // SAFETY: a map value, alive for the program's run.
+        let st = unsafe { &mut *st };
+        st.world_slot = 0;
+        // Epochs start at 1: no datatype size is reused until the next read.
+        st.dtype_epoch = 0;
     }
     if EXECS
         .output::<ExecRecord>(&ExecRecord { pid, _pad: 0 }, BPF_RB_NO_WAKEUP as u64)
