@@ -1,13 +1,15 @@
 //! The daemon's own cost under a burst storm, measured in one run (`cargo xtask bench daemon`):
 //! the real daemon with the duration filter off (every burst is shipped) and 10 s analysis
-//! windows, and tests/mpi/call_loop as one rank calling MPI_Barrier(MPI_COMM_SELF) as fast as it
-//! can. It prints the storm's burst rate, the daemon's CPU time per 10⁵ bursts/s, the bursts lost,
-//! the peak resident memory, and the latency of `/metrics` idle and while the storm's windows are
+//! windows, and tests/mpi/call_loop as one rank calling MPI_Barrier(MPI_COMM_SELF), first paced
+//! at 10⁵ calls/s, then as fast as it can. For each storm it prints the burst rate, the daemon's
+//! CPU time per burst beyond the idle daemon's (and per 10⁵ bursts/s), by thread, the bursts
+//! lost, the peak resident memory, and the latency of `/metrics` while the storm's windows are
 //! clustered.
 //!
 //! Usage: bench_daemon MPIBURST_BINARY CALL_LOOP_PROGRAM
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader},
     path::Path,
     process::{Child, Command, Stdio},
@@ -22,11 +24,16 @@ use std::{
 use anyhow::{bail, Context, Result};
 use mpiburst::export::client::DaemonClient;
 
-/// Calls of the storm: tens of seconds at this machine's rate, so that several 10 s windows close
-/// while it runs.
-const STORM_CALLS: &str = "6000000";
+/// The storm at the target's rate: 30 s of 10⁵ bursts/s, so that several 10 s windows close while
+/// it runs.
+const PACED_CALLS: u64 = 3_000_000;
+const PACED_PERIOD_NS: u64 = 10_000;
+/// The storm at full speed: about ten seconds at this machine's rate.
+const FULL_SPEED_CALLS: u64 = 6_000_000;
 /// Time between two scrapes of /metrics.
-const SCRAPE_EVERY: Duration = Duration::from_millis(20);
+/// Time between two scrapes of /metrics: often enough for a p99 of hundreds of scrapes, rarely
+/// enough that serving them is not most of what the daemon does.
+const SCRAPE_EVERY: Duration = Duration::from_millis(100);
 
 struct Daemon {
     child: Child,
@@ -77,11 +84,23 @@ impl Daemon {
     /// (CPU seconds, peak resident bytes) of the daemon so far.
     fn usage(&self) -> Result<(f64, u64)> {
         let process = procfs::process::Process::new(self.child.id() as i32)?;
-        let stat = process.stat()?;
-        let ticks = procfs::ticks_per_second() as f64;
-        let cpu = (stat.utime + stat.stime) as f64 / ticks;
+        let cpu = self.threads()?.values().sum();
         let peak = process.status()?.vmhwm.unwrap_or(0) * 1024;
         Ok((cpu, peak))
+    }
+
+    /// CPU seconds of the daemon's threads so far, by thread name (the loop is `mpiburst`): the
+    /// scheduler's run time in ns (schedstat), not the 10 ms ticks of stat, which made an idle
+    /// thread's share over a few seconds too coarse to take out of a storm's.
+    fn threads(&self) -> Result<BTreeMap<String, f64>> {
+        let process = procfs::process::Process::new(self.child.id() as i32)?;
+        let mut by_name = BTreeMap::new();
+        for task in process.tasks()?.flatten() {
+            if let (Ok(stat), Ok(run)) = (task.stat(), task.schedstat()) {
+                *by_name.entry(stat.comm).or_default() += run.sum_exec_runtime as f64 * 1e-9;
+            }
+        }
+        Ok(by_name)
     }
 
     fn metrics(&self) -> Result<String> {
@@ -160,33 +179,26 @@ fn describe(mut latencies: Vec<f64>) -> String {
     )
 }
 
-fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let [binary, call_loop] = &args[..] else {
-        bail!("usage: bench_daemon MPIBURST_BINARY CALL_LOOP_PROGRAM");
-    };
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("storm.toml");
-    std::fs::write(
-        &config,
-        "[capture]\nmin_burst_us = 0\n\n[analysis]\nwindow_s = 10.0\n",
-    )?;
-    let daemon = Daemon::start(Path::new(binary), &config)?;
+/// What the daemon costs while no burst comes, scraped as often as in the storms.
+struct Idle {
+    /// Share of a core, in all and by thread name.
+    share: f64,
+    threads: BTreeMap<String, f64>,
+    latencies: Vec<f64>,
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let idle = scrape_latencies(daemon.client.clone(), stop.clone());
-    thread::sleep(Duration::from_secs(3));
-    stop.store(true, Ordering::Relaxed);
-    let idle = idle.join().expect("the idle scraper");
-
+/// One storm: `calls` barriers, paced at one per `period_ns` (0: as fast as they go), scraped
+/// all along; prints what it cost the daemon beyond its idle cost.
+fn storm(daemon: &Daemon, call_loop: &str, calls: u64, period_ns: u64, idle: &Idle) -> Result<()> {
     let before = daemon.metrics()?;
     let (cpu_before, _) = daemon.usage()?;
+    let threads_before = daemon.threads()?;
     let clustered_before = daemon.clustered.load(Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let storm_scrapes = scrape_latencies(daemon.client.clone(), stop.clone());
     let started = Instant::now();
     let out = Command::new(call_loop)
-        .arg(STORM_CALLS)
+        .args([calls.to_string(), "barrier".into(), period_ns.to_string()])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()?;
@@ -203,9 +215,9 @@ fn main() -> Result<()> {
     let storm_scrapes = storm_scrapes.join().expect("the storm scraper");
     let wall_s = started.elapsed().as_secs_f64();
     let (cpu_after, peak_bytes) = daemon.usage()?;
+    let threads_after = daemon.threads()?;
     let after = daemon.metrics()?;
     let clustered = daemon.clustered.load(Ordering::Relaxed) - clustered_before;
-    daemon.stop()?;
 
     let delta =
         |name: &str, with: &str| family_sum(&after, name, with) - family_sum(&before, name, with);
@@ -214,23 +226,86 @@ fn main() -> Result<()> {
     let dropped = delta("mpiburst_job_dropped_bursts_total", "");
     let lost = delta("mpiburst_lost_events_total", "kind=\"bursts\"");
     let rate = bursts / storm_s;
-    let core_share = (cpu_after - cpu_before) / wall_s;
-    println!("storm: {bursts:.0} bursts in {storm_s:.1} s = {rate:.0} bursts/s ({shipped:.0} shipped to the daemon)");
+    // CPU time the bursts cost, from the storm's start to the end of the clustering after it,
+    // beyond what the idle daemon (scraped as often) used in as long.
+    let burst_cpu_s = (cpu_after - cpu_before) - idle.share * wall_s;
+    let per_burst_ns = burst_cpu_s / bursts * 1e9;
+    println!("  {bursts:.0} bursts in {storm_s:.1} s = {rate:.0} bursts/s ({shipped:.0} shipped to the daemon)");
     println!(
-        "daemon CPU: {:.2} % of a core over {wall_s:.1} s (storm and the clustering after it) = {:.2} % of a core per 10⁵ bursts/s",
-        100.0 * core_share,
-        100.0 * core_share / (rate / 1e5)
+        "  daemon CPU: the bursts took {burst_cpu_s:.2} s beyond idle over {wall_s:.1} s (storm and the clustering after it) = {per_burst_ns:.0} ns per burst = {:.2} % of a core per 10⁵ bursts/s",
+        per_burst_ns * 1e5 / 1e9 * 100.0
     );
-    println!("bursts lost: {dropped:.0} dropped by the ring buffer, {lost:.0} lost events of kind bursts");
+    let by_thread: Vec<String> = threads_after
+        .iter()
+        .map(|(name, after)| {
+            let idle_s = idle.threads.get(name).unwrap_or(&0.0) * wall_s;
+            let ns = (after - threads_before.get(name).unwrap_or(&0.0) - idle_s) / bursts * 1e9;
+            format!("{name} {ns:.0} ns")
+        })
+        .collect();
     println!(
-        "peak resident memory of the daemon: {:.1} MiB",
+        "  per burst by thread, beyond idle: {}",
+        by_thread.join(", ")
+    );
+    println!("  bursts lost: {dropped:.0} dropped by the ring buffer, {lost:.0} lost events of kind bursts");
+    println!(
+        "  peak resident memory of the daemon so far: {:.1} MiB",
         peak_bytes as f64 / (1024.0 * 1024.0)
     );
-    println!("windows clustered during and after the storm: {clustered}");
-    println!("/metrics idle: {}", describe(idle));
+    println!("  windows clustered during and after the storm: {clustered}");
     println!(
-        "/metrics during the storm and its clustering: {}",
+        "  /metrics during the storm and its clustering: {}",
         describe(storm_scrapes)
     );
     Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [binary, call_loop] = &args[..] else {
+        bail!("usage: bench_daemon MPIBURST_BINARY CALL_LOOP_PROGRAM");
+    };
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("storm.toml");
+    std::fs::write(
+        &config,
+        "[capture]\nmin_burst_us = 0\n\n[analysis]\nwindow_s = 10.0\n",
+    )?;
+    let daemon = Daemon::start(Path::new(binary), &config)?;
+
+    // The idle daemon's own cost, with the same scrapes: taken out of the storms'.
+    let (idle_cpu_before, _) = daemon.usage()?;
+    let idle_threads_before = daemon.threads()?;
+    let idle_started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let idle = scrape_latencies(daemon.client.clone(), stop.clone());
+    thread::sleep(Duration::from_secs(10));
+    stop.store(true, Ordering::Relaxed);
+    let idle = idle.join().expect("the idle scraper");
+    let idle_s = idle_started.elapsed().as_secs_f64();
+    let idle_share = (daemon.usage()?.0 - idle_cpu_before) / idle_s;
+    let idle = Idle {
+        share: idle_share,
+        threads: daemon
+            .threads()?
+            .into_iter()
+            .map(|(name, after)| {
+                let share = (after - idle_threads_before.get(&name).unwrap_or(&0.0)) / idle_s;
+                (name, share)
+            })
+            .collect(),
+        latencies: idle,
+    };
+    println!(
+        "idle daemon, scraped every {} ms: {:.2} % of a core; /metrics {}",
+        SCRAPE_EVERY.as_millis(),
+        100.0 * idle.share,
+        describe(idle.latencies.clone())
+    );
+    // First the target's rate, so that the peak memory printed after it is that storm's.
+    println!("storm at 10⁵ bursts/s ({PACED_CALLS} calls, one every {PACED_PERIOD_NS} ns):");
+    storm(&daemon, call_loop, PACED_CALLS, PACED_PERIOD_NS, &idle)?;
+    println!("storm as fast as one rank calls ({FULL_SPEED_CALLS} calls):");
+    storm(&daemon, call_loop, FULL_SPEED_CALLS, 0, &idle)?;
+    daemon.stop()
 }

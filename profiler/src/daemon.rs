@@ -44,7 +44,7 @@ use crate::{
         },
         report, SelfStats,
     },
-    model::{is_lifecycle_function, unix_now_ns, Burst, HwCounters, JobId},
+    model::{is_lifecycle_function, unix_now_ns, Burst, HwCounters, JobId, Name},
     properties::{LiveEvaluator, LiveProperties, PropertyConfig},
     store::{CallStats, Job, JobMeta, JobStore, RankRecord, RankTotals, RegionMarks, SiteStats},
 };
@@ -145,7 +145,7 @@ pub struct Daemon {
     functions: Vec<String>,
     /// The names bursts carry, by function id, then "-" (no function) and "?" (an unknown id):
     /// shared, so that a burst costs no allocation for its names.
-    function_names: Vec<Arc<str>>,
+    function_names: Vec<Name>,
     state: NodeState,
     /// The HTTP server's view of `state`, replaced after every stats update and whenever a
     /// process joins a job.
@@ -166,6 +166,8 @@ pub struct Daemon {
     analysis: Option<analysis::AnalysisWorker>,
     /// Its snapshots after each tick, for the loop to publish.
     analysis_updates: tokio::sync::mpsc::UnboundedReceiver<analysis::Update>,
+    /// The records of the current drain.
+    records: Vec<BurstRecord>,
     /// The bursts of the current drain for the analysis, by job, with the job's rank count.
     analysis_batch: BTreeMap<JobId, (u32, Vec<Burst>)>,
     /// Kernel usage (CPU time, memory, file I/O) per job, and the property evaluation.
@@ -236,6 +238,23 @@ fn note_modules(
     if added {
         write_recording(recording, |w| w.job(&job.meta));
     }
+}
+
+/// A time of the BPF clock (CLOCK_MONOTONIC) as Unix time, given Unix time minus monotonic time.
+fn to_unix_ns(unix_offset_ns: i128, monotonic_ns: u64) -> u64 {
+    (monotonic_ns as i128 + unix_offset_ns) as u64
+}
+
+/// The shared name of function `id` in `names` (see `Daemon::function_names`): its own, "-" for
+/// no function, "?" for an id the daemon did not attach.
+fn function_name(names: &[Name], id: u32) -> Name {
+    let known = names.len() - 2;
+    let index = match id {
+        NO_FUNC => known,
+        id if (id as usize) < known => id as usize,
+        _ => known + 1,
+    };
+    names[index]
 }
 
 /// The cookie flags of a probed function: polling, or a bound of the region of interest.
@@ -341,8 +360,8 @@ impl Daemon {
                 })?;
         let function_names = functions
             .iter()
-            .map(|f| Arc::from(f.as_str()))
-            .chain([Arc::from("-"), Arc::from("?")])
+            .map(|f| Name::new(f))
+            .chain([Name::new("-"), Name::new("?")])
             .collect();
         let run_time_libraries =
             libraries::RunTimeLibraries::new(&functions, config.mpi.library_read_timeout());
@@ -362,6 +381,7 @@ impl Daemon {
             outside: HashSet::new(),
             analysis: Some(analysis),
             analysis_updates,
+            records: Vec::new(),
             analysis_batch: BTreeMap::new(),
             usage: BTreeMap::new(),
             evaluators: BTreeMap::new(),
@@ -409,17 +429,7 @@ impl Daemon {
     }
 
     fn unix_ns(&self, monotonic_ns: u64) -> u64 {
-        (monotonic_ns as i128 + self.unix_offset_ns) as u64
-    }
-
-    fn function_name(&self, id: u32) -> Arc<str> {
-        let known = self.functions.len();
-        let index = match id {
-            NO_FUNC => known,
-            id if (id as usize) < known => id as usize,
-            _ => known + 1,
-        };
-        self.function_names[index].clone()
+        to_unix_ns(self.unix_offset_ns, monotonic_ns)
     }
 
     /// Finds (or makes) the job and rank of a pid, and registers it in the store; `None` for a
@@ -510,50 +520,66 @@ impl Daemon {
         Some(member)
     }
 
-    fn ingest(&mut self, record: BurstRecord, state: &mut NodeState) -> Result<(), DaemonError> {
-        let Some(member) = self.member(record.pid, state) else {
-            return Ok(());
+    /// Takes in a run of burst records of one process: the job and its batch are looked up once
+    /// per run, not per burst (a drain in a storm holds tens of thousands of records, in runs of
+    /// the same process).
+    fn ingest(&mut self, run: &[BurstRecord], state: &mut NodeState) {
+        let Some(first) = run.first() else { return };
+        let Some(member) = self.member(first.pid, state) else {
+            return;
         };
-        let has_counters = record.flags & BURST_HAS_COUNTERS != 0;
-        let burst = Burst {
-            pid: record.pid,
-            tid: record.tid,
-            rank: member.rank,
-            start_ns: self.unix_ns(record.start_ns),
-            duration_ns: record.duration_ns,
-            oncpu_ns: record.oncpu_ns,
-            counters: (has_counters && self.hardware_counters).then(|| HwCounters {
-                instructions: record.counters[0],
-                cycles: record.counters[1],
-            }),
-            start_func: self.function_name(record.start_func),
-            end_func: self.function_name(record.end_func),
-            start_site: self.resolver.resolve(record.pid, record.start_site),
-            end_site: self.resolver.resolve(record.pid, record.end_site),
+        let Some(job) = state.store.jobs.get_mut(&member.job) else {
+            return;
         };
-        let ranks = state.store.jobs.get_mut(&member.job).map(|job| {
-            note_modules(&self.resolver, &mut self.recording, job, &burst);
-            job.ranks.len().max(1) as u32
-        });
-        write_recording(&mut self.recording, |w| {
-            w.burst(RecordedBurst {
-                job: member.job.clone(),
-                burst: burst.clone(),
-                event_counts: has_counters.then_some(record.counters),
-            })
-        });
-        if let Some(ranks) = ranks {
-            let batch = match self.analysis_batch.get_mut(&member.job) {
-                Some(batch) => batch,
-                None => self.analysis_batch.entry(member.job.clone()).or_default(),
+        let ranks = job.ranks.len().max(1) as u32;
+        let batch = match self.analysis_batch.get_mut(&member.job) {
+            Some(batch) => batch,
+            None => self.analysis_batch.entry(member.job.clone()).or_default(),
+        };
+        batch.0 = ranks;
+        batch.1.reserve(run.len());
+        let first_new = batch.1.len();
+        // The modules of the previous burst's sites, already noted in the job's metadata: a
+        // run's sites nearly all share them, and comparing two names is cheaper than looking
+        // them up.
+        let mut noted: Option<[Name; 2]> = None;
+        for record in run {
+            let has_counters = record.flags & BURST_HAS_COUNTERS != 0;
+            let burst = Burst {
+                pid: record.pid,
+                tid: record.tid,
+                rank: member.rank,
+                start_ns: to_unix_ns(self.unix_offset_ns, record.start_ns),
+                duration_ns: record.duration_ns,
+                oncpu_ns: record.oncpu_ns,
+                counters: (has_counters && self.hardware_counters).then(|| HwCounters {
+                    instructions: record.counters[0],
+                    cycles: record.counters[1],
+                }),
+                start_func: function_name(&self.function_names, record.start_func),
+                end_func: function_name(&self.function_names, record.end_func),
+                start_site: self.resolver.resolve(record.pid, record.start_site),
+                end_site: self.resolver.resolve(record.pid, record.end_site),
             };
-            batch.0 = ranks;
-            batch.1.push(burst.clone());
-            state
-                .store
-                .push_burst(&member.job, burst, self.config.daemon.max_bursts);
+            let modules = [burst.start_site.module, burst.end_site.module];
+            if noted != Some(modules) {
+                note_modules(&self.resolver, &mut self.recording, job, &burst);
+                noted = Some(modules);
+            }
+            write_recording(&mut self.recording, |w| {
+                w.burst(RecordedBurst {
+                    job: member.job.clone(),
+                    burst: burst.clone(),
+                    event_counts: has_counters.then_some(record.counters),
+                })
+            });
+            batch.1.push(burst);
         }
-        Ok(())
+        state.store.push_bursts(
+            &member.job,
+            batch.1[first_new..].iter().cloned(),
+            self.config.daemon.max_bursts,
+        );
     }
 
     /// One drain: exec notifications, pending library scans, and the burst ring buffer. Publishes
@@ -577,15 +603,19 @@ impl Daemon {
         }
         self.start_scans(now);
         self.capture.forward_bpf_log();
-        let mut records = Vec::new();
+        // Kept between drains, so that a storm's drains do not grow a new buffer each time.
+        let mut records = std::mem::take(&mut self.records);
         self.capture.drain_bursts(|r| records.push(r));
-        for r in &records {
-            self.ingest(*r, state)?;
+        for run in records.chunk_by(|a, b| a.pid == b.pid) {
+            self.ingest(run, state);
         }
+        let drained = records.len();
+        records.clear();
+        self.records = records;
         for (job, (ranks, bursts)) in std::mem::take(&mut self.analysis_batch) {
             self.send_analysis(analysis::Request::Bursts { job, ranks, bursts });
         }
-        Ok(records.len())
+        Ok(drained)
     }
 
     /// Reads the exact in-kernel totals, notices ended ranks and jobs, prints reports, and

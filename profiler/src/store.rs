@@ -275,32 +275,48 @@ pub struct JobStore {
 }
 
 impl JobStore {
-    /// Keeps `burst` in its job's memory within a budget of `max_bursts` over the whole node:
+    /// Keeps `bursts` in their job's memory within a budget of `max_bursts` over the whole node:
     /// when the jobs hold that many, the oldest burst of the job holding the most goes first, so
     /// a burst storm in one job never pushes out the bursts of the others. Nothing happens for a
     /// job that is not held.
-    pub fn push_burst(&mut self, id: &JobId, burst: Burst, max_bursts: usize) {
-        if !self.jobs.contains_key(id) {
-            return;
-        }
-        let held: usize = self.jobs.values().map(|j| j.bursts.len()).sum();
-        if held >= max_bursts.max(1) {
-            if let Some(largest) = self.jobs.values_mut().max_by_key(|j| j.bursts.len()) {
-                largest.evict_oldest_burst();
+    pub fn push_bursts(
+        &mut self,
+        id: &JobId,
+        bursts: impl ExactSizeIterator<Item = Burst>,
+        max_bursts: usize,
+    ) {
+        let max_bursts = max_bursts.max(1);
+        let mut job = None;
+        let mut others = Vec::new();
+        for (key, j) in self.jobs.iter_mut() {
+            if key == id {
+                job = Some(j);
+            } else {
+                others.push(j);
             }
         }
-        if let Some(job) = self.jobs.get_mut(id) {
-            // Grown by doubling, never past what the node-wide budget leaves this job besides
-            // the other jobs' bursts: no room is reserved that could never be filled.
-            if job.bursts.len() == job.bursts.capacity() {
-                let others = held.saturating_sub(job.bursts.len());
-                let room = max_bursts
-                    .max(1)
-                    .saturating_sub(others)
-                    .saturating_sub(job.bursts.len())
-                    .max(1);
-                job.bursts
-                    .reserve_exact(job.bursts.len().max(1024).min(room));
+        let Some(job) = job else { return };
+        let others_held: usize = others.iter().map(|j| j.bursts.len()).sum();
+        let mut held = others_held + job.bursts.len();
+        // Grown to what the node-wide budget leaves this job besides the other jobs' bursts,
+        // at least doubling: no room is reserved that could never be filled.
+        let needed = job.bursts.len() + bursts.len();
+        if needed > job.bursts.capacity() {
+            let room = max_bursts.saturating_sub(others_held).max(1);
+            let target = (job.bursts.len() * 2).max(1024).max(needed).min(room);
+            job.bursts
+                .reserve_exact(target.saturating_sub(job.bursts.len()));
+        }
+        for burst in bursts {
+            if held >= max_bursts {
+                match others.iter_mut().max_by_key(|j| j.bursts.len()) {
+                    Some(other) if other.bursts.len() > job.bursts.len() => {
+                        other.evict_oldest_burst()
+                    }
+                    _ => job.evict_oldest_burst(),
+                }
+            } else {
+                held += 1;
             }
             job.bursts.push_back(burst);
         }
@@ -412,21 +428,29 @@ mod tests {
             start_ns,
             ..b.clone()
         };
-        store.push_burst(&quiet, at(0), 4);
+        store.push_bursts(&quiet, [at(0)].into_iter(), 4);
         for i in 1..=6 {
-            store.push_burst(&storm, at(i), 4);
+            store.push_bursts(&storm, [at(i)].into_iter(), 4);
         }
-        store.push_burst(&JobId("gone".into()), at(9), 4);
+        store.push_bursts(&JobId("gone".into()), [at(9)].into_iter(), 4);
         let (s, q) = (&store.jobs[&storm], &store.jobs[&quiet]);
         assert_eq!((s.bursts.len(), q.bursts.len()), (3, 1));
         assert_eq!(s.bursts_evicted, 3);
         assert_eq!(s.bursts.front().unwrap().start_ns, 4);
         assert_eq!(q.bursts_evicted, 0);
 
+        // A drain's batch larger than the budget keeps its newest bursts, and still not the
+        // quiet job's.
+        store.push_bursts(&storm, (7..17u32).map(|i| at(i.into())), 4);
+        let (s, q) = (&store.jobs[&storm], &store.jobs[&quiet]);
+        assert_eq!((s.bursts.len(), q.bursts.len()), (3, 1));
+        assert_eq!(s.bursts.front().unwrap().start_ns, 14);
+        assert_eq!(s.bursts_evicted, 13);
+
         // A job that fills the budget alone holds no room beyond it.
         let budget = 5000;
         for i in 0..2 * budget as u64 {
-            store.push_burst(&storm, at(i), budget);
+            store.push_bursts(&storm, [at(i)].into_iter(), budget);
         }
         let s = &store.jobs[&storm];
         assert_eq!(s.bursts.len() + store.jobs[&quiet].bursts.len(), budget);

@@ -14,7 +14,11 @@
  *   test       MPI_Test of a receive that stays pending polling
  *   iprobe     MPI_Iprobe of a message that never comes polling, peer and communicator
  *
- * Usage: call_loop [N=1000000] [FUNCTION=barrier]   meant for 1 rank (every rank runs its own loop)
+ * Usage: call_loop [N=1000000] [FUNCTION=barrier] [PERIOD_NS=0]
+ *   meant for 1 rank (every rank runs its own loop).  With PERIOD_NS > 0 the calls are paced: call
+ *   i starts at i * PERIOD_NS after the first, the time in between spent computing (busy), so that
+ *   the calls, and the bursts between them, come at a steady rate of 10^9 / PERIOD_NS per second
+ *   whatever a call costs (as long as it costs less than the period).
  * Prints one line to stdout: {"function":"F","calls":N,"ns_per_call":X}
  */
 #define _POSIX_C_SOURCE 200809L
@@ -76,15 +80,16 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     long n = argc > 1 ? atol(argv[1]) : 1000000;
     const char *name = argc > 2 ? argv[2] : "barrier";
+    long long period_ns = argc > 3 ? atoll(argv[3]) : 0;
     void (*call)(void) = NULL;
     for (size_t i = 0; i < sizeof FUNCTIONS / sizeof FUNCTIONS[0]; i++)
         if (strcmp(FUNCTIONS[i].name, name) == 0)
             call = FUNCTIONS[i].call;
     int size;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (call == NULL || n < 0 || size != 1) {
+    if (call == NULL || n < 0 || period_ns < 0 || size != 1) {
         fprintf(stderr, "usage: call_loop [N >= 0] [barrier|allreduce|sendrecv|waitall|test|iprobe] "
-                        "with 1 rank\n");
+                        "[PERIOD_NS >= 0] with 1 rank\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     MPI_Irecv(&received, 1, MPI_DOUBLE, 0, NEVER_TAG, MPI_COMM_WORLD, &pending);
@@ -94,8 +99,16 @@ int main(int argc, char **argv)
         call();
 
     long long t0 = now_ns();
-    for (long i = 0; i < n; i++)
-        call();
+    if (period_ns == 0) {
+        for (long i = 0; i < n; i++)
+            call();
+    } else {
+        for (long i = 0; i < n; i++) {
+            call();
+            while (now_ns() - t0 < (i + 1) * period_ns)
+                ;
+        }
+    }
     long long t1 = now_ns();
 
     /* Complete the pending receive, so that MPI_Finalize finds nothing in flight. */

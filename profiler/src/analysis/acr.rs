@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::css::{sequence_score, RankSequences, SequenceScore};
-use super::dbscan::{dbscan, k_distances};
+use super::dbscan::{dbscan, k_distances_sample};
 use super::points::{cluster_count, PointSet};
 use super::roles::{join_rare_variants, merge_region_variants};
 use super::{ClusterId, NOISE};
@@ -52,6 +52,9 @@ use super::{ClusterId, NOISE};
 /// The top of the k-dist curve that the knee line and the largest Eps skip, as a share of the
 /// points: ClusteringSuite's 0.5 %, so that a few outliers set neither.
 const KDIST_TRIM_SHARE: f64 = 0.005;
+/// The points whose k-distance draws the k-dist curve, at most (see `k_distances_sample`): the
+/// trimmed top is then still 20 values, and a window of up to this many points is drawn whole.
+const KDIST_QUERIES: usize = 4096;
 
 /// One DBSCAN run and the partition it led to.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -183,7 +186,11 @@ pub fn acr(
         "one rank position per point"
     );
     let mut eps_list: Vec<f64> = epsilon_steps(
-        &k_distances(points, kdist_neighbours(min_points, points.len())),
+        &k_distances_sample(
+            points,
+            kdist_neighbours(min_points, points.len()),
+            KDIST_QUERIES,
+        ),
         steps,
     )
     .into_iter()

@@ -156,6 +156,25 @@ pub fn dbscan(points: &PointSet, eps: f64, min_points: usize) -> Vec<ClusterId> 
 /// Infinite for points whose group has fewer than k points, which are never core.
 pub fn k_distances(points: &PointSet, k: usize) -> Vec<f64> {
     let mut out = vec![f64::INFINITY; points.len()];
+    each_k_distance(points, k, 1, |i, d| out[i] = d);
+    out
+}
+
+/// The k-distances of about `max_queries` of the points, every ⌈n / max_queries⌉-th of each
+/// group (all of them when n ≤ `max_queries`), in no particular order. Each is exact, as
+/// [`k_distances`] computes it against every point of its group: only fewer points ask. For
+/// ACR's Eps list, which reads quantiles of the k-dist curve, a few thousand values draw the curve
+/// as well as a full window's tens of thousands, and the queries were most of a window's
+/// clustering time.
+pub fn k_distances_sample(points: &PointSet, k: usize, max_queries: usize) -> Vec<f64> {
+    let stride = points.len().div_ceil(max_queries.max(1)).max(1);
+    let mut out = Vec::with_capacity(points.len() / stride + 1);
+    each_k_distance(points, k, stride, |_, d| out.push(d));
+    out
+}
+
+/// Calls `found(point, k-distance)` for every `stride`-th point of each group.
+fn each_k_distance(points: &PointSet, k: usize, stride: usize, mut found: impl FnMut(usize, f64)) {
     let (order, groups) = points.by_group();
     for range in groups {
         let tree = KdTree::new(
@@ -163,11 +182,13 @@ pub fn k_distances(points: &PointSet, k: usize) -> Vec<f64> {
             points.dims(),
             order[range.clone()].to_vec(),
         );
-        for &i in &order[range] {
-            out[i as usize] = tree.kth_distance(&points.coords()[i as usize], k);
+        for &i in order[range].iter().step_by(stride) {
+            found(
+                i as usize,
+                tree.kth_distance(&points.coords()[i as usize], k),
+            );
         }
     }
-    out
 }
 
 fn boxes_max_distance2(alo: &Coords, ahi: &Coords, blo: &Coords, bhi: &Coords) -> f64 {

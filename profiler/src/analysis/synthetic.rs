@@ -4,10 +4,8 @@
 //! and rare phases, separated by collective calls, plus the tiny bursts that back-to-back MPI
 //! calls produce.
 
-use std::sync::Arc;
-
 use super::hashing::{mix, GOLDEN_GAMMA};
-use crate::model::{Burst, CallSite, HwCounters};
+use crate::model::{Burst, CallSite, HwCounters, Name};
 
 /// Core clock used to turn cycles into time.
 const CLOCK_GHZ: f64 = 2.5;
@@ -92,13 +90,10 @@ impl SyntheticJob {
     /// All bursts, rank by rank in time order.
     pub fn bursts(&self) -> Vec<Burst> {
         let mut random = SplitMix64(self.seed);
-        let module: Arc<str> = Arc::from("synthetic");
-        let site = |offset: u64| CallSite {
-            module: module.clone(),
-            offset,
-        };
-        let allreduce: Arc<str> = Arc::from("MPI_Allreduce");
-        let isend: Arc<str> = Arc::from("MPI_Isend");
+        let module = Name::new("synthetic");
+        let site = |offset: u64| CallSite { module, offset };
+        let allreduce = Name::new("MPI_Allreduce");
+        let isend = Name::new("MPI_Isend");
         let mut bursts = Vec::new();
         let mut now: u64 = 1_700_000_000_000_000_000;
         // Phase k opens at the collective at site 0x1000·k, or at 0x1000·k + 0x100·(rank + 1) for
@@ -198,8 +193,8 @@ impl SyntheticJob {
         start_ns: u64,
         duration_ns: u64,
         counters: Option<HwCounters>,
-        opened_by: (&Arc<str>, CallSite),
-        closed_by: (&Arc<str>, CallSite),
+        opened_by: (&Name, CallSite),
+        closed_by: (&Name, CallSite),
     ) -> Burst {
         Burst {
             pid: 1000 + rank,
@@ -209,8 +204,8 @@ impl SyntheticJob {
             duration_ns,
             oncpu_ns: duration_ns,
             counters,
-            start_func: opened_by.0.clone(),
-            end_func: closed_by.0.clone(),
+            start_func: *opened_by.0,
+            end_func: *closed_by.0,
             start_site: opened_by.1,
             end_site: closed_by.1,
         }

@@ -5,9 +5,8 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use crate::model::CallSite;
+use crate::model::{CallSite, Name};
 
 use super::elf::build_id;
 use super::error::DiscoveryError;
@@ -98,7 +97,7 @@ struct Region {
     start: u64,
     end: u64,
     offset: u64,
-    module: Option<Arc<str>>,
+    module: Option<Name>,
 }
 
 /// Resolves addresses of MPI processes to call sites, caching each process's maps.
@@ -112,9 +111,9 @@ pub struct AddressResolver {
     processes: HashMap<u32, Vec<Region>>,
     /// Module id per mapped file, keyed by inode and path; libraries are shared by every rank
     /// of a job, so each build-id is read once.
-    modules: HashMap<(u64, PathBuf), Arc<str>>,
+    modules: HashMap<(u64, PathBuf), Name>,
     /// The path each build-id was last mapped from, for symbolization.
-    paths: HashMap<Arc<str>, PathBuf>,
+    paths: HashMap<Name, PathBuf>,
     /// The last call sites resolved, direct-mapped by pid and address: a rank's bursts start and
     /// end at the same few return addresses, and under a burst storm the search of the maps was
     /// a fifth of the daemon's time.
@@ -196,7 +195,7 @@ impl AddressResolver {
         let region = regions.get(i).filter(|r| r.start <= address)?;
         Some(match &region.module {
             Some(module) => CallSite {
-                module: module.clone(),
+                module: *module,
                 offset: address - region.start + region.offset,
             },
             None => CallSite::unknown(address),
@@ -205,13 +204,12 @@ impl AddressResolver {
 
     fn region(&mut self, pid: u32, m: &Mapping) -> Region {
         let module = m.path.as_ref().map(|path| {
-            let id = self
+            let id = *self
                 .modules
                 .entry((m.inode, path.clone()))
-                .or_insert_with(|| module_id(pid, path, m.deleted))
-                .clone();
+                .or_insert_with(|| module_id(pid, path, m.deleted));
             if *id != *path.to_string_lossy() {
-                self.paths.insert(id.clone(), path.clone());
+                self.paths.insert(id, path.clone());
             }
             id
         });
@@ -224,7 +222,7 @@ impl AddressResolver {
     }
 }
 
-fn module_id(pid: u32, path: &Path, deleted: bool) -> Arc<str> {
+fn module_id(pid: u32, path: &Path, deleted: bool) -> Name {
     // The path is the one the process sees; through /proc/<pid>/root it also names the right file
     // for a process in another mount namespace (a container). It is built here because procfs
     // offers only the link's target (`Process::root`), which does not lead into that namespace.
@@ -232,12 +230,12 @@ fn module_id(pid: u32, path: &Path, deleted: bool) -> Arc<str> {
         let in_process_root =
             Path::new(&format!("/proc/{pid}/root")).join(path.strip_prefix("/").unwrap_or(path));
         match build_id(&in_process_root) {
-            Ok(Some(id)) => return Arc::from(id),
+            Ok(Some(id)) => return Name::new(&id),
             Ok(None) => {}
             Err(e) => tracing::debug!(pid, path = %path.display(), error = %e, "no build-id"),
         }
     }
-    Arc::from(path.to_string_lossy().as_ref())
+    Name::new(&path.to_string_lossy())
 }
 
 #[cfg(test)]

@@ -14,11 +14,10 @@ mod resolve;
 mod tests;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::CallSite;
+use crate::model::{CallSite, Name};
 
 pub use resolve::SiteResolver;
 
@@ -70,7 +69,7 @@ impl Frame {
 pub struct SiteName {
     /// The raw call site: module id (build-id in hex, or a path) and file offset of the return
     /// address of the MPI call.
-    pub module: Arc<str>,
+    pub module: Name,
     pub offset: u64,
     /// File name of the executable or library, or the short build-id when its path is not known.
     pub module_name: String,
@@ -92,7 +91,7 @@ impl SiteName {
     /// A site without a name, shown as its module's name and offset.
     pub fn unresolved(site: &CallSite, module_name: String, reason: impl Into<String>) -> Self {
         let mut name = SiteName {
-            module: site.module.clone(),
+            module: site.module,
             offset: site.offset,
             module_name,
             source: NameSource::Unresolved,
@@ -114,7 +113,7 @@ impl SiteName {
         function_offset: Option<u64>,
     ) -> Self {
         let mut name = SiteName {
-            module: site.module.clone(),
+            module: site.module,
             offset: site.offset,
             module_name,
             source,

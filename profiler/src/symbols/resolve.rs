@@ -16,7 +16,7 @@ use object::{Object, ObjectSegment, ObjectSymbol};
 
 use super::names::function_name;
 use super::{short_module_name, Frame, NameSource, SiteName, SiteNames};
-use crate::model::CallSite;
+use crate::model::{CallSite, Name};
 
 /// Upper bound on names kept; a job shows a few hundred call sites at most, and the bound keeps a
 /// long-running daemon's memory independent of how many jobs it has served.
@@ -63,7 +63,7 @@ enum ModuleFile {
 pub struct SiteResolver {
     resolved: HashMap<CallSite, SiteName>,
     /// Per module id and path: the file identity seen at the last check and what it gave.
-    files: HashMap<(Arc<str>, PathBuf), (Option<FileKey>, ModuleFile)>,
+    files: HashMap<(Name, PathBuf), (Option<FileKey>, ModuleFile)>,
     /// Directories searched for split debug files; `None`: blazesym's defaults (/usr/lib/debug,
     /// /lib/debug, each with its `.build-id` tree).
     debug_dirs: Option<Vec<PathBuf>>,
@@ -91,7 +91,7 @@ impl SiteResolver {
         modules: &BTreeMap<String, String>,
     ) -> SiteNames {
         let mut names = SiteNames::default();
-        let mut wanted: BTreeMap<Arc<str>, BTreeSet<&CallSite>> = BTreeMap::new();
+        let mut wanted: BTreeMap<Name, BTreeSet<&CallSite>> = BTreeMap::new();
         for site in sites {
             if names.contains(site) {
                 continue;
@@ -99,7 +99,7 @@ impl SiteResolver {
             match self.resolved.get(site) {
                 Some(name) => names.insert(site.clone(), name.clone()),
                 None => {
-                    wanted.entry(site.module.clone()).or_default().insert(site);
+                    wanted.entry(site.module).or_default().insert(site);
                 }
             }
         }
@@ -258,9 +258,9 @@ impl SiteResolver {
 
     /// Whether the file at `path` still is the module `module` names, checked again only when
     /// the file's identity changed since the last check.
-    fn check(&mut self, module: &Arc<str>, path: &Path) -> ModuleFile {
+    fn check(&mut self, module: &Name, path: &Path) -> ModuleFile {
         let key = file_key(path).ok();
-        let entry = (module.clone(), path.to_path_buf());
+        let entry = (*module, path.to_path_buf());
         if let Some((seen, verdict)) = self.files.get(&entry) {
             if *seen == key {
                 return verdict.clone();

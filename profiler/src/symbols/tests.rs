@@ -6,12 +6,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 
 use object::{Object, ObjectSegment};
 
 use super::{NameSource, SiteNames, SiteResolver};
-use crate::model::CallSite;
+use crate::model::{CallSite, Name};
 
 /// `record_site()` prints the file offset of its return address: the call site of its caller,
 /// as the daemon computes one for an MPI call.
@@ -182,7 +181,7 @@ fn sites_of(bin: &Path, module: &str) -> Vec<CallSite> {
         .lines()
         .filter_map(|l| u64::from_str_radix(l.strip_prefix("site ")?, 16).ok())
         .map(|offset| CallSite {
-            module: Arc::from(module),
+            module: Name::new(module),
             offset,
         })
         .collect()

@@ -1,5 +1,3 @@
-use std::sync::Arc;
-
 use super::*;
 use crate::analysis::hashing::GOLDEN_GAMMA;
 use crate::analysis::synthetic::SplitMix64;
@@ -7,7 +5,7 @@ use crate::analysis::tracking::{
     AppIdentity, EventCounts, EventKind, StableId, TrackingEvent, TrackingParams,
 };
 use crate::analysis::{AnalysisParams, FeatureSet};
-use crate::model::{CallSite, HwCounters};
+use crate::model::{CallSite, HwCounters, Name};
 
 /// A start time aligned to whole seconds.
 const T0: u64 = 1_700_000_000_000_000_000;
@@ -15,7 +13,7 @@ const CLOCK_GHZ: f64 = 2.5;
 const E1_PHASES: [(f64, f64); 3] = [(1e6, 2.0), (5e6, 0.6), (2e7, 1.2)];
 
 /// A call site offset and the MPI function there.
-type Site<'a> = (u64, &'a Arc<str>);
+type Site<'a> = (u64, &'a Name);
 
 /// An SPMD loop of `phases` (instructions, IPC) with ±3 % jitter and one 2 µs burst after
 /// each phase, from T0 for `seconds`. `factor(window, iteration, phase)` multiplies a phase's
@@ -64,13 +62,10 @@ fn spmd_noisy(
 ) {
     // splitmix64 one step past the seed: the streams these tests' expectations were set on.
     let mut random = SplitMix64(seed.wrapping_add(GOLDEN_GAMMA));
-    let module: Arc<str> = Arc::from("/opt/app/bin/solver");
-    let site = |offset: u64| CallSite {
-        module: module.clone(),
-        offset,
-    };
-    let allreduce: Arc<str> = Arc::from("MPI_Allreduce");
-    let isend: Arc<str> = Arc::from("MPI_Isend");
+    let module = Name::new("/opt/app/bin/solver");
+    let site = |offset: u64| CallSite { module, offset };
+    let allreduce = Name::new("MPI_Allreduce");
+    let isend = Name::new("MPI_Isend");
     let end = T0 + (seconds * 1e9) as u64;
     let mut now = T0;
     let mut iteration = 0u64;
@@ -110,8 +105,8 @@ fn spmd_noisy(
                             instructions: instructions as u64,
                             cycles: cycles as u64,
                         }),
-                        start_func: opened.1.clone(),
-                        end_func: closed.1.clone(),
+                        start_func: *opened.1,
+                        end_func: *closed.1,
                         start_site: site(opened.0),
                         end_site: site(closed.0),
                     }
