@@ -137,3 +137,50 @@ impl CumulativeSample {
         (bursts, labels)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CallSite, Name};
+
+    fn burst(rank: u32) -> Burst {
+        Burst {
+            pid: 1,
+            tid: 1,
+            rank,
+            start_ns: 0,
+            duration_ns: 10,
+            oncpu_ns: 10,
+            counters: None,
+            start_func: Name::new("MPI_Barrier"),
+            end_func: Name::new("MPI_Barrier"),
+            start_site: CallSite::unknown(1),
+            end_site: CallSite::unknown(2),
+        }
+    }
+
+    #[test]
+    fn a_stratum_keeps_its_quota_and_the_sample_its_bound() {
+        let mut buffer = WindowBuffer::default();
+        let kept = |b: &mut WindowBuffer, slot, rank, quota| b.add(&burst(rank), slot, quota, 100);
+        assert!(kept(&mut buffer, 0, 0, 2));
+        assert!(kept(&mut buffer, 0, 0, 2));
+        assert!(!kept(&mut buffer, 0, 0, 2));
+        assert!(!kept(&mut buffer, 0, 0, 2));
+        assert!(!kept(&mut buffer, 0, 0, 1), "a smaller quota: still full");
+        assert!(kept(&mut buffer, 1, 0, 2), "another slot");
+        assert!(kept(&mut buffer, 0, 7, 2), "another rank");
+        assert!(kept(&mut buffer, 0, 0, 3), "a larger quota makes room");
+        assert!(!kept(&mut buffer, 0, 0, 3));
+        assert_eq!(
+            (buffer.bursts.len(), buffer.dropped, buffer.seen),
+            (5, 4, 9)
+        );
+        // The sample's bound holds whatever the strata.
+        let mut small = WindowBuffer::default();
+        assert!(small.add(&burst(0), 0, 10, 1));
+        assert!(!small.add(&burst(1), 0, 10, 1));
+        assert!(!small.add(&burst(1), 0, 10, 1));
+        assert_eq!(small.bursts.len(), 1);
+    }
+}

@@ -30,17 +30,18 @@ impl JobPhases {
         self.totals.time_seen_ns += burst.duration_ns;
         self.seen_ranks.insert(burst.rank);
         let window = burst.start_ns / self.window_ns;
-        let oldest_open = self.buffers.keys().next().copied();
-        if window < self.closed_before
-            || (!self.buffers.contains_key(&window)
-                && self.buffers.len() >= MAX_OPEN_WINDOWS
-                && oldest_open.is_some_and(|w| window < w))
-        {
+        if window < self.closed_before {
             self.totals.late_bursts += 1;
             return;
         }
+        // A new window when as many are open: it opens in place of the oldest, unless it is
+        // older still.
         if !self.buffers.contains_key(&window) && self.buffers.len() >= MAX_OPEN_WINDOWS {
-            let oldest = oldest_open.expect("buffers are full");
+            let oldest = *self.buffers.keys().next().expect("buffers are full");
+            if window < oldest {
+                self.totals.late_bursts += 1;
+                return;
+            }
             let mut events = Vec::new();
             self.close_window(oldest, ReclusterReason::OpenWindowLimit, &mut events);
             self.pending.extend(events);
