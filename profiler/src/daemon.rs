@@ -522,23 +522,26 @@ impl Daemon {
 
     /// Takes in a run of burst records of one process: the job and its batch are looked up once
     /// per run, not per burst (a drain in a storm holds tens of thousands of records, in runs of
-    /// the same process).
+    /// the same process). The recording gets every burst, also of a job no longer held.
     fn ingest(&mut self, run: &[BurstRecord], state: &mut NodeState) {
         let Some(first) = run.first() else { return };
         let Some(member) = self.member(first.pid, state) else {
             return;
         };
-        let Some(job) = state.store.jobs.get_mut(&member.job) else {
-            return;
+        let mut job = state.store.jobs.get_mut(&member.job);
+        let mut batch = match &job {
+            Some(job) => {
+                let batch = match self.analysis_batch.get_mut(&member.job) {
+                    Some(batch) => batch,
+                    None => self.analysis_batch.entry(member.job.clone()).or_default(),
+                };
+                batch.0 = job.ranks.len().max(1) as u32;
+                batch.1.reserve(run.len());
+                Some(batch)
+            }
+            None => None,
         };
-        let ranks = job.ranks.len().max(1) as u32;
-        let batch = match self.analysis_batch.get_mut(&member.job) {
-            Some(batch) => batch,
-            None => self.analysis_batch.entry(member.job.clone()).or_default(),
-        };
-        batch.0 = ranks;
-        batch.1.reserve(run.len());
-        let first_new = batch.1.len();
+        let first_new = batch.as_ref().map_or(0, |batch| batch.1.len());
         // The modules of the previous burst's sites, already noted in the job's metadata: a
         // run's sites nearly all share them, and comparing two names is cheaper than looking
         // them up.
@@ -562,7 +565,7 @@ impl Daemon {
                 end_site: self.resolver.resolve(record.pid, record.end_site),
             };
             let modules = [burst.start_site.module, burst.end_site.module];
-            if noted != Some(modules) {
+            if let Some(job) = job.as_deref_mut().filter(|_| noted != Some(modules)) {
                 note_modules(&self.resolver, &mut self.recording, job, &burst);
                 noted = Some(modules);
             }
@@ -573,13 +576,17 @@ impl Daemon {
                     event_counts: has_counters.then_some(record.counters),
                 })
             });
-            batch.1.push(burst);
+            if let Some(batch) = batch.as_mut() {
+                batch.1.push(burst);
+            }
         }
-        state.store.push_bursts(
-            &member.job,
-            batch.1[first_new..].iter().cloned(),
-            self.config.daemon.max_bursts,
-        );
+        if let Some(batch) = batch {
+            state.store.push_bursts(
+                &member.job,
+                batch.1[first_new..].iter().cloned(),
+                self.config.daemon.max_bursts,
+            );
+        }
     }
 
     /// One drain: exec notifications, pending library scans, and the burst ring buffer. Publishes
