@@ -34,7 +34,6 @@ const AFTER_STORM: Duration = Duration::from_secs(38);
 const HTTP_THREAD: &str = "mpiburst-http";
 /// The storm at full speed: about ten seconds at this machine's rate.
 const FULL_SPEED_CALLS: u64 = 6_000_000;
-/// Time between two scrapes of /metrics.
 /// Time between two scrapes of /metrics: often enough for a p99 of hundreds of scrapes, rarely
 /// enough that serving them is not most of what the daemon does.
 const SCRAPE_EVERY: Duration = Duration::from_millis(100);
