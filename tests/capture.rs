@@ -347,6 +347,13 @@ fn oversubscribed_ranks_report_on_cpu_time_apart_from_wall_time() {
     );
 }
 
+/// The CPUs' stolen time so far, in clock ticks (the `steal` column of /proc/stat).
+fn steal_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let cpu = stat.lines().next().unwrap();
+    cpu.split_whitespace().nth(8).unwrap().parse().unwrap()
+}
+
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
@@ -355,6 +362,7 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
     std::fs::write(config.path(), "[capture]\nstats_interval_ms = 100\n").unwrap();
     let daemon = Daemon::start(&["--config", config.path().to_str().unwrap()]);
     let program = |mpi| program("oncpu", mpi);
+    let steal_before = steal_ticks();
     // Two ranks per CPU are descheduled mid-burst; every third burst also sleeps.
     let runs = [(Mpi::OpenMpi, 2 * online_cpus()), (Mpi::Mpich, 2)];
     let outputs: Vec<_> = runs
@@ -370,6 +378,7 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
             (mpi, rank_outputs(out.path(), "oncpu", ranks))
         })
         .collect();
+    let steal = steal_ticks() - steal_before;
     let recording = daemon.stop();
     let mut errors = Vec::new();
     for (mpi, outputs) in &outputs {
@@ -380,16 +389,21 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
     }
     errors.sort_by(f64::total_cmp);
     let off = errors.iter().filter(|&&e| e > 0.03).count();
+    let median = errors[errors.len() / 2];
     eprintln!(
-        "on-CPU time of {} bursts against the thread's own CPU clock: median error {:.5}, 99.9th percentile {:.5}, worst {:.5}; {off} off by more than 3 %",
+        "on-CPU time of {} bursts against the thread's own CPU clock: median error {median:.5}, 99.9th percentile {:.5}, worst {:.5}; {off} off by more than 3 %; the hypervisor stole {steal} ticks of the CPUs meanwhile",
         errors.len(),
-        errors[errors.len() / 2],
         errors[errors.len() * 999 / 1000],
         errors[errors.len() - 1]
     );
     assert!(errors.len() >= 1000, "only {} bursts paired", errors.len());
+    assert!(median < 0.005, "median error {median}");
+    // The probes add the wall time since the scheduler last accounted the thread (at most a tick,
+    // longer than most of these bursts), and the thread's clock leaves out what a hypervisor
+    // stole or an interrupt took in that stretch: 60 µs of it is 3 % of a 2 ms burst. A burst
+    // paired with the wrong one, or a missed switch, is off by far more, and in many bursts.
     assert!(
-        off <= errors.len() / 1000,
+        off <= errors.len() / 200,
         "{off} of {} bursts are off by more than 3 %",
         errors.len()
     );
