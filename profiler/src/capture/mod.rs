@@ -7,6 +7,7 @@ mod counters;
 mod cpu_list;
 mod libraries;
 mod multi;
+mod ring;
 mod tracefs;
 pub mod usage;
 
@@ -31,6 +32,7 @@ use profiler_common::{
 };
 
 use config::CaptureConfig;
+use ring::RecordRing;
 
 /// The BPF object profiler/build.rs built; empty when the build skipped it (AYA_BUILD_SKIP).
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -205,7 +207,7 @@ const IO_TRACEPOINTS: [(&str, &str, &[&str]); 4] = [
 
 pub struct Capture {
     ebpf: Ebpf,
-    bursts: RingBuf<MapData>,
+    bursts: RecordRing,
     execs: RingBuf<MapData>,
     /// Opens of new MPI libraries, while the daemon holds the processes that open them.
     library_opens: Option<RingBuf<MapData>>,
@@ -330,7 +332,14 @@ impl Capture {
             program.load().map_err(failed)?;
             program.attach(tracepoint).map_err(failed)?;
         }
-        let bursts = take_ring(&mut ebpf, "BURSTS")?;
+        let bursts = take_ring(&mut ebpf, "BURSTS")?
+            .as_fd()
+            .try_clone_to_owned()
+            .and_then(|fd| RecordRing::new(fd, ring_bytes as usize))
+            .map_err(|source| CaptureError::Io {
+                what: "mapping the burst ring buffer".into(),
+                source,
+            })?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
         // After the uprobe programs were relocated against the maps: this takes AYA_LOGS out.
         let mut logger = aya_log::EbpfLogger::init(&mut ebpf).map_err(|e| CaptureError::Io {
@@ -436,14 +445,14 @@ impl Capture {
 
     pub fn drain_bursts(&mut self, mut sink: impl FnMut(BurstRecord)) -> usize {
         let mut n = 0;
-        while let Some(item) = self.bursts.next() {
+        self.bursts.drain(|item| {
             if item.len() >= std::mem::size_of::<BurstRecord>() {
                 // SAFETY: the BPF side writes exactly one BurstRecord per entry; read_unaligned
                 // because ring-buffer entries are only 8-byte aligned by contract.
                 sink(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<BurstRecord>()) });
                 n += 1;
             }
-        }
+        });
         n
     }
 
