@@ -4,13 +4,16 @@
 //! at 10⁵ calls/s, then as fast as it can. For each storm it prints the burst rate, the daemon's
 //! CPU time per burst beyond the idle daemon's (and per 10⁵ bursts/s), by thread, the CPU time per
 //! scrape of `/metrics`, the bursts lost, the peak resident memory, and the latency of `/metrics`
-//! while the storm's windows are clustered.
+//! while the storm's windows are clustered. The rank runs on the first CPU and the daemon on the
+//! last, so that every record crosses from one core to the other in every run: left to the
+//! scheduler, the two sometimes share a core and the daemon's cost per burst drops by a third.
 //!
 //! Usage: bench_daemon MPIBURST_BINARY CALL_LOOP_PROGRAM
 
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader},
+    os::unix::process::CommandExt,
     path::Path,
     process::{Child, Command, Stdio},
     sync::{
@@ -50,7 +53,7 @@ impl Daemon {
             .local_addr()?
             .port();
         let addr = format!("127.0.0.1:{port}");
-        let mut child = Command::new(binary)
+        let mut child = pinned(Command::new(binary), Cpu::Last)
             .args(["run", "--report-interval", "0", "--listen", &addr, "-c"])
             .arg(config)
             .stdout(Stdio::null())
@@ -197,7 +200,7 @@ fn storm(daemon: &Daemon, call_loop: &str, calls: u64, period_ns: u64, idle: &Id
     let stop = Arc::new(AtomicBool::new(false));
     let storm_scrapes = scrape_latencies(daemon.client.clone(), stop.clone());
     let started = Instant::now();
-    let out = Command::new(call_loop)
+    let out = pinned(Command::new(call_loop), Cpu::First)
         .args([calls.to_string(), "barrier".into(), period_ns.to_string()])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -272,6 +275,34 @@ fn storm(daemon: &Daemon, call_loop: &str, calls: u64, period_ns: u64, idle: &Id
         describe(storm_scrapes)
     );
     Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Cpu {
+    First,
+    Last,
+}
+
+/// `command`, to run on one online CPU (its threads inherit the affinity).
+fn pinned(mut command: Command, cpu: Cpu) -> Command {
+    let cpus = mpiburst::capture::online_cpus().expect("the online CPUs");
+    let cpu = match cpu {
+        Cpu::First => cpus.first(),
+        Cpu::Last => cpus.last(),
+    };
+    let cpu = *cpu.expect("an online CPU") as usize;
+    // SAFETY: sched_setaffinity on the child itself, between fork and exec, allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    command
 }
 
 fn main() -> Result<()> {

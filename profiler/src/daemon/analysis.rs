@@ -200,11 +200,7 @@ impl Analyses {
         match request {
             Request::Bursts { job, ranks, bursts } => {
                 if let Some(phases) = self.job(&job, ranks) {
-                    let pushed = isolated(|| {
-                        for burst in &bursts {
-                            phases.push(burst);
-                        }
-                    });
+                    let pushed = isolated(|| phases.push_all(&bursts));
                     if let Err(why) = pushed {
                         self.disable(&job, &why);
                     }

@@ -46,21 +46,29 @@ pub(super) struct WindowBuffer {
 }
 
 impl WindowBuffer {
-    /// Counts `burst` as pushed for the window and keeps it when its (`slot`, rank) stratum
-    /// holds fewer than `quota` bursts and the sample fewer than `max`; returns whether it was
-    /// kept.
-    pub(super) fn add(&mut self, burst: &Burst, slot: u32, quota: u32, max: usize) -> bool {
-        self.seen += 1;
-        self.seen_time_ns += burst.duration_ns;
-        let stratum = self.strata.entry((slot, burst.rank)).or_default();
-        if *stratum < quota && self.bursts.len() < max {
-            *stratum += 1;
-            self.bursts.push(burst.clone());
-            true
-        } else {
-            self.dropped += 1;
-            false
-        }
+    /// Counts `run` (bursts of one (`slot`, rank) stratum, `run_ns` long in all) as pushed for
+    /// the window, and keeps its first bursts while the stratum holds fewer than `quota` and the
+    /// sample fewer than `max`; returns how many it left out.
+    pub(super) fn add(
+        &mut self,
+        run: &[Burst],
+        run_ns: u64,
+        slot: u32,
+        quota: u32,
+        max: usize,
+    ) -> u64 {
+        let Some(first) = run.first() else { return 0 };
+        self.seen += run.len() as u64;
+        self.seen_time_ns += run_ns;
+        let stratum = self.strata.entry((slot, first.rank)).or_default();
+        let room = (quota.saturating_sub(*stratum) as usize)
+            .min(max.saturating_sub(self.bursts.len()))
+            .min(run.len());
+        *stratum += room as u32;
+        self.bursts.extend_from_slice(&run[..room]);
+        let dropped = (run.len() - room) as u64;
+        self.dropped += dropped;
+        dropped
     }
 }
 
@@ -162,7 +170,9 @@ mod tests {
     #[test]
     fn a_stratum_keeps_its_quota_and_the_sample_its_bound() {
         let mut buffer = WindowBuffer::default();
-        let kept = |b: &mut WindowBuffer, slot, rank, quota| b.add(&burst(rank), slot, quota, 100);
+        let kept = |b: &mut WindowBuffer, slot, rank, quota| {
+            b.add(&[burst(rank)], 10, slot, quota, 100) == 0
+        };
         assert!(kept(&mut buffer, 0, 0, 2));
         assert!(kept(&mut buffer, 0, 0, 2));
         assert!(!kept(&mut buffer, 0, 0, 2));
@@ -176,11 +186,19 @@ mod tests {
             (buffer.bursts.len(), buffer.dropped, buffer.seen),
             (5, 4, 9)
         );
+        // A run keeps what its stratum has room for, and counts the rest as left out.
+        let run = vec![burst(3); 5];
+        assert_eq!(buffer.add(&run, 50, 2, 3, 100), 2);
+        assert_eq!(buffer.add(&run, 50, 2, 3, 100), 5);
+        assert_eq!(
+            (buffer.bursts.len(), buffer.dropped, buffer.seen),
+            (8, 11, 19)
+        );
+        assert_eq!(buffer.seen_time_ns, 90 + 100);
         // The sample's bound holds whatever the strata.
         let mut small = WindowBuffer::default();
-        assert!(small.add(&burst(0), 0, 10, 1));
-        assert!(!small.add(&burst(1), 0, 10, 1));
-        assert!(!small.add(&burst(1), 0, 10, 1));
+        assert_eq!(small.add(&[burst(0)], 10, 0, 10, 1), 0);
+        assert_eq!(small.add(&[burst(1), burst(1)], 20, 0, 10, 1), 2);
         assert_eq!(small.bursts.len(), 1);
     }
 }

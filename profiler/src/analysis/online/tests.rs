@@ -764,3 +764,54 @@ fn parameters_are_checked_and_read_from_toml() {
         assert!(JobPhases::new(4, bad).is_err());
     }
 }
+
+#[test]
+fn bursts_pushed_in_runs_give_what_they_give_one_by_one() {
+    // A small sample bound, so that strata fill and runs are cut where they fill.
+    let params = OnlineParams {
+        max_window_bursts: 2_000,
+        ..test_params()
+    };
+    let mut bursts = Vec::new();
+    spmd(
+        8,
+        true,
+        &E1_PHASES,
+        1_000_000_000,
+        6.0,
+        11,
+        |_, _, _| 1.0,
+        |b| bursts.push(b),
+    );
+    let mut one_by_one = JobPhases::new(8, params.clone()).unwrap();
+    let mut in_runs = JobPhases::new(8, params).unwrap();
+    // Drains of 700 bursts, each in runs of one rank as the loop batches them; the last one also
+    // brings a late burst of the first window.
+    let mut drains: Vec<Vec<Burst>> = bursts
+        .chunks(700)
+        .map(|drain| {
+            let mut drain = drain.to_vec();
+            drain.sort_by_key(|b| b.rank);
+            drain
+        })
+        .collect();
+    let last = drains.len() - 1;
+    drains[last].push(bursts[0].clone());
+    for drain in &drains {
+        for b in drain {
+            one_by_one.push(b);
+        }
+        in_runs.push_all(drain);
+        let now = drain
+            .iter()
+            .map(|b| b.start_ns + b.duration_ns)
+            .max()
+            .unwrap();
+        assert_eq!(one_by_one.tick(now), in_runs.tick(now));
+        assert_eq!(one_by_one.snapshot(), in_runs.snapshot());
+    }
+    let snapshot = in_runs.snapshot();
+    assert!(snapshot.totals.dropped_bursts > 0, "{:?}", snapshot.totals);
+    assert!(snapshot.totals.late_bursts > 0, "{:?}", snapshot.totals);
+    assert!(snapshot.totals.windows_closed >= 4, "{:?}", snapshot.totals);
+}

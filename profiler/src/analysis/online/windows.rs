@@ -26,12 +26,49 @@ pub const MAX_OPEN_WINDOWS: usize = 3;
 impl JobPhases {
     /// Classifies a burst against the current model and adds it to its window's sample.
     pub fn push(&mut self, burst: &Burst) {
-        self.totals.bursts_seen += 1;
-        self.totals.time_seen_ns += burst.duration_ns;
-        self.seen_ranks.insert(burst.rank);
-        let window = burst.start_ns / self.window_ns;
+        self.push_all(std::slice::from_ref(burst));
+    }
+
+    /// Pushes `bursts` in order, as [`push`](Self::push) would one by one. A drain's batch comes
+    /// in long runs of one rank's bursts: a run within one (slot, rank) stratum of one window is
+    /// checked, and its window and stratum looked up, once.
+    pub fn push_all(&mut self, bursts: &[Burst]) {
+        let mut rest = bursts;
+        while let Some(first) = rest.first() {
+            let (window, slot, lo, hi) = self.slot_of(first.start_ns);
+            let rank = first.rank;
+            let n = rest
+                .iter()
+                .position(|b| b.rank != rank || b.start_ns < lo || b.start_ns >= hi)
+                .unwrap_or(rest.len());
+            let (run, next) = rest.split_at(n);
+            self.push_run(run, window, slot);
+            rest = next;
+        }
+    }
+
+    /// The window and slot of a burst starting at `start_ns`, and the range of start times
+    /// [lo, hi) that share them.
+    fn slot_of(&self, start_ns: u64) -> (u64, u32, u64, u64) {
+        let w = self.window_ns;
+        let slots = u64::from(self.params.window_slots);
+        let window = start_ns / w;
+        let slot = (start_ns % w) * slots / w;
+        // slot = ⌊r·slots / w⌋ for the offset r in the window, so the slot's offsets are those
+        // from ⌈slot·w / slots⌉ up to ⌈(slot + 1)·w / slots⌉.
+        let from = |k: u64| window * w + (k * w).div_ceil(slots).min(w);
+        (window, slot as u32, from(slot), from(slot + 1))
+    }
+
+    /// Pushes `run`: bursts of one rank in `slot` of `window`.
+    fn push_run(&mut self, run: &[Burst], window: u64, slot: u32) {
+        let Some(first) = run.first() else { return };
+        let run_ns: u64 = run.iter().map(|b| b.duration_ns).sum();
+        self.totals.bursts_seen += run.len() as u64;
+        self.totals.time_seen_ns += run_ns;
+        self.seen_ranks.insert(first.rank);
         if window < self.closed_before {
-            self.totals.late_bursts += 1;
+            self.totals.late_bursts += run.len() as u64;
             return;
         }
         // A new window when as many are open: it opens in place of the oldest, unless it is
@@ -39,7 +76,7 @@ impl JobPhases {
         if !self.buffers.contains_key(&window) && self.buffers.len() >= MAX_OPEN_WINDOWS {
             let oldest = *self.buffers.keys().next().expect("buffers are full");
             if window < oldest {
-                self.totals.late_bursts += 1;
+                self.totals.late_bursts += run.len() as u64;
                 return;
             }
             let mut events = Vec::new();
@@ -47,30 +84,26 @@ impl JobPhases {
             self.pending.extend(events);
         }
 
-        self.accepted += 1;
-        if self
-            .accepted
-            .is_multiple_of(u64::from(self.params.classify_every))
-        {
-            match self.model.as_ref().map(|m| m.classify(burst)) {
-                Some(Provisional::Filtered) => self.provisional.filtered += 1,
-                Some(Provisional::Phase(id)) => {
-                    *self.provisional.phases.entry(id).or_default() += 1
+        let every = u64::from(self.params.classify_every);
+        for burst in run {
+            self.accepted += 1;
+            if self.accepted.is_multiple_of(every) {
+                match self.model.as_ref().map(|m| m.classify(burst)) {
+                    Some(Provisional::Filtered) => self.provisional.filtered += 1,
+                    Some(Provisional::Phase(id)) => {
+                        *self.provisional.phases.entry(id).or_default() += 1
+                    }
+                    Some(Provisional::Noise) | None => self.provisional.noise += 1,
                 }
-                Some(Provisional::Noise) | None => self.provisional.noise += 1,
             }
         }
 
-        let slots = u64::from(self.params.window_slots);
-        let slot = ((burst.start_ns % self.window_ns) * slots / self.window_ns) as u32;
         let quota = (self.params.max_window_bursts
             / (self.params.window_slots as usize * self.analysis_ranks().max(1) as usize))
             .max(1) as u32;
         let max = self.params.max_window_bursts;
         let buffer = self.buffers.entry(window).or_default();
-        if !buffer.add(burst, slot, quota, max) {
-            self.totals.dropped_bursts += 1;
-        }
+        self.totals.dropped_bursts += buffer.add(run, run_ns, slot, quota, max);
     }
 
     /// Closes the windows that are over, re-clusters when the provisional noise asks for it,
