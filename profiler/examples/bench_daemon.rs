@@ -1,7 +1,8 @@
 //! The daemon's own cost under a burst storm, measured in one run (`cargo xtask bench daemon`):
 //! the real daemon with the duration filter off (every burst is shipped) and otherwise its
 //! defaults, and tests/mpi/call_loop as one rank calling MPI_Barrier(MPI_COMM_SELF), first paced
-//! at 10⁵ calls/s, then as fast as it can. For each storm it prints the burst rate, the daemon's
+//! at 10⁵ calls/s, then as two ranks of one job at half that rate each (their records interleave
+//! in the ring), then as one rank as fast as it can. For each storm it prints the burst rate, the daemon's
 //! CPU time per burst beyond the idle daemon's (and per 10⁵ bursts/s), by thread, the CPU time per
 //! scrape of `/metrics`, the bursts lost, the peak resident memory, and the latency of `/metrics`
 //! while the storm's windows are clustered. The rank runs on the first CPU and the daemon on the
@@ -191,16 +192,32 @@ struct Idle {
     latencies: Vec<f64>,
 }
 
-/// One storm: `calls` barriers, paced at one per `period_ns` (0: as fast as they go), scraped
-/// all along; prints what it cost the daemon beyond its idle cost.
-fn storm(daemon: &Daemon, call_loop: &str, calls: u64, period_ns: u64, idle: &Idle) -> Result<()> {
+/// One storm: `ranks` ranks (1: a singleton, else under mpirun), each making `calls` barriers
+/// paced at one per `period_ns` (0: as fast as they go), scraped all along; prints what it cost
+/// the daemon beyond its idle cost.
+fn storm(
+    daemon: &Daemon,
+    call_loop: &str,
+    ranks: u32,
+    calls: u64,
+    period_ns: u64,
+    idle: &Idle,
+) -> Result<()> {
     let before = daemon.metrics()?;
     let threads_before = daemon.threads()?;
     let clustered_before = daemon.clustered.load(Ordering::Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
     let storm_scrapes = scrape_latencies(daemon.client.clone(), stop.clone());
     let started = Instant::now();
-    let out = pinned(Command::new(call_loop), Cpu::First)
+    let mut command = if ranks == 1 {
+        pinned(Command::new(call_loop), Cpu::First)
+    } else {
+        // The ranks bound one per core, as on a node they fill: the daemon shares one with a rank.
+        let mut mpirun = Command::new("mpirun.openmpi");
+        mpirun.args(["-np", &ranks.to_string(), "--oversubscribe", call_loop]);
+        mpirun
+    };
+    let out = command
         .args([calls.to_string(), "barrier".into(), period_ns.to_string()])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -345,8 +362,21 @@ fn main() -> Result<()> {
     );
     // First the target's rate, so that the peak memory printed after it is that storm's.
     println!("storm at 10⁵ bursts/s ({PACED_CALLS} calls, one every {PACED_PERIOD_NS} ns):");
-    storm(&daemon, call_loop, PACED_CALLS, PACED_PERIOD_NS, &idle)?;
+    storm(&daemon, call_loop, 1, PACED_CALLS, PACED_PERIOD_NS, &idle)?;
+    println!(
+        "storm at 10⁵ bursts/s from 2 ranks of one job ({} calls each, one every {} ns):",
+        PACED_CALLS / 2,
+        2 * PACED_PERIOD_NS
+    );
+    storm(
+        &daemon,
+        call_loop,
+        2,
+        PACED_CALLS / 2,
+        2 * PACED_PERIOD_NS,
+        &idle,
+    )?;
     println!("storm as fast as one rank calls ({FULL_SPEED_CALLS} calls):");
-    storm(&daemon, call_loop, FULL_SPEED_CALLS, 0, &idle)?;
+    storm(&daemon, call_loop, 1, FULL_SPEED_CALLS, 0, &idle)?;
     daemon.stop()
 }

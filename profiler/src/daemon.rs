@@ -13,6 +13,7 @@ mod instance;
 mod libraries;
 mod library_reads;
 pub mod privileges;
+mod records;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -48,6 +49,7 @@ use crate::{
     properties::{LiveEvaluator, LiveProperties, PropertyConfig},
     store::{CallStats, Job, JobMeta, JobStore, RankRecord, RankTotals, RegionMarks, SiteStats},
 };
+use records::DrainRecords;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -167,7 +169,7 @@ pub struct Daemon {
     /// Its snapshots after each tick, for the loop to publish.
     analysis_updates: tokio::sync::mpsc::UnboundedReceiver<analysis::Update>,
     /// The records of the current drain.
-    records: Vec<BurstRecord>,
+    records: DrainRecords,
     /// The bursts of the current drain for the analysis, by job, with the job's rank count.
     analysis_batch: BTreeMap<JobId, (u32, Vec<Burst>)>,
     /// Kernel usage (CPU time, memory, file I/O) per job, and the property evaluation.
@@ -381,7 +383,7 @@ impl Daemon {
             outside: HashSet::new(),
             analysis: Some(analysis),
             analysis_updates,
-            records: Vec::new(),
+            records: DrainRecords::default(),
             analysis_batch: BTreeMap::new(),
             usage: BTreeMap::new(),
             evaluators: BTreeMap::new(),
@@ -521,8 +523,8 @@ impl Daemon {
     }
 
     /// Takes in a run of burst records of one process: the job and its batch are looked up once
-    /// per run, not per burst (a drain in a storm holds tens of thousands of records, in runs of
-    /// the same process). The recording gets every burst, also of a job no longer held.
+    /// per run, not per burst (a drain in a storm holds tens of thousands of records, grouped by
+    /// process). The recording gets every burst, also of a job no longer held.
     fn ingest(&mut self, run: &[BurstRecord], state: &mut NodeState) {
         let Some(first) = run.first() else { return };
         let Some(member) = self.member(first.pid, state) else {
@@ -613,11 +615,10 @@ impl Daemon {
         // Kept between drains, so that a storm's drains do not grow a new buffer each time.
         let mut records = std::mem::take(&mut self.records);
         self.capture.drain_bursts(|r| records.push(r));
-        for run in records.chunk_by(|a, b| a.pid == b.pid) {
+        for run in records.grouped().chunk_by(|a, b| a.pid == b.pid) {
             self.ingest(run, state);
         }
-        let drained = records.len();
-        records.clear();
+        let drained = records.clear();
         self.records = records;
         for (job, (ranks, bursts)) in std::mem::take(&mut self.analysis_batch) {
             self.send_analysis(analysis::Request::Bursts { job, ranks, bursts });

@@ -1,6 +1,7 @@
 //! Hashing of small integer keys: the hasher behind the analysis's hash maps (grid cells of
-//! DBSCAN and of the online model, strata of the window sample) and a fixed, well-mixed hash of
-//! one integer for deterministic choices and test data.
+//! DBSCAN and of the online model, strata of the window sample) and the daemon's grouping of a
+//! drain's records by pid, and a fixed, well-mixed hash of one integer for deterministic choices
+//! and test data.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

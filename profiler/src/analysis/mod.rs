@@ -66,7 +66,7 @@ pub mod dbscan;
 pub mod features;
 mod grid;
 pub mod groups;
-mod hashing;
+pub(crate) mod hashing;
 mod kdtree;
 pub mod msa;
 pub mod online;
