@@ -203,7 +203,8 @@ pub fn acr(
     let mut next_id: ClusterId = 1;
     let mut reports = Vec::new();
     let mut absorbed = vec![false; n];
-    let mut score = sequence_score(&labels, sequences);
+    // Every step scores its own labels; the all-noise start is only scored when no step runs.
+    let mut score: Option<SequenceScore> = None;
     let mut region_variants_merged = 0;
     for &eps in &eps_list {
         let subset: Vec<usize> = (0..n).filter(|&i| !frozen.contains(&labels[i])).collect();
@@ -230,17 +231,20 @@ pub fn acr(
             |labels| sequence_score(labels, sequences),
         );
         region_variants_merged += cluster_count(&labels) - cluster_count(&merged.0);
-        (labels, score) = merged;
-        if absorb_into_column_majority(&mut labels, &mut absorbed, sequences, &score) > 0 {
-            score = score.relabelled(&labels, sequences);
+        let mut step_score;
+        (labels, step_score) = merged;
+        if absorb_into_column_majority(&mut labels, &mut absorbed, sequences, &step_score) > 0 {
+            step_score = step_score.relabelled(&labels, sequences);
         }
         frozen.extend(
-            score
+            step_score
                 .symbols()
-                .filter(|&id| id != NOISE && score.is_perfect(id)),
+                .filter(|&id| id != NOISE && step_score.is_perfect(id)),
         );
-        reports.push(step_report(eps, &labels, &score));
+        reports.push(step_report(eps, &labels, &step_score));
+        score = Some(step_score);
     }
+    let score = score.unwrap_or_else(|| sequence_score(&labels, sequences));
 
     let merged_into = sequence_merge(&score, &frozen);
     let mut parts: BTreeMap<ClusterId, usize> = BTreeMap::new();

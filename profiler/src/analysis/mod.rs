@@ -240,6 +240,24 @@ pub fn analyse(
     ranks: u32,
     params: &AnalysisParams,
 ) -> Result<Analysis, AnalysisError> {
+    analyse_in_full(bursts, ranks, params).map(|full| full.analysis)
+}
+
+/// An analysis with what it was computed from, for a caller that goes on from there (the online
+/// analysis tracks it and classifies against it) without preparing and aligning the bursts again.
+pub(crate) struct AnalysisInFull {
+    pub analysis: Analysis,
+    pub prepared: Prepared,
+    /// The alignment and scores of the final labels of the prepared points.
+    pub score: SequenceScore,
+}
+
+/// As [`analyse`], keeping the preparation and the final alignment.
+pub(crate) fn analyse_in_full(
+    bursts: &[Burst],
+    ranks: u32,
+    params: &AnalysisParams,
+) -> Result<AnalysisInFull, AnalysisError> {
     let (eps, steps, min_points, resolution) = match params.clustering {
         ClusteringMethod::Acr {
             steps,
@@ -278,29 +296,30 @@ pub fn analyse(
         });
     }
 
+    let prepared = prepare(bursts, ranks, params)?;
     let Prepared {
         kept,
         filter,
         features,
         sequences,
-    } = prepare(bursts, ranks, params)?;
+    } = &prepared;
     let outcome = match eps {
         None => acr(
             &features.points,
-            &sequences,
+            sequences,
             steps,
             min_points,
             features.report.normalised_ratio(resolution),
         ),
-        Some(eps) => single_dbscan(&features.points, &sequences, eps, min_points),
+        Some(eps) => single_dbscan(&features.points, sequences, eps, min_points),
     };
     let (clusters, noise) = stats::cluster_stats(&stats::StatsInput {
         bursts,
-        burst_of: &kept,
+        burst_of: kept,
         labels: &outcome.labels,
         raw: &features.raw,
         dims: features.points.dims(),
-        sequences: &sequences,
+        sequences,
         score: &outcome.score,
         time_in_ns: filter.time_in_ns,
     });
@@ -308,16 +327,21 @@ pub fn analyse(
     for (&i, &label) in kept.iter().zip(&outcome.labels) {
         labels[i] = Some(label);
     }
-    Ok(Analysis {
+    let analysis = Analysis {
         params: *params,
         ranks,
-        filter,
-        features: features.report,
+        filter: filter.clone(),
+        features: features.report.clone(),
         clustering: outcome.report,
         clusters,
         noise,
         global_score: outcome.score.global(),
         labels,
+    };
+    Ok(AnalysisInFull {
+        analysis,
+        prepared,
+        score: outcome.score,
     })
 }
 

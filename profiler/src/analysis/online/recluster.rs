@@ -26,7 +26,7 @@ use super::{
     RankSequence, WindowView,
 };
 use crate::analysis::tracking::{Frame, StableId, TrackingEvent};
-use crate::analysis::{analyse, prepare, ClusterId, ClusterStats, NOISE};
+use crate::analysis::{analyse, analyse_in_full, AnalysisInFull, ClusterId, ClusterStats, NOISE};
 use crate::model::Burst;
 
 /// Why a clustering ran.
@@ -116,9 +116,11 @@ impl JobPhases {
             ReclusterReason::OpenWindowLimit => self.totals.reclusters_forced += 1,
         }
         let ranks = self.analysis_ranks();
-        let analysed = analyse(bursts, ranks, &self.params.analysis)
-            .and_then(|a| Ok((prepare(bursts, ranks, &self.params.analysis)?, a)));
-        let (prepared, analysis) = match analysed {
+        let AnalysisInFull {
+            analysis,
+            prepared,
+            score,
+        } = match analyse_in_full(bursts, ranks, &self.params.analysis) {
             Ok(x) => x,
             Err(e) => {
                 self.totals.analysis_failures += 1;
@@ -128,7 +130,8 @@ impl JobPhases {
                 return None;
             }
         };
-        let frame = Frame::from_prepared(&analysis, bursts, &prepared, &self.params.tracking);
+        let frame =
+            Frame::from_prepared(&analysis, bursts, &prepared, &score, &self.params.tracking);
         let update = self.tracker.update(window, &frame, closed);
         self.model = Model::build(&analysis, bursts, &prepared, &update.ids);
         self.provisional = ProvisionalCounts {

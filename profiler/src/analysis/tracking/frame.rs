@@ -11,9 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::{TrackingError, TrackingParams};
+use crate::analysis::msa::Alignment;
 use crate::analysis::points::Coords;
 use crate::analysis::{
-    prepare, sequence_score, Analysis, ClusterId, FeatureSet, Prepared, RegionCount, NOISE,
+    prepare, sequence_score, Analysis, ClusterId, FeatureSet, Prepared, RegionCount, SequenceScore,
+    NOISE,
 };
 use crate::model::{Burst, CallSite};
 
@@ -76,21 +78,22 @@ impl Frame {
         params: &TrackingParams,
     ) -> Result<Frame, TrackingError> {
         let prepared = prepare(bursts, analysis.ranks, &analysis.params)?;
-        Ok(Frame::from_prepared(analysis, bursts, &prepared, params))
+        let score = sequence_score(&kept_labels(analysis, &prepared), &prepared.sequences);
+        Ok(Frame::from_prepared(
+            analysis, bursts, &prepared, &score, params,
+        ))
     }
 
-    /// As [`Frame::from_analysis`], from the preparation of the same bursts.
+    /// As [`Frame::from_analysis`], from the preparation of the same bursts and the alignment
+    /// of their labels.
     pub(crate) fn from_prepared(
         analysis: &Analysis,
         bursts: &[Burst],
         prepared: &Prepared,
+        score: &SequenceScore,
         params: &TrackingParams,
     ) -> Frame {
-        let labels: Vec<ClusterId> = prepared
-            .kept
-            .iter()
-            .map(|&i| analysis.labels[i].expect("a kept burst has a label"))
-            .collect();
+        let labels = kept_labels(analysis, prepared);
         let mut members: BTreeMap<ClusterId, Vec<usize>> = BTreeMap::new();
         for (point, &label) in labels.iter().enumerate() {
             if label != NOISE {
@@ -146,7 +149,7 @@ impl Frame {
             spmd_score: analysis.global_score,
             time_ns: analysis.filter.time_in_ns,
             clusters,
-            simultaneous: simultaneity(&labels, prepared),
+            simultaneous: simultaneity(score.alignment()),
             sequences,
         }
     }
@@ -223,13 +226,17 @@ fn sample_indices(len: usize, n: usize) -> Vec<usize> {
     }
 }
 
+/// The label of each prepared point.
+fn kept_labels(analysis: &Analysis, prepared: &Prepared) -> Vec<ClusterId> {
+    prepared
+        .kept
+        .iter()
+        .map(|&i| analysis.labels[i].expect("a kept burst has a label"))
+        .collect()
+}
+
 /// Intra-frame simultaneity from the alignment of the rank sequences (noise ignored).
-fn simultaneity(labels: &[ClusterId], prepared: &Prepared) -> Vec<Simultaneity> {
-    if labels.is_empty() {
-        return Vec::new();
-    }
-    let score = sequence_score(labels, &prepared.sequences);
-    let alignment = score.alignment();
+fn simultaneity(alignment: &Alignment) -> Vec<Simultaneity> {
     let mut columns: BTreeMap<u32, u64> = BTreeMap::new();
     let mut together: BTreeMap<(u32, u32), u64> = BTreeMap::new();
     for j in 0..alignment.columns() {
