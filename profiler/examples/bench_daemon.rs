@@ -2,12 +2,14 @@
 //! the real daemon with the duration filter off (every burst is shipped) and otherwise its
 //! defaults, and tests/mpi/call_loop as one rank calling MPI_Barrier(MPI_COMM_SELF), first paced
 //! at 10⁵ calls/s, then as two ranks of one job at half that rate each (their records interleave
-//! in the ring), then as one rank as fast as it can. For each storm it prints the burst rate, the daemon's
-//! CPU time per burst beyond the idle daemon's (and per 10⁵ bursts/s), by thread, the CPU time per
-//! scrape of `/metrics`, the bursts lost, the peak resident memory, and the latency of `/metrics`
-//! while the storm's windows are clustered. The rank runs on the first CPU and the daemon on the
-//! last, so that every record crosses from one core to the other in every run: left to the
-//! scheduler, the two sometimes share a core and the daemon's cost per burst drops by a third.
+//! in the ring), then as one rank as fast as it can. For each storm it prints the burst rate; the
+//! daemon's CPU time beyond the idle daemon's while the bursts flow, per burst (and per 10⁵
+//! bursts/s) and by thread, and after the storm (its last window and the phases of the ended
+//! job); the CPU time per scrape of `/metrics`; the bursts lost; the peak resident memory; and the
+//! latency of `/metrics` while the storm's windows are clustered. A lone rank runs on the first
+//! CPU and the daemon on the last, so that every record crosses from one core to the other in
+//! every run: left to the scheduler, the two sometimes share a core and the daemon's cost per
+//! burst drops by a third.
 //!
 //! Usage: bench_daemon MPIBURST_BINARY CALL_LOOP_PROGRAM
 
@@ -34,6 +36,8 @@ const PACED_PERIOD_NS: u64 = 10_000;
 /// Long enough after a storm for its last window to close (30 s after its start, plus the 3 s
 /// of lateness) and be clustered.
 const AFTER_STORM: Duration = Duration::from_secs(38);
+/// From the daemon's start to the measurement of its idle cost.
+const SETTLE: Duration = Duration::from_secs(5);
 /// The HTTP server's thread.
 const HTTP_THREAD: &str = "mpiburst-http";
 /// The storm at full speed: about ten seconds at this machine's rate.
@@ -229,6 +233,7 @@ fn storm(
         );
     }
     let storm_s = started.elapsed().as_secs_f64();
+    let threads_at_end = daemon.threads()?;
     // The last window of the storm closes and is clustered after it: keep scraping through it.
     thread::sleep(AFTER_STORM);
     stop.store(true, Ordering::Relaxed);
@@ -246,37 +251,51 @@ fn storm(
     let dropped = delta("mpiburst_job_dropped_bursts_total", "");
     let lost = delta("mpiburst_lost_events_total", "kind=\"bursts\"");
     let rate = bursts / storm_s;
-    // CPU time beyond what the idle daemon (scraped as often) used in as long, by thread, from
-    // the storm's start to the end of the clustering after it. The HTTP server's is the scrapes':
+    // CPU time beyond what the idle daemon (scraped as often) used in as long, by thread: while
+    // the bursts flow (the sustained cost: the loop, the online analysis and the windows that
+    // close meanwhile), and after the storm (its last window, and the phases of the whole job that
+    // the daemon clusters and prints once the job has ended). The HTTP server's is the scrapes':
     // they cost more with a job to export than idle, whatever its burst rate, and a Prometheus
     // scrapes every 15 s or so, not ten times a second as here. The other threads' is the bursts'.
-    let beyond_idle: BTreeMap<&str, f64> = threads_after
-        .iter()
-        .map(|(name, after)| {
-            let before = threads_before.get(name).unwrap_or(&0.0);
-            let idle_s = idle.threads.get(name).unwrap_or(&0.0) * wall_s;
-            (name.as_str(), after - before - idle_s)
-        })
-        .collect();
+    let beyond_idle = |from: &BTreeMap<String, f64>, to: &BTreeMap<String, f64>, seconds: f64| {
+        to.iter()
+            .map(|(name, after)| {
+                let before = from.get(name).unwrap_or(&0.0);
+                let idle_s = idle.threads.get(name).unwrap_or(&0.0) * seconds;
+                (name.clone(), after - before - idle_s)
+            })
+            .collect::<BTreeMap<String, f64>>()
+    };
+    let during = beyond_idle(&threads_before, &threads_at_end, storm_s);
+    let after_storm = beyond_idle(&threads_at_end, &threads_after, wall_s - storm_s);
+    let of_bursts = |cpu: &BTreeMap<String, f64>| -> f64 {
+        cpu.iter()
+            .filter(|(name, _)| *name != HTTP_THREAD)
+            .map(|(_, s)| s)
+            .sum()
+    };
     let scrapes = storm_scrapes.len().max(1) as f64;
-    let serving_s = beyond_idle.get(HTTP_THREAD).copied().unwrap_or(0.0);
-    let burst_cpu_s: f64 = beyond_idle
-        .iter()
-        .filter(|(name, _)| **name != HTTP_THREAD)
-        .map(|(_, s)| s)
-        .sum();
-    let per_burst_ns = burst_cpu_s / bursts * 1e9;
+    let serving_s = during.get(HTTP_THREAD).copied().unwrap_or(0.0)
+        + after_storm.get(HTTP_THREAD).copied().unwrap_or(0.0);
+    let during_s = of_bursts(&during);
+    let after_s = of_bursts(&after_storm);
+    let per_burst_ns = during_s / bursts * 1e9;
     println!("  {bursts:.0} bursts in {storm_s:.1} s = {rate:.0} bursts/s ({shipped:.0} shipped to the daemon)");
     println!(
-        "  daemon CPU for the bursts: {burst_cpu_s:.2} s beyond idle over {wall_s:.1} s (storm and the clustering after it) = {per_burst_ns:.0} ns per burst = {:.2} % of a core per 10⁵ bursts/s",
+        "  daemon CPU while the bursts flow: {during_s:.2} s beyond idle = {per_burst_ns:.0} ns per burst = {:.2} % of a core per 10⁵ bursts/s",
         per_burst_ns * 1e5 / 1e9 * 100.0
     );
-    let by_thread: Vec<String> = beyond_idle
+    let by_thread: Vec<String> = during
         .iter()
-        .filter(|(name, _)| **name != HTTP_THREAD)
+        .filter(|(name, _)| *name != HTTP_THREAD)
         .map(|(name, s)| format!("{name} {:.0} ns", s / bursts * 1e9))
         .collect();
     println!("    per burst by thread: {}", by_thread.join(", "));
+    println!(
+        "  daemon CPU in the {:.0} s after the storm (its last window, the phases of the ended job): {after_s:.2} s beyond idle; with it, {:.0} ns per burst",
+        wall_s - storm_s,
+        (during_s + after_s) / bursts * 1e9
+    );
     println!(
         "  serving /metrics with the storm's job: {:.2} ms of CPU per scrape beyond idle ({scrapes:.0} scrapes)",
         serving_s / scrapes * 1e3
@@ -332,7 +351,9 @@ fn main() -> Result<()> {
     std::fs::write(&config, "[capture]\nmin_burst_us = 0\n")?;
     let daemon = Daemon::start(Path::new(binary), &config)?;
 
-    // The idle daemon's own cost, with the same scrapes: taken out of the storms'.
+    // The idle daemon's own cost, with the same scrapes: taken out of the storms'. After the
+    // start has settled (the first scans of the node's processes and libraries).
+    thread::sleep(SETTLE);
     let idle_threads_before = daemon.threads()?;
     let idle_started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));

@@ -35,12 +35,31 @@ pub const GAP_PENALTY: f64 = 1.0;
 /// with extra bursts late).
 pub const BAND_SLACK: usize = 32;
 
-/// Upper bound on DP cells (and traceback bytes) for one profile–profile alignment.
+/// Upper bound on DP cells (2 bits of traceback each) for one profile–profile alignment.
 pub const MAX_ALIGNMENT_CELLS: usize = 1 << 24;
 
 const STEP_DIAGONAL: u8 = 0;
 const STEP_UP: u8 = 1;
 const STEP_LEFT: u8 = 2;
+
+/// The traceback of an alignment: the step into each DP cell, 2 bits per cell, so that an
+/// alignment at the cell bound keeps 4 MB rather than 16. A cell is written once at most, and
+/// one never written reads as a diagonal step.
+struct Trace(Vec<u8>);
+
+impl Trace {
+    fn new(cells: usize) -> Self {
+        Trace(vec![STEP_DIAGONAL; cells.div_ceil(4)])
+    }
+
+    fn set(&mut self, cell: usize, step: u8) {
+        self.0[cell / 4] |= step << (2 * (cell % 4));
+    }
+
+    fn get(&self, cell: usize) -> u8 {
+        (self.0[cell / 4] >> (2 * (cell % 4))) & 3
+    }
+}
 
 /// The aligned sequences: per column, how many sequences hold which symbol, and per sequence the
 /// column of each of its symbols.
@@ -307,7 +326,7 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
 
     let mut previous = vec![f64::NEG_INFINITY; width];
     let mut current = vec![f64::NEG_INFINITY; width];
-    let mut trace = vec![STEP_DIAGONAL; rows * width];
+    let mut trace = Trace::new(rows * width);
     for i in 0..rows {
         current.fill(f64::NEG_INFINITY);
         let row_base = base(i);
@@ -353,7 +372,7 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
                 }
             }
             current[k] = best;
-            trace[i * width + k] = step;
+            trace.set(i * width + k, step);
         }
         std::mem::swap(&mut previous, &mut current);
     }
@@ -366,7 +385,7 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
         } else if j == 0 {
             STEP_UP
         } else {
-            trace[i * width + (j as i64 - base(i)) as usize]
+            trace.get(i * width + (j as i64 - base(i)) as usize)
         };
         steps.push(step);
         match step {
