@@ -430,7 +430,6 @@ impl Capture {
         Ok(points.len())
     }
 
-    /// Hands every burst record waiting in the ring buffer to `sink`; returns how many.
     /// A descriptor that becomes readable when the BPF side wakes the daemon: once the burst
     /// ring is a quarter full, before a storm can fill it between two timer drains.
     pub fn bursts_wakeup(&self) -> Result<OwnedFd, CaptureError> {
@@ -443,6 +442,7 @@ impl Capture {
             })
     }
 
+    /// Hands every burst record waiting in the ring buffer to `sink`; returns how many.
     pub fn drain_bursts(&mut self, mut sink: impl FnMut(BurstRecord)) -> usize {
         let mut n = 0;
         self.bursts.drain(|item| {

@@ -99,13 +99,12 @@ impl RecordRing {
         unsafe { self.producer.ptr.cast::<AtomicUsize>().as_ref() }
     }
 
-    /// Hands every committed record to `sink`, in order, and returns how many. Stops at a record
-    /// still being written: it is read by the next drain.
-    pub fn drain(&mut self, mut sink: impl FnMut(&[u8])) -> usize {
+    /// Hands every committed record to `sink`, in order. Stops at a record still being written:
+    /// it is read by the next drain.
+    pub fn drain(&mut self, mut sink: impl FnMut(&[u8])) {
         // This process is the only writer of the consumer position.
         let mut pos = self.consumer_pos().load(Ordering::Relaxed);
         let mut published = pos;
-        let mut read = 0;
         let mut unpublished = 0;
         // SAFETY: the data pages start one page into the producer mapping.
         let data = unsafe { self.producer.ptr.as_ptr().add(self.page) };
@@ -131,7 +130,6 @@ impl RecordRing {
                     sink(unsafe {
                         std::slice::from_raw_parts(data.add(offset + HEADER_BYTES), len)
                     });
-                    read += 1;
                 }
                 pos += (HEADER_BYTES + len).next_multiple_of(8);
                 unpublished += 1;
@@ -147,7 +145,6 @@ impl RecordRing {
         if pos != published {
             self.consumer_pos().store(pos, Ordering::Release);
         }
-        read
     }
 }
 
