@@ -3,11 +3,14 @@
  * run-time prediction tests. Its loop runs iters_per_n * n iterations of two phases: a linear
  * one of n * linear_ms milliseconds of one core, and a quadratic one of n² * quadratic_ms.
  *
- * Usage: workload n=N [iters_per_n=K] [linear_ms=A] [quadratic_ms=B]   (defaults 10, 0.5, 0.3)
+ * Usage: workload n=N [iters_per_n=K] [linear_ms=A] [quadratic_ms=B] [units_per_ms=U]
+ *        (defaults 10, 0.5, 0.3, calibrated)
  *
- * Work is a fixed amount of arithmetic, calibrated once on rank 0 and broadcast. Rank 0 prints
- * its own region of interest, MPI_Init's return to MPI_Finalize's entry, as
- * "workload: n=N iterations=I region_s=S".
+ * Work is a fixed amount of arithmetic, calibrated on rank 0 and broadcast; runs that are to do
+ * the same work per unit of n pass one calibration as units_per_ms. Rank 0 prints its own region
+ * of interest, MPI_Init's return to MPI_Finalize's entry, the units of work it did with their
+ * thread CPU time (how fast the CPU ran this run's work) and the calibration, as
+ * "workload: n=N iterations=I region_s=S work_units=K work_cpu_s=C units_per_ms=U".
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -39,7 +42,7 @@ int main(int argc, char **argv)
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 
-    double n = 0, iters_per_n = 10, linear_ms = 0.5, quadratic_ms = 0.3;
+    double n = 0, iters_per_n = 10, linear_ms = 0.5, quadratic_ms = 0.3, units_per_ms = 0;
     for (int a = 1; a < argc; a++) {
         const char *v = strchr(argv[a], '=');
         if (!v) {
@@ -55,6 +58,8 @@ int main(int argc, char **argv)
             linear_ms = atof(v);
         else if (!strncmp(argv[a], "quadratic_ms=", 13))
             quadratic_ms = atof(v);
+        else if (!strncmp(argv[a], "units_per_ms=", 13))
+            units_per_ms = atof(v);
         else {
             fprintf(stderr, "workload: unknown argument %s\n", argv[a]);
             MPI_Abort(MPI_COMM_WORLD, 2);
@@ -65,19 +70,29 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
 
-    double per_ms = rank == 0 ? work_units_per_ms() : 0;
+    double per_ms = rank != 0 ? 0 : units_per_ms > 0 ? units_per_ms : work_units_per_ms();
     end_quadratic(&per_ms);
     int iterations = (int)(iters_per_n * n + 0.5);
     double token = 1;
+    long long work_cpu_ns = 0;
+    long linear_units = (long)(n * linear_ms * per_ms);
+    long quadratic_units = (long)(n * n * quadratic_ms * per_ms);
     for (int it = 0; it < iterations; it++) {
-        work((long)(n * linear_ms * per_ms));
+        long long cpu = thread_cpu_ns();
+        work(linear_units);
+        work_cpu_ns += thread_cpu_ns() - cpu;
         end_linear(&token);
-        work((long)(n * n * quadratic_ms * per_ms));
+        cpu = thread_cpu_ns();
+        work(quadratic_units);
+        work_cpu_ns += thread_cpu_ns() - cpu;
         end_quadratic(&token);
     }
     double region = now_s() - start;
     if (rank == 0)
-        printf("workload: n=%g iterations=%d region_s=%.6f\n", n, iterations, region);
+        printf("workload: n=%g iterations=%d region_s=%.6f work_units=%ld work_cpu_s=%.6f "
+               "units_per_ms=%.1f\n",
+               n, iterations, region, iterations * (linear_units + quadratic_units),
+               work_cpu_ns * 1e-9, per_ms);
     MPI_Finalize();
     return 0;
 }
