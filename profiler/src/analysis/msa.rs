@@ -11,7 +11,10 @@
 //!    over all pairs of sequences (one from each side) of the substitution score, where the
 //!    substitution matrix is a weighted identity: `match_score[x]` for x against x, 0 for any
 //!    mismatch. Gaps cost [`GAP_PENALTY`] per column inside a sequence and nothing at either end,
-//!    because a window edge cuts ranks' iterations at different points.
+//!    because a window edge cuts ranks' iterations at different points. The DP sums over the
+//!    pairs instead of averaging (the same order of paths), in integers of 2^-20 of a score:
+//!    exact sums, and in `bench daemon`'s window alignments half the time per cell of floating
+//!    point, whose dependent compare-and-select along a row bounds the DP.
 //!
 //! Costs are bounded by a band: the DP only visits cells within `h` of the straight line from
 //! (0, 0) to (L_a, L_b), with h = |L_a − L_b| + [`BAND_SLACK`], so every path whose drift stays
@@ -34,6 +37,12 @@ pub const GAP_PENALTY: f64 = 1.0;
 /// symbols, in both directions at once (for example a rank with extra bursts early and another
 /// with extra bursts late).
 pub const BAND_SLACK: usize = 32;
+
+/// Steps per unit of score in the alignment's integer scores, at most: match scores (1 to 2)
+/// are rounded to 2^-20.
+const SCORE_STEPS: f64 = (1u64 << 20) as f64;
+/// The largest sum of column scores a path may reach in integer steps (2^60, well inside i64).
+const MAX_PATH_SCORE: f64 = (1u64 << 60) as f64;
 
 /// Upper bound on DP cells (2 bits of traceback each) for one profile–profile alignment.
 pub const MAX_ALIGNMENT_CELLS: usize = 1 << 24;
@@ -271,27 +280,23 @@ fn kmer_distance(a: &[((ClusterId, ClusterId), u32)], b: &[((ClusterId, ClusterI
     1.0 - shared as f64 / shorter as f64
 }
 
-/// Mean substitution score over all pairs of one sequence from each column.
-fn column_score(
-    a: &[(ClusterId, u32)],
-    b: &[(ClusterId, u32)],
-    pairs: f64,
-    match_score: &[f64],
-) -> f64 {
-    let (mut i, mut j, mut sum) = (0, 0, 0.0);
+/// Substitution score summed over all pairs of one sequence from each column, in the integer
+/// steps of `match_score`.
+fn column_score(a: &[(ClusterId, u32)], b: &[(ClusterId, u32)], match_score: &[i64]) -> i64 {
+    let (mut i, mut j, mut sum) = (0, 0, 0);
     while i < a.len() && j < b.len() {
         match a[i].0.cmp(&b[j].0) {
             std::cmp::Ordering::Less => i += 1,
             std::cmp::Ordering::Greater => j += 1,
             std::cmp::Ordering::Equal => {
-                let score = match_score.get(a[i].0 as usize).copied().unwrap_or(0.0);
-                sum += f64::from(a[i].1) * f64::from(b[j].1) * score;
+                let score = match_score.get(a[i].0 as usize).copied().unwrap_or(0);
+                sum += i64::from(a[i].1) * i64::from(b[j].1) * score;
                 i += 1;
                 j += 1;
             }
         }
     }
-    sum / pairs
+    sum
 }
 
 fn merge_columns(a: &[(ClusterId, u32)], b: &[(ClusterId, u32)], out: &mut Vec<(ClusterId, u32)>) {
@@ -322,13 +327,28 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
     let width = 2 * half_width + 1;
     // Row i covers columns base(i)..base(i) + width of `b` (clipped to 0..=lb).
     let base = |i: usize| (i * lb / la.max(1)) as i64 - half_width as i64;
-    let pairs = f64::from(a.weight) * f64::from(b.weight);
+    // Integer scores, summed over the pairs rather than averaged (the same order of paths, no
+    // division per cell): `scale` steps per unit of score, as fine as no path's sum can overflow.
+    let pairs = i64::from(a.weight) * i64::from(b.weight);
+    let largest = match_score.iter().copied().fold(GAP_PENALTY, f64::max);
+    let path_bound = pairs as f64 * largest * (la + lb + 1) as f64;
+    let scale = (MAX_PATH_SCORE / path_bound)
+        .min(SCORE_STEPS)
+        .floor()
+        .max(1.0);
+    let match_score: Vec<i64> = match_score
+        .iter()
+        .map(|s| (s * scale).round() as i64)
+        .collect();
+    let gap_penalty = (GAP_PENALTY * scale).round() as i64 * pairs;
+    // Below any path's score, and still so after a gap is taken off it.
+    const NONE: i64 = i64::MIN / 4;
 
-    let mut previous = vec![f64::NEG_INFINITY; width];
-    let mut current = vec![f64::NEG_INFINITY; width];
+    let mut previous = vec![NONE; width];
+    let mut current = vec![NONE; width];
     let mut trace = Trace::new(rows * width);
     for i in 0..rows {
-        current.fill(f64::NEG_INFINITY);
+        current.fill(NONE);
         let row_base = base(i);
         let previous_base = if i > 0 { base(i - 1) } else { 0 };
         for k in 0..width {
@@ -338,10 +358,10 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
             }
             let j = j as usize;
             if i == 0 && j == 0 {
-                current[k] = 0.0;
+                current[k] = 0;
                 continue;
             }
-            let mut best = f64::NEG_INFINITY;
+            let mut best = NONE;
             let mut step = STEP_DIAGONAL;
             let in_previous = |column: usize| {
                 let offset = column as i64 - previous_base;
@@ -351,13 +371,13 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
             };
             if i > 0 && j > 0 {
                 if let Some(p) = in_previous(j - 1) {
-                    best = previous[p]
-                        + column_score(a.column(i - 1), b.column(j - 1), pairs, match_score);
+                    best =
+                        previous[p] + column_score(a.column(i - 1), b.column(j - 1), &match_score);
                 }
             }
             if i > 0 {
                 if let Some(p) = in_previous(j) {
-                    let gap = if j == 0 || j == lb { 0.0 } else { GAP_PENALTY };
+                    let gap = if j == 0 || j == lb { 0 } else { gap_penalty };
                     if previous[p] - gap > best {
                         best = previous[p] - gap;
                         step = STEP_UP;
@@ -365,7 +385,7 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
                 }
             }
             if j > 0 && k > 0 {
-                let gap = if i == 0 || i == la { 0.0 } else { GAP_PENALTY };
+                let gap = if i == 0 || i == la { 0 } else { gap_penalty };
                 if current[k - 1] - gap > best {
                     best = current[k - 1] - gap;
                     step = STEP_LEFT;
@@ -499,6 +519,25 @@ mod tests {
         assert_eq!(alignment.columns(), 2);
         assert_eq!(alignment.column(0), &[(1, 1)]);
         assert_eq!(align(&[], &[]).columns(), 0);
+    }
+
+    #[test]
+    fn profiles_of_many_ranks_align_as_profiles_of_one() {
+        // Weights whose pair count (2^40) leaves the integer scores a coarser step than 2^-20:
+        // the same columns as with one rank on each side.
+        let a: Vec<ClusterId> = vec![1, 2, 3, 1, 2, 3, 1, 2, 3];
+        let b: Vec<ClusterId> = vec![1, 2, 3, 1, 3, 1, 2, 3];
+        let score = [0.0, 1.5, 1.3, 1.2];
+        let columns = |weight: u32| {
+            let merged = align_profiles(
+                &Profile::leaf(0, &a, weight),
+                &Profile::leaf(1, &b, weight),
+                &score,
+            );
+            (merged.columns(), merged.members)
+        };
+        assert_eq!(columns(1 << 20), columns(1));
+        assert_eq!(columns(1).0, 9);
     }
 
     #[test]
