@@ -341,8 +341,9 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
         .map(|s| (s * scale).round() as i64)
         .collect();
     let gap_penalty = (GAP_PENALTY * scale).round() as i64 * pairs;
-    // Below any path's score, and still so after a gap is taken off it.
-    const NONE: i64 = i64::MIN / 4;
+    // No cell: paths score within ±2^60, and one that starts from here stays below −2^61 and
+    // far above i64::MIN, whatever it adds or takes off on the way.
+    const NONE: i64 = i64::MIN / 2;
 
     let mut previous = vec![NONE; width];
     let mut current = vec![NONE; width];
