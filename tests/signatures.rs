@@ -25,7 +25,7 @@ struct OwnClocks {
     region_s: f64,
     /// The thread CPU time of its work over the CPU time the calibration gives that work: how
     /// slowly the CPU ran the same arithmetic in this run. A virtual machine's CPU slows down
-    /// when its host is busy, here by up to a tenth from one run to the next.
+    /// when its host is busy, here by up to 14 % from one run to the next.
     slowdown: f64,
     /// The work's calibration, in units of arithmetic per ms of CPU.
     units_per_ms: f64,

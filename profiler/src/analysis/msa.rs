@@ -13,8 +13,8 @@
 //!    mismatch. Gaps cost [`GAP_PENALTY`] per column inside a sequence and nothing at either end,
 //!    because a window edge cuts ranks' iterations at different points. The DP sums over the
 //!    pairs instead of averaging (the same order of paths), in integers of 2^-20 of a score:
-//!    exact sums, and in `bench daemon`'s window alignments half the time per cell of floating
-//!    point, whose dependent compare-and-select along a row bounds the DP.
+//!    exact sums, and half the time per cell of floating point in the daemon's window alignments
+//!    during `bench daemon`'s two-rank storm.
 //!
 //! Costs are bounded by a band: the DP only visits cells within `h` of the straight line from
 //! (0, 0) to (L_a, L_b), with h = |L_a − L_b| + [`BAND_SLACK`], so every path whose drift stays
