@@ -356,6 +356,73 @@ fn steal_ticks() -> u64 {
 
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_thread_whose_state_slot_is_held_keeps_exact_counts_and_bursts() {
+    // The probes keep a thread's state in slot tid mod THREAD_SLOT_COUNT, or in a hash map when
+    // another live thread holds that slot. shared_slot makes MPI calls from a thread of the
+    // main thread's slot while the main thread lives, then from the main thread again.
+    let daemon = Daemon::start(&["--min-burst-us", "0"]);
+    let slots = profiler_common::THREAD_SLOT_COUNT.to_string();
+    let per_thread = 40;
+    let mut outputs = Vec::new();
+    for mpi in Mpi::ALL {
+        let out = tempfile::tempdir().unwrap();
+        run_mpi(
+            mpi,
+            1,
+            &program("shared_slot", mpi),
+            &[
+                out.path().to_str().unwrap(),
+                &slots,
+                &per_thread.to_string(),
+            ],
+        );
+        outputs.push((mpi, rank_outputs(out.path(), "shared_slot", 1)));
+    }
+    let recording = daemon.stop();
+    for (mpi, outputs) in &outputs {
+        let what = format!("shared_slot under {mpi:?}");
+        let out = &outputs[0];
+        let pid = out["pid"].as_u64().unwrap();
+        let tids: BTreeSet<u64> = out["bursts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b[2].as_u64().unwrap())
+            .collect();
+        if !tids.iter().any(|&t| t != pid) {
+            skip_at_run_time(
+                "a_thread_whose_state_slot_is_held_keeps_exact_counts_and_bursts",
+                &format!("{what}: no thread got a tid of the main thread's slot"),
+            );
+            return;
+        }
+        let job = job_of(&recording, &program("shared_slot", *mpi));
+        let rank = &job.ranks[&0];
+        // One opening call per thread's run of bursts, one more for the main thread's first.
+        assert_eq!(
+            rank.functions["MPI_Barrier"].calls,
+            2 * per_thread + 3,
+            "{what}: MPI_Barrier calls"
+        );
+        let pairs = pair_with_recorded(job, outputs);
+        assert_eq!(
+            pairs.len(),
+            2 * per_thread as usize,
+            "{what}: bursts paired"
+        );
+        for (values, burst) in &pairs {
+            assert_eq!(burst.tid as u64, values[1], "{what}: thread of a burst");
+            let (cpu, seen) = (values[0] as f64, burst.oncpu_ns as f64);
+            assert!(
+                (seen - cpu).abs() <= (cpu * 0.05).max(100_000.0),
+                "{what}: on-CPU time {seen} ns of a burst of {cpu} ns of the thread's own clock"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
     // The daemon reads its maps ten times a second, so map system calls run beside the probes.
     let config = tempfile::NamedTempFile::new().unwrap();

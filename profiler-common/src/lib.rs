@@ -182,16 +182,24 @@ pub struct LibraryOpen {
 }
 const _: () = assert!(core::mem::size_of::<LibraryOpen>() == 24 + LIBRARY_PATH_BYTES);
 
-/// Per-thread state, in an LRU hash keyed by tid: the return probe may run on another CPU than
-/// the entry probe, so per-CPU storage would be wrong.
+/// Slots of the array of thread states (`THREAD_SLOTS` in the BPF programs): a thread's slot is
+/// its tid modulo this (a power of two), and a thread whose slot another live thread holds keeps
+/// its state in the LRU hash `THREADS` instead.
+pub const THREAD_SLOT_COUNT: u32 = 16384;
+
+/// Per-thread state, keyed by tid: the return probe may run on another CPU than the entry probe,
+/// so per-CPU storage would be wrong.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadState {
     pub pid: u32,
+    /// The thread whose state this is (0 in a free slot of `THREAD_SLOTS`).
+    pub tid: u32,
     /// Nesting depth of MPI calls (Fortran wrapper → C, MPI → PMPI); only depth 0↔1 matters.
     pub depth: u32,
     pub outer_func: u32,
     pub burst_start_func: u32,
+    pub _pad: u32,
     pub outer_entry_ns: u64,
     /// The burst the outermost call in progress closed, when it passed the filter: shipped when
     /// that call returns, because only then is its call site known for free (the return
@@ -249,7 +257,7 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 296);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 304);
 
 /// Value of the task → thread map: which thread (and process) a kernel task is.
 #[repr(C)]

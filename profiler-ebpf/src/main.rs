@@ -1,15 +1,16 @@
 //! mpiburst BPF programs: one uprobe/uretprobe pair attached to every MPI entry point (the attach
 //! cookie says which function it is), the raw sched_stat_runtime and sched_switch tracepoints
-//! for per-thread on-CPU time and counter virtualisation, sched_process_exec to find new MPI libraries, sched_process_exit for the exit
-//! time of the MPI processes the daemon tracks, and the tracepoints of the file I/O system calls,
+//! for per-thread on-CPU time and counter virtualisation, sched_process_exec to find new MPI
+//! libraries, sched_process_exit for the exit of every thread (its slot of thread state is freed)
+//! and of the MPI processes the daemon tracks, and the tracepoints of the file I/O system calls,
 //! which count those of the tracked processes.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
     bindings::{
-        bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_AVAIL_DATA,
-        BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+        bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_F_MMAPABLE, BPF_NOEXIST,
+        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
     },
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
@@ -28,7 +29,7 @@ use profiler_common::{
     cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoTotals,
     RankRegion, TaskThread, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
     OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_PEER_DONE, OUTER_POLLING, OUTER_REGION_START,
-    OUTER_WORLD_PEER,
+    OUTER_WORLD_PEER, THREAD_SLOT_COUNT,
 };
 
 /// Bursts shorter than this are only summed in kernel. Set by the daemon at load time.
@@ -50,9 +51,21 @@ static IO_FD_OFFSET: u64 = 0;
 #[no_mangle]
 static IO_RET_OFFSET: u64 = 0;
 
+/// Thread states, one slot per tid modulo THREAD_SLOT_COUNT. Both probes of every MPI call look
+/// their thread up: an array lookup is a few inlined instructions where a hash lookup is a
+/// helper call of about 50 ns. A thread holds its slot from its first probed call to its exit; the
+/// daemon reads the calls in progress through a memory mapping of the array.
 #[map]
-static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(65536, 0);
-/// Kernel task (task_struct address) → thread, for the threads in THREADS: sched_stat_runtime
+static THREAD_SLOTS: Array<ThreadState> =
+    Array::with_max_entries(THREAD_SLOT_COUNT, BPF_F_MMAPABLE as u32);
+/// Slot → the thread holding it. Inserting with BPF_NOEXIST claims a slot atomically, which a
+/// store into the array cannot (the BPF target here has no compare-and-swap).
+#[map]
+static SLOT_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(THREAD_SLOT_COUNT, 0);
+/// The states of threads whose slot another live thread holds.
+#[map]
+static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(THREAD_SLOT_COUNT, 0);
+/// Kernel task (task_struct address) → thread, for the threads with a state: sched_stat_runtime
 /// names the task, which may run on another CPU than the one accounting it.
 #[map]
 static TASK_THREADS: LruHashMap<u64, TaskThread> = LruHashMap::with_max_entries(65536, 0);
@@ -142,7 +155,7 @@ fn log_first_loss(index: u32) {
             "a burst record: the ring buffer BURSTS is full (raise capture.ring_buffer_mib)"
         }
         lost::EXECS => "an exec notification: the ring buffer EXECS is full",
-        lost::THREAD_STATES => "a thread's state: the map THREADS or TASK_THREADS is full",
+        lost::THREAD_STATES => "a thread's state: the maps THREADS or TASK_THREADS are full",
         _ => "a thread's statistics: FUNC_STATS, BURST_TOTALS, REGIONS or IO_TOTALS is full",
     };
     // aya-log 0.2 writes to its own ring buffer and does not use the program context.
@@ -210,6 +223,23 @@ fn thread_now(st: &ThreadState, now: u64) -> (u64, [u64; NUM_COUNTERS]) {
     (st.oncpu_ns + now.saturating_sub(since), counters)
 }
 
+/// The state of thread `tid`, if it has one: in its slot, else in THREADS.
+#[inline(always)]
+fn thread(tid: u32) -> Option<&'static mut ThreadState> {
+    // Tid 0 is the idle task, never an MPI thread; it also matches a free slot.
+    if tid == 0 {
+        return None;
+    }
+    if let Some(p) = THREAD_SLOTS.get_ptr_mut(tid & (THREAD_SLOT_COUNT - 1)) {
+        let st = unsafe { &mut *p };
+        if st.tid == tid {
+            return Some(st);
+        }
+    }
+    THREADS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
+}
+
+/// The calling thread's state, made at its first probed call.
 #[inline(always)]
 fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
     // At every call, not only the first: the BPF target has no atomic OR, and another CPU
@@ -218,22 +248,35 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
     if let Some(w) = TASK_FILTER.get_ptr_mut(word) {
         unsafe { *w |= bit };
     }
-    if let Some(p) = THREADS.get_ptr_mut(tid) {
-        return Some(unsafe { &mut *p });
+    if let Some(st) = thread(tid) {
+        return Some(st);
     }
     // Its run time counts from here: the scheduler's updates add to it from now on.
     let fresh = ThreadState {
         pid,
+        tid,
         outer_func: NO_FUNC,
         burst_start_func: NO_FUNC,
         oncpu_accounted_ns: unsafe { bpf_ktime_get_ns() },
         ..ThreadState::default()
     };
-    if THREADS.insert(tid, fresh, BPF_NOEXIST as u64).is_err() {
+    let slot = tid & (THREAD_SLOT_COUNT - 1);
+    // The slot may still be this thread's own claim if a racing first call of another thread
+    // of the same slot took THREADS' path.
+    let claimed = SLOT_OWNERS.insert(&slot, &tid, BPF_NOEXIST as u64).is_ok()
+        || unsafe { SLOT_OWNERS.get(&slot) } == Some(&tid);
+    let slot_state = if claimed {
+        THREAD_SLOTS.get_ptr_mut(slot)
+    } else {
+        None
+    };
+    if let Some(p) = slot_state {
+        unsafe { *p = fresh };
+    } else if THREADS.insert(&tid, &fresh, BPF_NOEXIST as u64).is_err()
+        && THREADS.get_ptr_mut(tid).is_none()
+    {
         // Another CPU may have inserted it in between; anything else is a full map.
-        if THREADS.get_ptr_mut(tid).is_none() {
-            count_lost(lost::THREAD_STATES);
-        }
+        count_lost(lost::THREAD_STATES);
     }
     let task = unsafe { bpf_get_current_task() };
     if TASK_THREADS
@@ -242,8 +285,7 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
     {
         count_lost(lost::THREAD_STATES);
     }
-
-    THREADS.get_ptr_mut(tid).map(|p| unsafe { &mut *p })
+    thread(tid)
 }
 
 /// The word and bit of a task address in TASK_FILTER (Fibonacci hashing: task_struct addresses
@@ -520,10 +562,9 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
 pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(p) = THREADS.get_ptr_mut(tid) else {
+    let Some(st) = thread(tid) else {
         return 0;
     };
-    let st = unsafe { &mut *p };
     // Depth 0 here means the daemon attached while this call was already running.
     if st.depth == 0 {
         return 0;
@@ -640,8 +681,7 @@ pub fn sched_stat_runtime(ctx: RawTracePointContext) -> i32 {
     let Some(thread) = (unsafe { TASK_THREADS.get(&task) }) else {
         return 0;
     };
-    if let Some(p) = THREADS.get_ptr_mut(thread.tid) {
-        let st = unsafe { &mut *p };
+    if let Some(st) = self::thread(thread.tid) {
         st.oncpu_ns += runtime;
         st.oncpu_accounted_ns = unsafe { bpf_ktime_get_ns() };
     }
@@ -660,8 +700,7 @@ pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
     let counters_now = read_counters();
     if config(&COUNTERS_ENABLED) != 0 {
         let prev = bpf_get_current_pid_tgid() as u32;
-        if let Some(p) = THREADS.get_ptr_mut(prev) {
-            let st = unsafe { &mut *p };
+        if let Some(st) = thread(prev) {
             for i in 0..NUM_COUNTERS {
                 st.counters[i] += counters_now[i].wrapping_sub(cpu.counters[i]);
             }
@@ -676,9 +715,7 @@ pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
 pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     let pid: u32 = unsafe { ctx.read_at(config(&EXEC_PID_OFFSET) as usize) }.unwrap_or(0);
     // A new program image: what the thread read from the old one's memory no longer holds.
-    if let Some(st) = THREADS.get_ptr_mut(bpf_get_current_pid_tgid() as u32) {
-        // SAFETY: a map value, alive for the program's run.
-        let st = unsafe { &mut *st };
+    if let Some(st) = thread(bpf_get_current_pid_tgid() as u32) {
         st.world_slot = 0;
         // Epochs start at 1: no datatype size is reused until the next read.
         st.dtype_epoch = 0;
@@ -695,6 +732,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 /// The exit of a thread; `group_dead` says it is the last thread of its process.
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    release_slot(bpf_get_current_pid_tgid() as u32);
     let group_dead: u8 =
         unsafe { ctx.read_at(config(&EXIT_GROUP_DEAD_OFFSET) as usize) }.unwrap_or(0);
     if group_dead == 0 {
@@ -705,6 +743,22 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         unsafe { *exit = bpf_ktime_get_ns() };
     }
     0
+}
+
+/// Frees the slot of an exiting thread for the next thread of its tid modulo THREAD_SLOT_COUNT.
+/// The slot empties before its claim goes: a thread claiming in between finds it still held and
+/// keeps its state in THREADS.
+#[inline(always)]
+fn release_slot(tid: u32) {
+    let slot = tid & (THREAD_SLOT_COUNT - 1);
+    let Some(p) = THREAD_SLOTS.get_ptr_mut(slot) else {
+        return;
+    };
+    let st = unsafe { &mut *p };
+    if tid != 0 && st.tid == tid {
+        st.tid = 0;
+        let _ = SLOT_OWNERS.remove(&slot);
+    }
 }
 
 // The file I/O programs sit on the per-syscall tracepoints of the calls they count (attached by

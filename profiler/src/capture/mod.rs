@@ -6,8 +6,10 @@ pub mod config;
 mod counters;
 mod cpu_list;
 mod libraries;
+mod mapping;
 mod multi;
 mod ring;
+mod thread_slots;
 mod tracefs;
 pub mod usage;
 
@@ -33,6 +35,7 @@ use profiler_common::{
 
 use config::CaptureConfig;
 use ring::RecordRing;
+use thread_slots::ThreadSlots;
 
 /// The BPF object profiler/build.rs built; empty when the build skipped it (AYA_BUILD_SKIP).
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -208,6 +211,7 @@ const IO_TRACEPOINTS: [(&str, &str, &[&str]); 4] = [
 pub struct Capture {
     ebpf: Ebpf,
     bursts: RecordRing,
+    thread_slots: ThreadSlots,
     execs: RingBuf<MapData>,
     /// Opens of new MPI libraries, while the daemon holds the processes that open them.
     library_opens: Option<RingBuf<MapData>>,
@@ -340,6 +344,14 @@ impl Capture {
                 what: "mapping the burst ring buffer".into(),
                 source,
             })?;
+        let thread_slots = match ebpf.map("THREAD_SLOTS") {
+            Some(aya::maps::Map::Array(data)) => ThreadSlots::new(data.fd().as_fd()),
+            _ => return Err(CaptureError::MissingMap("THREAD_SLOTS")),
+        }
+        .map_err(|source| CaptureError::Io {
+            what: "mapping the thread states (THREAD_SLOTS)".into(),
+            source,
+        })?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
         // After the uprobe programs were relocated against the maps: this takes AYA_LOGS out.
         let mut logger = aya_log::EbpfLogger::init(&mut ebpf).map_err(|e| CaptureError::Io {
@@ -349,6 +361,7 @@ impl Capture {
         Ok(Capture {
             ebpf,
             bursts,
+            thread_slots,
             execs,
             library_opens: None,
             library_watch_unavailable: openat_ret_offset.err(),
@@ -486,8 +499,10 @@ impl Capture {
         let open_calls = threads
             .iter()
             .filter_map(Result::ok)
-            .filter(|(_, st)| st.depth > 0 && st.outer_func != NO_FUNC)
-            .map(|(_, st)| OpenCall {
+            .map(|(_, st)| st)
+            .chain(self.thread_slots.held())
+            .filter(|st| st.depth > 0 && st.outer_func != NO_FUNC)
+            .map(|st| OpenCall {
                 pid: st.pid,
                 func: st.outer_func,
                 entry_ns: st.outer_entry_ns,

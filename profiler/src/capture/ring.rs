@@ -13,9 +13,10 @@
 //! first word is its length, with a busy bit while it is written and a discard bit.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+use super::mapping::Mapping;
 
 const HEADER_BYTES: usize = 8;
 const BUSY_BIT: u32 = 1 << 31;
@@ -23,41 +24,6 @@ const DISCARD_BIT: u32 = 1 << 30;
 /// Records read between two stores of the consumer position: the space they held is free for
 /// the producers again within one drain of a full ring.
 const PUBLISH_EVERY: usize = 4096;
-
-/// One shared mapping of the ring buffer map's descriptor, unmapped on drop.
-struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(fd: BorrowedFd<'_>, len: usize, prot: libc::c_int, offset: usize) -> io::Result<Self> {
-        let offset = libc::off_t::try_from(offset).map_err(io::Error::other)?;
-        // SAFETY: a fresh shared mapping of a descriptor we hold; nothing else refers to it.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                offset,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned 0"))?;
-        Ok(Self { ptr, len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`, no longer referred to.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
 
 /// A BPF ring buffer map read by this process alone.
 pub struct RecordRing {
