@@ -127,8 +127,28 @@ fn assert_counts_match(job: &Job, outputs: &[serde_json::Value], what: &str) {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn exact_call_counts_c_and_fortran_under_open_mpi_and_mpich() {
+    exact_call_counts("");
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn exact_call_counts_with_an_entry_and_a_return_probe_per_call() {
+    // What runs where the kernel has no uprobe sessions.
+    exact_call_counts("[capture]\nuprobe_sessions = false\n");
+}
+
+/// Runs counts (C and Fortran, both MPIs) under a daemon with this configuration and checks
+/// every call count.
+fn exact_call_counts(config: &str) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), config).unwrap();
     // No duration filter: every burst is shipped, so any record per polling call would show.
-    let daemon = Daemon::start(&["--min-burst-us", "0"]);
+    let daemon = Daemon::start(&[
+        "--min-burst-us",
+        "0",
+        "--config",
+        file.path().to_str().unwrap(),
+    ]);
     let mut runs = Vec::new();
     for mpi in Mpi::ALL {
         for name in ["counts", "counts_f90"] {
@@ -354,6 +374,72 @@ fn steal_ticks() -> u64 {
     cpu.split_whitespace().nth(8).unwrap().parse().unwrap()
 }
 
+/// Runs test program `name` as one rank under each MPI with its output directory and `args`, and
+/// returns each MPI's output (written under the prefix `name`).
+fn one_rank_under_each_mpi(name: &str, args: &[&str]) -> Vec<(Mpi, Vec<serde_json::Value>)> {
+    Mpi::ALL
+        .into_iter()
+        .map(|mpi| {
+            let out = tempfile::tempdir().unwrap();
+            let mut all = vec![out.path().to_str().unwrap()];
+            all.extend_from_slice(args);
+            run_mpi(mpi, 1, &program(name, mpi), &all);
+            (mpi, rank_outputs(out.path(), name, 1))
+        })
+        .collect()
+}
+
+/// Checks each daemon burst's on-CPU time against the CPU time the program's thread measured
+/// over it (the first value after the start), within 5 % or 0.1 ms.
+fn assert_on_cpu_time_agrees(pairs: &[(Vec<u64>, mpiburst::model::Burst)], what: &str) {
+    for (values, burst) in pairs {
+        let (cpu, seen) = (values[0] as f64, burst.oncpu_ns as f64);
+        assert!(
+            (seen - cpu).abs() <= (cpu * 0.05).max(100_000.0),
+            "{what}: on-CPU time {seen} ns of a burst of {cpu} ns of the thread's own clock"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn calls_left_by_longjmp_leave_every_later_call_counted() {
+    // escape's error handler jumps out of MPI_Send calls, whose returns never come.
+    let daemon = Daemon::start(&["--min-burst-us", "0"]);
+    let (escapes, bursts) = (20, 40);
+    let outputs = one_rank_under_each_mpi("escape", &[&escapes.to_string(), &bursts.to_string()]);
+    let sessions = daemon.log_text().contains("uprobe sessions:");
+    let recording = daemon.stop();
+    if !sessions {
+        // Without sessions the entry probes count the depth of calls in progress, and a call that
+        // never returns leaves the later ones nested in it.
+        skip_at_run_time(
+            "calls_left_by_longjmp_leave_every_later_call_counted",
+            "the kernel has no uprobe sessions (6.13 and later)",
+        );
+        return;
+    }
+    for (mpi, outputs) in &outputs {
+        let what = format!("escape under {mpi:?}");
+        let job = job_of(&recording, &program("escape", *mpi));
+        let rank = &job.ranks[&0];
+        assert_eq!(
+            rank.functions["MPI_Barrier"].calls,
+            bursts + 1,
+            "{what}: MPI_Barrier calls"
+        );
+        // A call left without returning has no end: it is not counted.
+        assert!(
+            !rank.functions.contains_key("MPI_Send"),
+            "{what}: the sends that never returned were counted: {:?}",
+            rank.functions.get("MPI_Send")
+        );
+        let pairs = pair_with_recorded(job, outputs);
+        assert_eq!(pairs.len(), bursts as usize, "{what}: bursts paired");
+        assert_on_cpu_time_agrees(&pairs, &what);
+    }
+}
+
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_thread_whose_state_slot_is_held_keeps_exact_counts_and_bursts() {
@@ -363,21 +449,7 @@ fn a_thread_whose_state_slot_is_held_keeps_exact_counts_and_bursts() {
     let daemon = Daemon::start(&["--min-burst-us", "0"]);
     let slots = profiler_common::THREAD_SLOT_COUNT.to_string();
     let per_thread = 40;
-    let mut outputs = Vec::new();
-    for mpi in Mpi::ALL {
-        let out = tempfile::tempdir().unwrap();
-        run_mpi(
-            mpi,
-            1,
-            &program("shared_slot", mpi),
-            &[
-                out.path().to_str().unwrap(),
-                &slots,
-                &per_thread.to_string(),
-            ],
-        );
-        outputs.push((mpi, rank_outputs(out.path(), "shared_slot", 1)));
-    }
+    let outputs = one_rank_under_each_mpi("shared_slot", &[&slots, &per_thread.to_string()]);
     let recording = daemon.stop();
     for (mpi, outputs) in &outputs {
         let what = format!("shared_slot under {mpi:?}");
@@ -412,12 +484,8 @@ fn a_thread_whose_state_slot_is_held_keeps_exact_counts_and_bursts() {
         );
         for (values, burst) in &pairs {
             assert_eq!(burst.tid as u64, values[1], "{what}: thread of a burst");
-            let (cpu, seen) = (values[0] as f64, burst.oncpu_ns as f64);
-            assert!(
-                (seen - cpu).abs() <= (cpu * 0.05).max(100_000.0),
-                "{what}: on-CPU time {seen} ns of a burst of {cpu} ns of the thread's own clock"
-            );
         }
+        assert_on_cpu_time_agrees(&pairs, &what);
     }
 }
 

@@ -201,6 +201,9 @@ pub struct ThreadState {
     pub burst_start_func: u32,
     pub _pad: u32,
     pub outer_entry_ns: u64,
+    /// The stack pointer at the entry of the outermost call in progress (at its return address):
+    /// a uprobe session tells that call's return from the entry of a nested call by it.
+    pub outer_entry_sp: u64,
     /// The burst the outermost call in progress closed, when it passed the filter: shipped when
     /// that call returns, because only then is its call site known for free (the return
     /// probe's instruction pointer is the return address; reading it from the stack at entry
@@ -257,7 +260,7 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 304);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 312);
 
 /// Value of the task → thread map: which thread (and process) a kernel task is.
 #[repr(C)]

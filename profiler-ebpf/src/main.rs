@@ -503,20 +503,17 @@ fn ship_pending(st: &mut ThreadState, tid: u32, site: u64) {
     entry.submit(wakeup as u64);
 }
 
-#[uprobe]
-pub fn mpi_enter(ctx: ProbeContext) -> u32 {
-    let c = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let now = unsafe { bpf_ktime_get_ns() };
-    let id = bpf_get_current_pid_tgid();
-    let (tid, pid) = (id as u32, (id >> 32) as u32);
-    let Some(st) = thread_state(tid, pid) else {
-        return 0;
-    };
-    let regs = unsafe { &*ctx.regs };
+/// Entry of a probed call, with the thread's state: the outermost call (depth 0) ends the open
+/// burst; the first C-level call inside it gives its bytes and peer. Returns whether the call
+/// is the outermost one. The caller keeps the depth.
+#[inline(always)]
+fn enter(st: &mut ThreadState, regs: &pt_regs, c: u64, now: u64, tid: u32, pid: u32) -> bool {
     if c & cookie::DTYPE_FREE != 0 {
         raise_dtype_epoch();
     }
-    if st.depth == 0 {
+    let outermost = st.depth == 0;
+    if outermost {
+        st.outer_entry_sp = unsafe { core::ptr::read_volatile(&regs.rsp) };
         st.outer_func = cookie::func(c);
         st.outer_entry_ns = now;
         st.outer_bytes = 0;
@@ -537,7 +534,6 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
             close_burst(st, tid, now, cookie::func(c));
         }
     }
-    st.depth += 1;
     // Bytes come from the first C-level call inside the outermost one (a Fortran wrapper passes
     // pointers; the C call it makes has the values).
     if st.outer_flags & OUTER_BYTES_DONE == 0 && cookie::dtype(c) != cookie::DTYPE_NONE {
@@ -555,31 +551,17 @@ pub fn mpi_enter(ctx: ProbeContext) -> u32 {
             st.outer_flags |= OUTER_WORLD_PEER;
         }
     }
-    0
+    outermost
 }
 
-#[uretprobe]
-pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
-    let now = unsafe { bpf_ktime_get_ns() };
-    let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(st) = thread(tid) else {
-        return 0;
-    };
-    // Depth 0 here means the daemon attached while this call was already running.
-    if st.depth == 0 {
-        return 0;
-    }
-    st.depth -= 1;
-    if st.depth != 0 {
-        return 0;
-    }
+/// Return of the outermost call in progress (the depth is back at 0): sums the call, ships the
+/// burst it closed and opens the next one at `site`, the return address.
+#[inline(always)]
+fn outermost_return(st: &mut ThreadState, tid: u32, now: u64, site: u64) {
     let elapsed = now.saturating_sub(st.outer_entry_ns);
     if st.outer_flags & OUTER_REGION_START != 0 {
         set_region(st.pid, |r| r.init_return_ns = now);
     }
-    // At a return probe the instruction pointer is the return address, i.e. the call site:
-    // user stacks cannot be walked without frame pointers, but this needs none.
-    let site = unsafe { (*ctx.regs).rip };
     let key = FuncKey {
         tid,
         func: st.outer_func,
@@ -610,7 +592,7 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
             st.polled_counters[i] += counters[i].wrapping_sub(st.poll_entry_counters[i]);
         }
         st.polling_calls += 1;
-        return 0;
+        return;
     }
     if st.outer_flags & OUTER_BURST_PENDING != 0 {
         ship_pending(st, tid, site);
@@ -625,7 +607,96 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     st.polled_oncpu = 0;
     st.polled_counters = [0; NUM_COUNTERS];
     st.polling_calls = 0;
+}
+
+/// The instruction pointer at a return probe: the return address, i.e. the call site. User
+/// stacks cannot be walked without frame pointers, but this needs none.
+#[inline(always)]
+fn return_site(regs: &pt_regs) -> u64 {
+    unsafe { core::ptr::read_volatile(&regs.rip) }
+}
+
+/// What a probe reads first: its attach cookie, the time, and the calling thread and process.
+#[inline(always)]
+fn probe_start(ctx: &ProbeContext) -> (u64, u64, u32, u32) {
+    let c = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let now = unsafe { bpf_ktime_get_ns() };
+    let id = bpf_get_current_pid_tgid();
+    (c, now, id as u32, (id >> 32) as u32)
+}
+
+/// Entry of every probed call where the kernel has no uprobe sessions (before 6.13), paired
+/// with `mpi_exit`: the depth counts every call in progress, nested ones included.
+#[uprobe]
+pub fn mpi_enter(ctx: ProbeContext) -> u32 {
+    let (c, now, tid, pid) = probe_start(&ctx);
+    let Some(st) = thread_state(tid, pid) else {
+        return 0;
+    };
+    enter(st, unsafe { &*ctx.regs }, c, now, tid, pid);
+    st.depth += 1;
     0
+}
+
+#[uretprobe]
+pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(st) = thread(tid) else {
+        return 0;
+    };
+    // Depth 0 here means the daemon attached while this call was already running.
+    if st.depth == 0 {
+        return 0;
+    }
+    st.depth -= 1;
+    if st.depth == 0 {
+        outermost_return(st, tid, now, return_site(unsafe { &*ctx.regs }));
+    }
+    0
+}
+
+/// Entry and return of every probed call in one program, attached as a uprobe session (kernel
+/// 6.13 and later): an entry that returns 1 has the kernel skip that call's return, so a call
+/// nested in another probed call (a Fortran wrapper calling C, an interposer calling PMPI)
+/// costs one trap instead of two. Only the outermost call's return runs, and it is told from an
+/// entry by the stack pointer: the outermost entry's, with the return address popped.
+///
+/// Not declared with `#[uprobe]`: that macro's wrapper returns 0 whatever the function returns,
+/// and the kernel reads a session program's return value.
+#[no_mangle]
+#[link_section = "uprobe"]
+pub fn mpi_session(ctx: *mut core::ffi::c_void) -> u32 {
+    session(ProbeContext::new(ctx))
+}
+
+/// The body of `mpi_session`: 1 when the kernel is to skip this call's return.
+#[inline(always)]
+fn session(ctx: ProbeContext) -> u32 {
+    let (c, now, tid, pid) = probe_start(&ctx);
+    let Some(st) = thread_state(tid, pid) else {
+        return 1;
+    };
+    let regs = unsafe { &*ctx.regs };
+    if st.depth != 0 {
+        let sp = unsafe { core::ptr::read_volatile(&regs.rsp) };
+        if sp == st.outer_entry_sp.wrapping_add(8) {
+            st.depth = 0;
+            outermost_return(st, tid, now, return_site(regs));
+            return 0;
+        }
+        // An entry outside the frame of the call in progress: that call left without returning
+        // (longjmp, a thread cancelled in it), and this one is the outermost.
+        if sp >= st.outer_entry_sp {
+            st.depth = 0;
+        }
+    }
+    if enter(st, regs, c, now, tid, pid) {
+        st.depth = 1;
+        0
+    } else {
+        1
+    }
 }
 
 /// Makes every thread's remembered datatype sizes stale (at an MPI_Type_free), unless none is

@@ -8,15 +8,18 @@
 //!
 //! The workload is tests/mpi/call_loop: one rank calling one function in a loop, so that it does
 //! almost nothing (see call_loop.c for the classes: a collective without arguments read, bytes,
-//! bytes and peer with the communicator on the stack, completion, polling, polling with peer).
+//! bytes and peer with the communicator on the stack, completion, polling, polling with peer),
+//! and its Fortran twin call_loop.f90, whose MPI_Barrier goes through the Fortran wrapper to the
+//! C function: two probed functions per call, the C one nested.
 //! The probe cost of a configuration is its ns per call minus (c); the target is
 //! cost(b) ≤ 1.1 × cost(a). Configurations alternate over several rounds and medians are taken,
 //! so drift on the machine hits all three alike. Where the kernel would single-step a function's
 //! first instruction, the probes sit further in (discovery/placement.rs): the table shows where.
 //!
-//! One more round runs with the kernel's BPF statistics on and prints the run time of the entry
-//! and return programs per call, the floor's empty programs beside mpiburst's: what the
-//! programs' own work costs, apart from the uprobe traps both pay. The statistics add their own
+//! One more round runs with the kernel's BPF statistics on and prints the run time and runs of
+//! the probe programs per call, the floor's empty programs beside mpiburst's: what the
+//! programs' own work costs, apart from the uprobe traps both pay, and how many traps run
+//! programs (mpiburst's uprobe sessions skip the return of a nested call). The statistics add their own
 //! clock reads to every run, which is why the rounds above run without them.
 //!
 //! The file I/O programs sit on system call tracepoints, and while any system call tracepoint is
@@ -45,67 +48,103 @@ use mpiburst::{
 };
 
 const CALLS: &str = "300000";
+/// Calls every call_loop makes before its timed ones.
+const WARM_UP_CALLS: u64 = 10_000;
 const ROUNDS: usize = 5;
 const SYSCALLS: u32 = 1_000_000;
 
-/// One function of each class of probe: call_loop's name for it, the MPI function, the class.
-const CLASSES: [(&str, &str, &str); 6] = [
-    ("barrier", "MPI_Barrier", "collective"),
-    ("allreduce", "MPI_Allreduce", "collective, bytes"),
-    ("sendrecv", "MPI_Sendrecv", "p2p, bytes, peer (stack)"),
-    ("waitall", "MPI_Waitall", "completion"),
-    ("test", "MPI_Test", "polling"),
-    ("iprobe", "MPI_Iprobe", "polling, peer"),
+/// One function of each class of probe: the call_loop program and its name for the function,
+/// the MPI function, the class.
+const CLASSES: [(&str, &str, &str, &str); 7] = [
+    ("call_loop", "barrier", "MPI_Barrier", "collective"),
+    (
+        "call_loop",
+        "allreduce",
+        "MPI_Allreduce",
+        "collective, bytes",
+    ),
+    (
+        "call_loop",
+        "sendrecv",
+        "MPI_Sendrecv",
+        "p2p, bytes, peer (stack)",
+    ),
+    ("call_loop", "waitall", "MPI_Waitall", "completion"),
+    ("call_loop", "test", "MPI_Test", "polling"),
+    ("call_loop", "iprobe", "MPI_Iprobe", "polling, peer"),
+    (
+        "call_loop_f90",
+        "barrier",
+        "MPI_Barrier",
+        "Fortran wrapper, C nested",
+    ),
 ];
 
-/// An installed MPI: its call_loop build, its C library, and the floor's attach points (the
-/// probe places of the CLASSES functions).
+/// An installed MPI: where its call_loop builds are, its C and Fortran libraries, and the
+/// floor's attach points in each (the probe places of the CLASSES functions).
 struct Mpi {
     name: &'static str,
-    program: PathBuf,
-    library: MpiLibrary,
-    floor_points: Vec<AttachPoint>,
+    programs: PathBuf,
+    suffix: &'static str,
+    floor: Vec<(MpiLibrary, Vec<AttachPoint>)>,
     /// Bytes from the entry point to the probes, per function (0: at the entry point).
     probe_shift: BTreeMap<String, u64>,
 }
 
-/// The installed MPIs whose call_loop was built; a missing one is reported and left out.
+/// The installed MPIs whose call_loop programs were built; a missing one is reported and left
+/// out.
 fn installed_mpis(programs: &Path) -> Result<Vec<Mpi>> {
     let libraries = discovery::discover_libraries(&[])?;
-    let functions: Vec<String> = CLASSES.iter().map(|c| c.1.to_string()).collect();
+    let functions: Vec<String> = CLASSES.iter().map(|c| c.2.to_string()).collect();
     let mut mpis = Vec::new();
     for (flavor, name, suffix) in [
         (MpiFlavor::OpenMpi, "Open MPI", "openmpi"),
         (MpiFlavor::Mpich, "MPICH", "mpich"),
     ] {
-        let program = programs.join(format!("call_loop.{suffix}"));
-        let library = libraries
+        let library = |binding| {
+            libraries
+                .iter()
+                .find(|l| l.flavor == flavor && l.binding == binding)
+        };
+        let built = CLASSES
             .iter()
-            .find(|l| l.flavor == flavor && l.binding == Binding::C);
-        let Some(library) = library.filter(|_| program.exists()) else {
+            .all(|c| programs.join(format!("{}.{suffix}", c.0)).exists());
+        let (Some(c), Some(fortran), true) =
+            (library(Binding::C), library(Binding::Fortran), built)
+        else {
             eprintln!(
-                "{name}: not installed or {} not built; left out",
-                program.display()
+                "{name}: not installed (C and Fortran libraries) or call_loop and call_loop_f90 \
+                 not built in {}; left out",
+                programs.display()
             );
             continue;
         };
-        let points = discovery::probe_points(library, &functions)?.points;
-        mpis.push(Mpi {
-            name,
-            program,
-            library: library.clone(),
-            floor_points: points
+        let mut floor = Vec::new();
+        let mut probe_shift = BTreeMap::new();
+        for library in [c, fortran] {
+            let points = discovery::probe_points(library, &functions)?.points;
+            if library.binding == Binding::C {
+                probe_shift = points
+                    .iter()
+                    .map(|p| (p.function.clone(), p.probe_offset - p.file_offset))
+                    .collect();
+            }
+            let floor_points = points
                 .iter()
                 .map(|p| AttachPoint {
                     function: p.function.clone(),
                     file_offset: p.probe_offset,
                     cookie: 0,
                 })
-                .collect(),
-            probe_shift: points
-                .iter()
-                .map(|p| (p.function.clone(), p.probe_offset - p.file_offset))
-                .collect(),
+                .collect();
+            floor.push((library.clone(), floor_points));
+        }
+        mpis.push(Mpi {
+            name,
+            programs: programs.to_path_buf(),
+            suffix,
+            floor,
+            probe_shift,
         });
     }
     if mpis.is_empty() {
@@ -114,11 +153,17 @@ fn installed_mpis(programs: &Path) -> Result<Vec<Mpi>> {
     Ok(mpis)
 }
 
+impl Mpi {
+    fn program(&self, stem: &str) -> PathBuf {
+        self.programs.join(format!("{stem}.{}", self.suffix))
+    }
+}
+
 /// The floor's empty programs on every function of every MPI.
 fn load_floor(config: &Config, mpis: &[Mpi]) -> Result<Capture> {
     let mut capture = Capture::load(&config.capture)?;
-    for mpi in mpis {
-        capture.attach_floor(&mpi.library.path, &mpi.floor_points)?;
+    for (library, points) in mpis.iter().flat_map(|mpi| &mpi.floor) {
+        capture.attach_floor(&library.path, points)?;
     }
     Ok(capture)
 }
@@ -127,46 +172,51 @@ fn load_floor(config: &Config, mpis: &[Mpi]) -> Result<Capture> {
 fn ns_per_call_of_all(mpis: &[Mpi]) -> Result<Vec<f64>> {
     let mut out = Vec::new();
     for mpi in mpis {
-        for (arg, _, _) in CLASSES {
-            out.push(ns_per_call(&mpi.program, arg)?);
+        for (stem, arg, _, _) in CLASSES {
+            out.push(ns_per_call(&mpi.program(stem), arg)?);
         }
     }
     Ok(out)
 }
 
-/// Run time and run count of the loaded BPF programs with these names that `known` does not
-/// list (those loaded before this benchmark, by another daemon say).
-fn program_runs(names: [&str; 2], known: &HashSet<u32>) -> Result<[(u64, u64); 2]> {
-    let mut runs = [(0, 0); 2];
+/// Run time (ns) and run count of the loaded BPF probe programs, the floor's or mpiburst's,
+/// that `known` does not list (those loaded before this benchmark, by another daemon say).
+fn program_runs(floor: bool, known: &HashSet<u32>) -> Result<(u64, u64)> {
+    let names: &[&str] = if floor {
+        &["floor_enter", "floor_exit"]
+    } else {
+        &["mpi_enter", "mpi_exit", "mpi_session"]
+    };
+    let mut runs = (0, 0);
     for info in aya::programs::loaded_programs() {
         let info = info?;
-        if known.contains(&info.id()) {
+        if known.contains(&info.id()) || !names.iter().any(|&n| Some(n) == info.name_as_str()) {
             continue;
         }
-        if let Some(i) = names.iter().position(|&n| Some(n) == info.name_as_str()) {
-            runs[i].0 += info.run_time().as_nanos() as u64;
-            runs[i].1 += info.run_count();
-        }
+        runs.0 += info.run_time().as_nanos() as u64;
+        runs.1 += info.run_count();
     }
     Ok(runs)
 }
 
-/// ns per run of the two named programs while each (MPI, class) runs, in the order of
-/// `mpis` × CLASSES.
-fn ns_per_run_of_all(
+/// Per call of each (MPI, class), in the order of `mpis` × CLASSES: ns in the floor's or
+/// mpiburst's probe programs, and their runs.
+fn program_time_per_call(
     mpis: &[Mpi],
-    names: [&str; 2],
+    floor: bool,
     known: &HashSet<u32>,
-) -> Result<Vec<[f64; 2]>> {
+) -> Result<Vec<(f64, f64)>> {
+    let calls = (CALLS.parse::<u64>()? + WARM_UP_CALLS) as f64;
     let mut out = Vec::new();
     for mpi in mpis {
-        for (arg, _, _) in CLASSES {
-            let before = program_runs(names, known)?;
-            ns_per_call(&mpi.program, arg)?;
-            let after = program_runs(names, known)?;
-            out.push([0, 1].map(|i| {
-                (after[i].0 - before[i].0) as f64 / (after[i].1 - before[i].1).max(1) as f64
-            }));
+        for (stem, arg, _, _) in CLASSES {
+            let before = program_runs(floor, known)?;
+            ns_per_call(&mpi.program(stem), arg)?;
+            let after = program_runs(floor, known)?;
+            out.push((
+                (after.0 - before.0) as f64 / calls,
+                (after.1 - before.1) as f64 / calls,
+            ));
         }
     }
     Ok(out)
@@ -269,13 +319,10 @@ fn main() -> Result<()> {
             .context("turning on the kernel's BPF run-time statistics")?;
         let floor_runs = {
             let _floor = load_floor(&config, &mpis)?;
-            ns_per_run_of_all(&mpis, ["floor_enter", "floor_exit"], &known)?
+            program_time_per_call(&mpis, true, &known)?
         };
         let _daemon = Daemon::start(config.clone(), None)?;
-        (
-            floor_runs,
-            ns_per_run_of_all(&mpis, ["mpi_enter", "mpi_exit"], &known)?,
-        )
+        (floor_runs, program_time_per_call(&mpis, false, &known)?)
     };
     println!(
         "cost per call, {CALLS} calls per run, median of {ROUNDS} alternating rounds (ns per call; \
@@ -297,7 +344,7 @@ fn main() -> Result<()> {
     let classes = mpis
         .iter()
         .flat_map(|mpi| CLASSES.iter().map(move |c| (mpi, c)));
-    for (i, (mpi, (_, function, class))) in classes.clone().enumerate() {
+    for (i, (mpi, (_, _, function, class))) in classes.clone().enumerate() {
         let [c, a, b] = [0, 1, 2].map(|k| median(rounds[k].iter().map(|r| r[i]).collect()));
         println!(
             "  {:<9} {:<14} {:<26} {:>8} {c:>8.1} {a:>8.1} {b:>9.1} {:>11.1} {:>13.1} {:>6.3}",
@@ -311,26 +358,28 @@ fn main() -> Result<()> {
         );
     }
     println!(
-        "BPF program run time per call, one more round with the kernel's statistics on (their own \
+        "BPF probe programs per call, one more round with the kernel's statistics on (their own \
          clock reads included):"
     );
     println!(
-        "  {:<9} {:<14} {:>11} {:>10} {:>11} {:>10} {:>22}",
+        "  {:<9} {:<14} {:<26} {:>11} {:>10} {:>14} {:>13} {:>22}",
         "MPI",
         "function",
-        "floor entry",
-        "floor ret",
-        "mpi_enter",
-        "mpi_exit",
+        "class",
+        "floor time",
+        "floor runs",
+        "mpiburst time",
+        "mpiburst runs",
         "work of the programs"
     );
-    for (i, (mpi, (_, function, _))) in classes.enumerate() {
-        let ([fe, fr], [me, mr]) = (floor_runs[i], real_runs[i]);
+    for (i, (mpi, (_, _, function, class))) in classes.enumerate() {
+        let ((ft, fr), (mt, mr)) = (floor_runs[i], real_runs[i]);
         println!(
-            "  {:<9} {:<14} {fe:>8.1} ns {fr:>7.1} ns {me:>8.1} ns {mr:>7.1} ns {:>19.1} ns",
+            "  {:<9} {:<14} {:<26} {ft:>8.1} ns {fr:>10.2} {mt:>11.1} ns {mr:>13.2} {:>19.1} ns",
             mpi.name,
             function,
-            me + mr - fe - fr
+            class,
+            mt - ft
         );
     }
     // Untracked system calls: without the daemon, with it but without file I/O counting (the

@@ -406,9 +406,14 @@ impl Daemon {
             daemon.attach(lib);
         }
         tracing::info!(
-            "attached {} probes to {} MPI libraries; {}",
+            "attached {} probes to {} MPI libraries ({}); {}",
             daemon.capture.probes(),
             daemon.libraries,
+            if daemon.capture.uprobe_sessions() {
+                "uprobe sessions: a nested call's return runs no probe"
+            } else {
+                "an entry and a return probe per call"
+            },
             daemon.counters_note
         );
         if daemon.libraries == 0 {

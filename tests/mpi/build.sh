@@ -29,12 +29,12 @@ build() { # build COMPILER SOURCE OUTPUT FLAGS...
 }
 
 for mpi in openmpi mpich; do
-    for prog in counts burst_timing callsites demo call_loop imbalance imbalance_io phases io pop oncpu sweep workload distributor stencil role_switch halo solver poll_loop shared_slot; do
+    for prog in counts burst_timing callsites demo call_loop imbalance imbalance_io phases io pop oncpu sweep workload distributor stencil role_switch halo solver poll_loop shared_slot escape; do
         build "mpicc.$mpi" "$src/$prog.c" "$out/$prog.$mpi" -O2 -g -Wall
     done
     # A shared library to preload, not a program.
     build "mpicc.$mpi" "$src/interposer.c" "$out/interposer.$mpi" -shared -fPIC -O2 -g -Wall
-    for prog in counts pop; do
+    for prog in counts pop call_loop; do
         build "mpif90.$mpi" "$src/$prog.f90" "$out/${prog}_f90.$mpi" -O2 -g -Wall
     done
 done

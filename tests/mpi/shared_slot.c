@@ -27,14 +27,6 @@
 static long long (*bursts)[3];
 static int recorded, per_thread;
 
-/* Busy until the thread has run `ns` more nanoseconds. */
-static void work(long long ns)
-{
-    long long t0 = thread_cpu_ns();
-    while (thread_cpu_ns() - t0 < ns)
-        ;
-}
-
 /* per_thread bursts of 1 ms of CPU time each, closed by MPI_Barrier on MPI_COMM_SELF. */
 static void make_bursts(void)
 {
@@ -42,7 +34,7 @@ static void make_bursts(void)
     MPI_Barrier(MPI_COMM_SELF);
     for (int i = 0; i < per_thread; i++) {
         long long start = now_ns(), cpu0 = thread_cpu_ns();
-        work(1000000);
+        spin_cpu(1e-3);
         bursts[recorded][0] = start;
         bursts[recorded][1] = thread_cpu_ns() - cpu0;
         bursts[recorded][2] = tid;

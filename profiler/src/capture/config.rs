@@ -35,6 +35,12 @@ pub struct CaptureConfig {
     /// metrics are then exported only when the statistics are on anyway (`sysctl
     /// kernel.bpf_stats_enabled=1`).
     pub bpf_stats: bool,
+    /// Attach the MPI probes as uprobe sessions where the kernel has them (6.13 and later): one
+    /// program runs at the entry and, for the outermost call in progress only, at the return, so
+    /// a call nested in another probed call (a Fortran wrapper calling C, an interposer calling
+    /// PMPI) costs one trap instead of two. Off, or on an older kernel, every call runs an entry
+    /// and a return probe.
+    pub uprobe_sessions: bool,
 }
 
 /// The longest duration filter: one hour (a burst is one MPI call), far below the
@@ -60,6 +66,7 @@ impl Default for CaptureConfig {
             counters: CounterMode::Auto,
             file_io: true,
             bpf_stats: false,
+            uprobe_sessions: true,
         }
     }
 }
@@ -121,7 +128,12 @@ impl CaptureConfig {
              # count metrics. Every BPF program run on the node then reads the clock twice (about\n\
              # 0.08 us per run on a VM), so they are off by default; without them those two metrics\n\
              # appear only if `sysctl kernel.bpf_stats_enabled=1` turned them on for the node.\n\
-             bpf_stats = false\n\n",
+             bpf_stats = false\n\
+             # Attach the MPI probes as uprobe sessions where the kernel has them (6.13 and later):\n\
+             # a call nested in another probed call (a Fortran wrapper calling C, an interposer\n\
+             # calling PMPI) then costs one trap instead of two. false: an entry and a return probe\n\
+             # for every call.\n\
+             uprobe_sessions = true\n\n",
             d.min_burst_us, d.drain_interval_ms, d.stats_interval_ms, d.ring_buffer_mib
         )
     }

@@ -15,7 +15,7 @@ pub mod usage;
 
 use std::{
     collections::{BTreeMap, HashSet},
-    os::fd::{AsFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -34,6 +34,7 @@ use profiler_common::{
 };
 
 use config::CaptureConfig;
+use multi::ProbeKind;
 use ring::RecordRing;
 use thread_slots::ThreadSlots;
 
@@ -151,9 +152,24 @@ pub struct ProgramStats {
     pub missed: u64,
 }
 
-/// Probe programs attached through uprobe_multi links: the real pair, then the empty pair that
-/// only the overhead benchmark uses.
-const UPROBE_PROGRAMS: [&str; 4] = ["mpi_enter", "mpi_exit", "floor_enter", "floor_exit"];
+/// Probe programs attached through uprobe_multi links: the real pair (where the kernel has no
+/// uprobe sessions), then the empty pair that only the overhead benchmark uses.
+const UPROBE_PROGRAMS: [(&str, ProbeKind); 4] = [
+    ("mpi_enter", ProbeKind::Entry),
+    ("mpi_exit", ProbeKind::Return),
+    ("floor_enter", ProbeKind::Entry),
+    ("floor_exit", ProbeKind::Return),
+];
+/// The probe program of a uprobe session: entry and return of every MPI call in one program,
+/// the return only for the outermost call in progress (kernel ≥ 6.13).
+const SESSION_PROGRAM: &str = "mpi_session";
+
+/// A uprobe program to attach: one of UPROBE_PROGRAMS by index, or the session program.
+#[derive(Clone, Copy)]
+enum Probe {
+    Listed(usize),
+    Session,
+}
 
 /// Where each classic tracepoint program attaches: (program, category, events).
 const TRACEPOINTS: [(&str, &str, &[&str]); 2] = [
@@ -223,6 +239,9 @@ pub struct Capture {
     probes: usize,
     /// The uprobe programs, loaded for uprobe_multi links, in UPROBE_PROGRAMS order.
     uprobe_programs: Vec<OwnedFd>,
+    /// SESSION_PROGRAM, attached instead of the real pair, unless the kernel has no uprobe
+    /// sessions or `capture.uprobe_sessions` is off.
+    session_program: Option<OwnedFd>,
     /// One link per (library, program); closing it detaches all its probes.
     links: Vec<OwnedFd>,
     /// Names of the counter events when counters are on, or why they are off.
@@ -315,6 +334,21 @@ impl Capture {
         };
 
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
+        let session_program = if config.uprobe_sessions {
+            match multi::load_programs(BPF_OBJECT, &ebpf, &[(SESSION_PROGRAM, ProbeKind::Session)])
+            {
+                Ok(mut fds) => fds.pop(),
+                Err(e) => {
+                    tracing::warn!(
+                        "uprobe sessions unavailable ({e}): every probed call, nested ones \
+                         included, runs an entry and a return probe"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let io: &[_] = if config.file_io { &IO_TRACEPOINTS } else { &[] };
         for &(name, category, events) in TRACEPOINTS.iter().chain(io) {
             let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
@@ -368,6 +402,7 @@ impl Capture {
             attached: HashSet::new(),
             probes: 0,
             uprobe_programs,
+            session_program,
             links: Vec::new(),
             counters: counter_events,
             open_counters,
@@ -385,8 +420,9 @@ impl Capture {
         self.probes
     }
 
-    /// Attaches entry and return probes at every point of one library file, for all processes
-    /// (present and future) that map it. A file already attached is skipped.
+    /// Attaches the probes at every point of one library file, for all processes (present and
+    /// future) that map it: the session program, or else the entry and return pair. A file
+    /// already attached is skipped.
     pub fn attach_library(
         &mut self,
         path: &Path,
@@ -396,7 +432,18 @@ impl Capture {
         if !self.attached.insert(dev_inode) {
             return Ok(0);
         }
-        self.attach_programs([0, 1], path, points)
+        if self.session_program.is_some() {
+            self.attach_programs(&[Probe::Session], path, points)
+        } else {
+            // Return probes first: an entry probe without its return probe would leave the
+            // thread's depth counter raised and hide all its later calls.
+            self.attach_programs(&[Probe::Listed(1), Probe::Listed(0)], path, points)
+        }
+    }
+
+    /// Whether the probes run as uprobe sessions (see SESSION_PROGRAM).
+    pub fn uprobe_sessions(&self) -> bool {
+        self.session_program.is_some()
     }
 
     /// Attaches the empty floor programs instead of the real ones: the reference cost of a bare
@@ -406,13 +453,13 @@ impl Capture {
         path: &Path,
         points: &[AttachPoint],
     ) -> Result<usize, CaptureError> {
-        self.attach_programs([2, 3], path, points)
+        self.attach_programs(&[Probe::Listed(3), Probe::Listed(2)], path, points)
     }
 
-    /// Attaches the (entry, return) programs at these indices of UPROBE_PROGRAMS.
+    /// Attaches each of `programs` at every point, in this order.
     fn attach_programs(
         &mut self,
-        programs: [usize; 2],
+        programs: &[Probe],
         path: &Path,
         points: &[AttachPoint],
     ) -> Result<usize, CaptureError> {
@@ -421,21 +468,24 @@ impl Capture {
         }
         let offsets: Vec<u64> = points.iter().map(|p| p.file_offset).collect();
         let cookies: Vec<u64> = points.iter().map(|p| p.cookie).collect();
-        // Return probes first: an entry probe without its return probe would leave the thread's
-        // depth counter raised and hide all its later calls.
-        for (index, ret) in [(programs[1], true), (programs[0], false)] {
-            let link = multi::attach(
-                self.uprobe_programs[index].as_fd(),
-                path,
-                &offsets,
-                &cookies,
-                ret,
-            )
-            .map_err(|source| CaptureError::Attach {
-                function: format!("{} entry points", points.len()),
-                path: path.to_path_buf(),
-                program: UPROBE_PROGRAMS[index],
-                source,
+        for &probe in programs {
+            let (name, kind, fd) = match probe {
+                Probe::Listed(index) => {
+                    let (name, kind) = UPROBE_PROGRAMS[index];
+                    (name, kind, self.uprobe_programs[index].as_fd())
+                }
+                Probe::Session => match &self.session_program {
+                    Some(fd) => (SESSION_PROGRAM, ProbeKind::Session, fd.as_fd()),
+                    None => continue,
+                },
+            };
+            let link = multi::attach(fd, kind, path, &offsets, &cookies).map_err(|source| {
+                CaptureError::Attach {
+                    function: format!("{} entry points", points.len()),
+                    path: path.to_path_buf(),
+                    program: name,
+                    source,
+                }
             })?;
             self.links.push(link);
         }
@@ -642,10 +692,15 @@ impl Capture {
         let stats_on = self.stats_fd.is_some()
             || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
                 .is_ok_and(|v| v.trim() == "1");
-        let probes = UPROBE_PROGRAMS[..2]
-            .iter()
-            .zip(&self.uprobe_programs)
-            .map(|(&name, fd)| (name, fd.as_fd()));
+        // The probe programs attached to MPI libraries: the session program or the pair.
+        let probes: Vec<(&'static str, BorrowedFd<'_>)> = match &self.session_program {
+            Some(fd) => vec![(SESSION_PROGRAM, fd.as_fd())],
+            None => UPROBE_PROGRAMS[..2]
+                .iter()
+                .zip(&self.uprobe_programs)
+                .map(|(&(name, _), fd)| (name, fd.as_fd()))
+                .collect(),
+        };
         let tracepoints = TRACEPOINTS
             .iter()
             .map(|&(name, _, _)| name)
@@ -657,6 +712,7 @@ impl Capture {
                 Some((name, fd.as_fd()))
             });
         probes
+            .into_iter()
             .chain(tracepoints)
             .filter_map(|(name, fd)| {
                 let (run_time, run_count, missed) = multi::run_stats(fd)?;

@@ -5,8 +5,10 @@
 //! event waits for an RCU tasks-trace grace period under a global mutex (about 0.1 s here), so
 //! the 150–700 probes of an MPI installation took up to minutes to detach, even after `kill -9`.
 //! A uprobe_multi link waits once for all its probes. aya 0.14 cannot load a program for this
-//! attach type, so the two probe programs are relocated with aya-obj against the maps aya
-//! created and loaded here with `expected_attach_type = BPF_TRACE_UPROBE_MULTI`.
+//! attach type, so the probe programs are relocated with aya-obj against the maps aya created
+//! and loaded here with `expected_attach_type = BPF_TRACE_UPROBE_MULTI`, or
+//! `BPF_TRACE_UPROBE_SESSION` for a session program (one program at entry and return, kernel
+//! ≥ 6.13).
 
 use std::{
     collections::HashSet,
@@ -24,7 +26,26 @@ const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_PROG_TYPE_KPROBE: u32 = 2;
 const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+const BPF_TRACE_UPROBE_SESSION: u32 = 57;
 const BPF_F_UPROBE_MULTI_RETURN: u32 = 1;
+
+/// Where a uprobe_multi program runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeKind {
+    Entry,
+    Return,
+    /// At the entry, and at the return of each call whose entry run returned 0.
+    Session,
+}
+
+impl ProbeKind {
+    fn attach_type(self) -> u32 {
+        match self {
+            ProbeKind::Entry | ProbeKind::Return => BPF_TRACE_UPROBE_MULTI,
+            ProbeKind::Session => BPF_TRACE_UPROBE_SESSION,
+        }
+    }
+}
 
 /// `union bpf_attr` for BPF_PROG_LOAD, up to `expected_attach_type`.
 #[repr(C)]
@@ -85,12 +106,12 @@ fn map_fd(map: &Map) -> Option<BorrowedFd<'_>> {
     Some(data.fd().as_fd())
 }
 
-/// Loads the named programs of `object` for uprobe_multi attachment, using the maps `ebpf`
-/// already created (so they share state with everything else aya loaded).
+/// Loads the named programs of `object` for uprobe_multi links of their kind, using the maps
+/// `ebpf` already created (so they share state with everything else aya loaded).
 pub fn load_programs(
     object: &[u8],
     ebpf: &Ebpf,
-    names: &[&'static str],
+    programs: &[(&'static str, ProbeKind)],
 ) -> Result<Vec<OwnedFd>, CaptureError> {
     let invalid = |what: String| CaptureError::Io {
         what: "relocating the BPF object for uprobe_multi".into(),
@@ -120,21 +141,22 @@ pub fn load_programs(
     .map_err(|e| invalid(e.to_string()))?;
     obj.relocate_calls(&text_sections)
         .map_err(|e| invalid(e.to_string()))?;
-    names
+    programs
         .iter()
-        .map(|&name| {
+        .map(|&(name, kind)| {
             let program = obj
                 .programs
                 .get(name)
                 .ok_or_else(|| invalid(format!("no program {name}")))?;
             let function = &obj.functions[&program.function_key()];
-            load(name, &function.instructions, &program.license)
+            load(name, kind, &function.instructions, &program.license)
         })
         .collect()
 }
 
 fn load(
     name: &'static str,
+    kind: ProbeKind,
     insns: &[bpf_insn],
     license: &CString,
 ) -> Result<OwnedFd, CaptureError> {
@@ -155,7 +177,7 @@ fn load(
         prog_flags: 0,
         prog_name,
         prog_ifindex: 0,
-        expected_attach_type: BPF_TRACE_UPROBE_MULTI,
+        expected_attach_type: kind.attach_type(),
     };
     match bpf(
         BPF_PROG_LOAD,
@@ -189,35 +211,47 @@ fn load(
                 .collect::<Vec<_>>()
                 .join("\n");
             Err(CaptureError::Io {
-                what: format!("loading BPF program {name} for uprobe_multi (kernel ≥ 6.6 needed); verifier says:\n{tail}\n"),
+                what: format!(
+                    "loading BPF program {name} for uprobe_multi (kernel ≥ 6.6 needed{}); \
+                     verifier says:\n{tail}\n",
+                    if kind == ProbeKind::Session {
+                        ", ≥ 6.13 for a session"
+                    } else {
+                        ""
+                    }
+                ),
                 source: err,
             })
         }
     }
 }
 
-/// Attaches `program` at `offsets` of the file at `path`, with one cookie per offset, for every
-/// process; `ret` makes them return probes. Closing the returned link detaches all of them.
+/// Attaches `program`, loaded for `kind`, at `offsets` of the file at `path`, with one cookie
+/// per offset, for every process. Closing the returned link detaches all of them.
 pub fn attach(
     program: BorrowedFd<'_>,
+    kind: ProbeKind,
     path: &Path,
     offsets: &[u64],
     cookies: &[u64],
-    ret: bool,
 ) -> std::io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
     let path = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     let attr = UprobeMultiLinkAttr {
         prog_fd: program.as_raw_fd() as u32,
         target_fd: 0,
-        attach_type: BPF_TRACE_UPROBE_MULTI,
+        attach_type: kind.attach_type(),
         flags: 0,
         path: path.as_ptr() as u64,
         offsets: offsets.as_ptr() as u64,
         ref_ctr_offsets: 0,
         cookies: cookies.as_ptr() as u64,
         cnt: offsets.len() as u32,
-        multi_flags: if ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 },
+        multi_flags: if kind == ProbeKind::Return {
+            BPF_F_UPROBE_MULTI_RETURN
+        } else {
+            0
+        },
         pid: 0,
         _pad: 0,
     };
