@@ -101,28 +101,34 @@ fn installed_mpis(programs: &Path) -> Result<Vec<Mpi>> {
         (MpiFlavor::OpenMpi, "Open MPI", "openmpi"),
         (MpiFlavor::Mpich, "MPICH", "mpich"),
     ] {
-        let library = |binding| {
-            libraries
-                .iter()
-                .find(|l| l.flavor == flavor && l.binding == binding)
-        };
+        let c = libraries
+            .iter()
+            .find(|l| l.flavor == flavor && l.binding == Binding::C);
         let built = CLASSES
             .iter()
             .all(|c| programs.join(format!("{}.{suffix}", c.0)).exists());
-        let (Some(c), Some(fortran), true) =
-            (library(Binding::C), library(Binding::Fortran), built)
-        else {
+        let (Some(c), true) = (c, built) else {
             eprintln!(
-                "{name}: not installed (C and Fortran libraries) or call_loop and call_loop_f90 \
-                 not built in {}; left out",
+                "{name}: not installed or call_loop and call_loop_f90 not built in {}; left out",
                 programs.display()
             );
             continue;
         };
+        // The Fortran libraries call_loop_f90 loads: the daemon attaches a Fortran library only
+        // once a process maps it, or when the configuration names it.
+        let fortran: Vec<MpiLibrary> =
+            linked_libraries(&programs.join(format!("call_loop_f90.{suffix}")))?
+                .iter()
+                .filter_map(|path| MpiLibrary::open(path).ok())
+                .filter(|l| l.flavor == flavor && l.binding == Binding::Fortran)
+                .collect();
         let mut floor = Vec::new();
         let mut probe_shift = BTreeMap::new();
-        for library in [c, fortran] {
+        for library in std::iter::once(c).chain(&fortran) {
             let points = discovery::probe_points(library, &functions)?.points;
+            if points.is_empty() {
+                continue;
+            }
             if library.binding == Binding::C {
                 probe_shift = points
                     .iter()
@@ -157,6 +163,19 @@ impl Mpi {
     fn program(&self, stem: &str) -> PathBuf {
         self.programs.join(format!("{stem}.{}", self.suffix))
     }
+}
+
+/// The shared libraries `program` loads, as `ldd` resolves them, symbolic links resolved.
+fn linked_libraries(program: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(program)
+        .output()
+        .with_context(|| format!("running ldd on {}", program.display()))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once("=> ")?.1.split_whitespace().next())
+        .filter_map(|path| Path::new(path).canonicalize().ok())
+        .collect())
 }
 
 /// The floor's empty programs on every function of every MPI.
@@ -295,6 +314,12 @@ fn main() -> Result<()> {
     // listener a moment later, and the next one would find the port in use.
     config.daemon.listen = ([127, 0, 0, 1], 0).into();
     let mpis = installed_mpis(&programs)?;
+    // The daemon probes the libraries the floor probes, Fortran ones included.
+    config.mpi.libraries = mpis
+        .iter()
+        .flat_map(|mpi| &mpi.floor)
+        .map(|(library, _)| library.path.clone())
+        .collect();
 
     // Per (MPI, class), ns per call of each round: none, floor, mpiburst.
     let mut rounds: [Vec<Vec<f64>>; 3] = Default::default();
