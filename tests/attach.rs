@@ -394,38 +394,48 @@ fn without_holding_a_containers_library_is_attached_through_the_process_root() {
 fn a_pmpi_interposer_keeps_counts_exact_and_call_sites_in_the_application() {
     let daemon = Daemon::start(&["--min-burst-us", "0"]);
     let mut runs = Vec::new();
+    // The second interposer only jumps to each PMPI function: the PMPI call runs at the stack
+    // pointer of the application's call, nested in it all the same.
+    let interposers = ["interposer", "interposer_tail"];
     for mpi in Mpi::ALL {
         let program = program("counts", mpi);
-        let interposer = program_path_of_interposer(mpi);
-        // The MPI library is known from the start, so nothing holds the first process: the
-        // daemon finds the interposer by the scan after its exec, and the first calls of that
-        // process may return into the interposer. The second run is covered from its start.
-        for attempt in ["first", "second"] {
-            let out = tempfile::tempdir().unwrap();
-            run(
-                launch(mpi, &program, &[("LD_PRELOAD", &interposer)], out.path()),
-                &format!("counts under {mpi:?} with an interposer ({attempt} run)"),
-            );
-            runs.push((
-                mpi,
-                attempt,
-                program.clone(),
-                rank_outputs(out.path(), "counts", RANKS),
-            ));
+        for name in interposers {
+            let interposer = program_path_of_interposer(name, mpi);
+            // The MPI library is known from the start, so nothing holds the first process: the
+            // daemon finds the interposer by the scan after its exec, and the first calls of
+            // that process may return into the interposer. The second run is covered from its
+            // start.
+            for attempt in ["first", "second"] {
+                let out = tempfile::tempdir().unwrap();
+                run(
+                    launch(mpi, &program, &[("LD_PRELOAD", &interposer)], out.path()),
+                    &format!("counts under {mpi:?} with {name} ({attempt} run)"),
+                );
+                runs.push((
+                    mpi,
+                    name,
+                    attempt,
+                    program.clone(),
+                    rank_outputs(out.path(), "counts", RANKS),
+                ));
+            }
         }
     }
     let log = daemon.log_text();
     show_holds(&log);
     let recording = daemon.stop();
-    for mpi in Mpi::ALL {
-        let interposer = program_path_of_interposer(mpi);
+    for (mpi, name) in Mpi::ALL
+        .into_iter()
+        .flat_map(|m| interposers.map(|n| (m, n)))
+    {
+        let interposer = program_path_of_interposer(name, mpi);
         assert!(
             log.contains(&format!("maps PMPI interposer {interposer}")),
-            "{mpi:?}: the interposer was not found; the daemon's log:\n{log}"
+            "{mpi:?}: {name} was not found; the daemon's log:\n{log}"
         );
     }
-    for (mpi, attempt, program, outputs) in &runs {
-        let what = format!("counts under {mpi:?} with an interposer, {attempt} run");
+    for (mpi, name, attempt, program, outputs) in &runs {
+        let what = format!("counts under {mpi:?} with {name}, {attempt} run");
         let job = job_with_outputs(&recording, program, outputs);
         assert_calls_exact(job, outputs, &what);
         let application = discovery::build_id(program)
@@ -468,8 +478,8 @@ fn a_pmpi_interposer_keeps_counts_exact_and_call_sites_in_the_application() {
 const LIBRARIES_MAPPED_FROM: u64 = 0x7000_0000_0000;
 
 /// The interposer built for `mpi`, as a path for LD_PRELOAD.
-fn program_path_of_interposer(mpi: Mpi) -> String {
-    let path = program("interposer", mpi);
+fn program_path_of_interposer(name: &str, mpi: Mpi) -> String {
+    let path = program(name, mpi);
     std::fs::canonicalize(path)
         .unwrap()
         .to_str()

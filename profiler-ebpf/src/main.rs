@@ -248,10 +248,14 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
     if let Some(w) = TASK_FILTER.get_ptr_mut(word) {
         unsafe { *w |= bit };
     }
-    if let Some(st) = thread(tid) {
-        return Some(st);
+    let found = thread(tid);
+    if let Some(st) = &found {
+        if st.pid == pid {
+            return found;
+        }
     }
-    // Its run time counts from here: the scheduler's updates add to it from now on.
+    // A new thread, or this tid's state is from a thread of another process whose exit went
+    // unseen. Its run time counts from here: the scheduler's updates add to it from now on.
     let fresh = ThreadState {
         pid,
         tid,
@@ -260,6 +264,24 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
         oncpu_accounted_ns: unsafe { bpf_ktime_get_ns() },
         ..ThreadState::default()
     };
+    if let Some(st) = found {
+        *st = fresh;
+    } else {
+        claim_state(tid, &fresh);
+    }
+    let task = unsafe { bpf_get_current_task() };
+    if TASK_THREADS
+        .insert(&task, &TaskThread { tid, pid }, 0)
+        .is_err()
+    {
+        count_lost(lost::THREAD_STATES);
+    }
+    thread(tid)
+}
+
+/// Stores a new thread's state: in its slot if no live thread holds it, else in THREADS.
+#[inline(always)]
+fn claim_state(tid: u32, fresh: &ThreadState) {
     let slot = tid & (THREAD_SLOT_COUNT - 1);
     // The slot may still be this thread's own claim if a racing first call of another thread
     // of the same slot took THREADS' path.
@@ -271,21 +293,13 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
         None
     };
     if let Some(p) = slot_state {
-        unsafe { *p = fresh };
-    } else if THREADS.insert(&tid, &fresh, BPF_NOEXIST as u64).is_err()
+        unsafe { *p = *fresh };
+    } else if THREADS.insert(&tid, fresh, BPF_NOEXIST as u64).is_err()
         && THREADS.get_ptr_mut(tid).is_none()
     {
         // Another CPU may have inserted it in between; anything else is a full map.
         count_lost(lost::THREAD_STATES);
     }
-    let task = unsafe { bpf_get_current_task() };
-    if TASK_THREADS
-        .insert(&task, &TaskThread { tid, pid }, 0)
-        .is_err()
-    {
-        count_lost(lost::THREAD_STATES);
-    }
-    thread(tid)
 }
 
 /// The word and bit of a task address in TASK_FILTER (Fibonacci hashing: task_struct addresses
@@ -660,7 +674,8 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
 /// 6.13 and later): an entry that returns 1 has the kernel skip that call's return, so a call
 /// nested in another probed call (a Fortran wrapper calling C, an interposer calling PMPI)
 /// costs one trap instead of two. Only the outermost call's return runs, and it is told from an
-/// entry by the stack pointer: the outermost entry's, with the return address popped.
+/// entry by the stack pointer: 16-byte aligned, the outermost entry's with the return address
+/// popped.
 ///
 /// Not declared with `#[uprobe]`: that macro's wrapper returns 0 whatever the function returns,
 /// and the kernel reads a session program's return value.
@@ -674,22 +689,29 @@ pub fn mpi_session(ctx: *mut core::ffi::c_void) -> u32 {
 #[inline(always)]
 fn session(ctx: ProbeContext) -> u32 {
     let (c, now, tid, pid) = probe_start(&ctx);
+    let regs = unsafe { &*ctx.regs };
+    let sp = unsafe { core::ptr::read_volatile(&regs.rsp) };
+    // The ABI keeps the stack 16-byte aligned at every call: an entry sees the stack pointer at
+    // the return address, 8 bytes off, and a return sees it back at the caller's, aligned.
+    if sp & 15 == 0 {
+        // Only the outermost call's return runs; a thread without a state here (its process
+        // forked inside the call, say) has no call to end.
+        if let Some(st) = thread(tid) {
+            if st.depth != 0 && sp == st.outer_entry_sp.wrapping_add(8) {
+                st.depth = 0;
+                outermost_return(st, tid, now, return_site(regs));
+            }
+        }
+        return 0;
+    }
     let Some(st) = thread_state(tid, pid) else {
         return 1;
     };
-    let regs = unsafe { &*ctx.regs };
-    if st.depth != 0 {
-        let sp = unsafe { core::ptr::read_volatile(&regs.rsp) };
-        if sp == st.outer_entry_sp.wrapping_add(8) {
-            st.depth = 0;
-            outermost_return(st, tid, now, return_site(regs));
-            return 0;
-        }
-        // An entry outside the frame of the call in progress: that call left without returning
-        // (longjmp, a thread cancelled in it), and this one is the outermost.
-        if sp >= st.outer_entry_sp {
-            st.depth = 0;
-        }
+    // An entry from a frame above the call in progress: that call was left without returning
+    // (an error handler's longjmp, say), and this one is the outermost. An entry at the same
+    // stack pointer is nested: a tail call (a PMPI interposer's `return PMPI_Send(...)`).
+    if st.depth != 0 && sp > st.outer_entry_sp {
+        st.depth = 0;
     }
     if enter(st, regs, c, now, tid, pid) {
         st.depth = 1;

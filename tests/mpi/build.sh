@@ -34,6 +34,7 @@ for mpi in openmpi mpich; do
     done
     # A shared library to preload, not a program.
     build "mpicc.$mpi" "$src/interposer.c" "$out/interposer.$mpi" -shared -fPIC -O2 -g -Wall
+    build "mpicc.$mpi" "$src/interposer.c" "$out/interposer_tail.$mpi" -shared -fPIC -O2 -g -Wall -DTAIL_CALLS
     for prog in counts pop call_loop; do
         build "mpif90.$mpi" "$src/$prog.f90" "$out/${prog}_f90.$mpi" -O2 -g -Wall
     done

@@ -2,8 +2,8 @@
  * escape.c - MPI calls that never return: an error handler leaves them with longjmp.
  *
  * The communicator's error handler jumps back out of the failing call (MPI_Send to a rank that
- * does not exist), so the probes see the entry of a call whose return never comes. Every later
- * call must still count, and its bursts still be seen.
+ * does not exist, made from a function below main), so the probes see the entry of a call whose
+ * return never comes. Every later call must still count, and its bursts still be seen.
  *
  * Usage: escape OUTDIR [ESCAPES=20] [BURSTS=50]
  * Writes OUTDIR/escape.RANK.json: {"rank","pid","bursts":[[start_ns,cpu_ns],...]}, the bursts
@@ -26,6 +26,14 @@ static void leave(MPI_Comm *comm, int *code, ...)
     longjmp(out_of_mpi, 1);
 }
 
+/* MPI_Send to `rank`, from a frame of its own below main's, as a library routine would call it:
+ * the calls main makes after the jump come from a frame above the one left. */
+static __attribute__((noinline)) void send_nowhere(int rank)
+{
+    volatile int value = 0;
+    MPI_Send((const void *)&value, 1, MPI_INT, rank, 0, MPI_COMM_WORLD);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -44,10 +52,10 @@ int main(int argc, char **argv)
     MPI_Errhandler handler;
     MPI_Comm_create_errhandler(leave, &handler);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, handler);
-    int value = 0, left = 0;
+    int left = 0;
     for (int i = 0; i < escapes; i++) {
         if (setjmp(out_of_mpi) == 0)
-            MPI_Send(&value, 1, MPI_INT, size + 1, 0, MPI_COMM_WORLD);
+            send_nowhere(size + 1);
         else
             left++;
     }

@@ -3,7 +3,10 @@
  * a shared library, preloaded with LD_PRELOAD, that defines the MPI functions
  * the counts program calls and forwards each to its PMPI_ version in the MPI
  * library.  It counts the calls it forwards in `interposed_calls`, so that the
- * forwarding is real code and not folded into a tail jump.
+ * forwarding is real code and not folded into a tail jump.  Built with
+ * -DTAIL_CALLS (interposer_tail.<mpi>) it only forwards, `return PMPI_X(...)`,
+ * which the compiler turns into a jump: the PMPI function then runs with the
+ * stack pointer and the return address of the application's call.
  *
  * Built by build.sh as interposer.<mpi>.  With it preloaded, the
  * profiler must still count each call once, and find its call site in the
@@ -13,12 +16,16 @@
 
 long long interposed_calls;
 
+#ifdef TAIL_CALLS
+#define FORWARD(call) return (call)
+#else
 #define FORWARD(call)        \
     do {                     \
         int rc_ = (call);    \
         interposed_calls++;  \
         return rc_;          \
     } while (0)
+#endif
 
 int MPI_Init(int *argc, char ***argv) { FORWARD(PMPI_Init(argc, argv)); }
 int MPI_Finalize(void) { FORWARD(PMPI_Finalize()); }
