@@ -1,5 +1,6 @@
-//! mpiburst BPF programs: one uprobe/uretprobe pair attached to every MPI entry point (the attach
-//! cookie says which function it is), the raw sched_stat_runtime and sched_switch tracepoints
+//! mpiburst BPF programs: one uprobe session program attached to every MPI entry point, or on
+//! kernels without sessions a uprobe/uretprobe pair (the attach cookie says which function it
+//! is), the raw sched_stat_runtime and sched_switch tracepoints
 //! for per-thread on-CPU time and counter virtualisation, sched_process_exec to find new MPI
 //! libraries, sched_process_exit for the exit of every thread (its slot of thread state is freed)
 //! and of the MPI processes the daemon tracks, and the tracepoints of the file I/O system calls,
