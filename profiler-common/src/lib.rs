@@ -247,7 +247,25 @@ pub struct ThreadState {
     pub oncpu_accounted_ns: u64,
     /// Per-thread counter totals, virtualised from per-CPU counters at sched_switch.
     pub counters: [u64; NUM_COUNTERS],
+    /// When the state was made (CLOCK_MONOTONIC ns): with the tid, it names this life of the
+    /// thread, since tids are reused.
+    pub born_ns: u64,
+    /// The thread's burst totals. They live here, beside the rest of its state, so closing a
+    /// burst looks nothing up; at the thread's exit (or when its tid's state is restarted) they
+    /// move to `BURST_TOTALS` under `ThreadLife`.
+    pub totals: BurstTotals,
 }
+impl ThreadState {
+    /// This life of the thread: the key its burst totals move to when it ends.
+    pub fn life(&self) -> ThreadLife {
+        ThreadLife {
+            tid: self.tid,
+            _pad: 0,
+            born_ns: self.born_ns,
+        }
+    }
+}
+
 /// `outer_flags` bits.
 pub const OUTER_POLLING: u32 = 1;
 pub const OUTER_BYTES_DONE: u32 = 2;
@@ -260,7 +278,7 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 312);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 392);
 
 /// Value of the task → thread map: which thread (and process) a kernel task is.
 #[repr(C)]
@@ -303,9 +321,19 @@ pub struct FuncStats {
 }
 const _: () = assert!(core::mem::size_of::<FuncStats>() == 56);
 
-/// Burst totals per thread (keyed by tid, like `FuncKey`), summed in kernel for every burst
-/// whatever the duration filter, so useful time is exact. `filtered_*` are the bursts below the
-/// filter that were not shipped.
+/// One life of a thread: its tid and when its state was made. The key of the burst totals of
+/// threads that ended (`BURST_TOTALS`); a live thread keeps them in its state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadLife {
+    pub tid: u32,
+    pub _pad: u32,
+    pub born_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<ThreadLife>() == 16);
+
+/// Burst totals of one thread, summed in kernel for every burst whatever the duration filter, so
+/// useful time is exact. `filtered_*` are the bursts below the filter that were not shipped.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BurstTotals {
@@ -325,7 +353,7 @@ pub struct BurstTotals {
 const _: () = assert!(core::mem::size_of::<BurstTotals>() == 72);
 
 /// File I/O of one thread of a tracked process, summed in kernel from the syscall tracepoints
-/// (keyed by tid like `BurstTotals`; the daemon sums threads per process). Reads and writes count
+/// (keyed by tid; the daemon sums threads per process). Reads and writes count
 /// only descriptors the process opened with open/openat/openat2/creat while tracked, so pipes,
 /// sockets, eventfds and inherited terminals are left out; bytes are what the calls returned.
 #[repr(C)]
@@ -370,4 +398,5 @@ mod pod {
     unsafe impl aya::Pod for FuncStats {}
     unsafe impl aya::Pod for IoTotals {}
     unsafe impl aya::Pod for BurstTotals {}
+    unsafe impl aya::Pod for ThreadLife {}
 }

@@ -11,7 +11,7 @@
 use aya_ebpf::{
     bindings::{
         bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_F_MMAPABLE, BPF_NOEXIST,
-        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
     },
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
@@ -28,7 +28,7 @@ mod libraries;
 use aya_log_ebpf::warn;
 use profiler_common::{
     cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoTotals,
-    RankRegion, TaskThread, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
+    RankRegion, TaskThread, ThreadLife, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
     OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_PEER_DONE, OUTER_POLLING, OUTER_REGION_START,
     OUTER_WORLD_PEER, THREAD_SLOT_COUNT,
 };
@@ -36,6 +36,10 @@ use profiler_common::{
 /// Bursts shorter than this are only summed in kernel. Set by the daemon at load time.
 #[no_mangle]
 static MIN_BURST_NS: u64 = 0;
+/// A quarter of the BURSTS ring buffer's size, in bytes: from this much unread data on, every
+/// record wakes the daemon.
+#[no_mangle]
+static RING_WAKE_BYTES: u64 = 0;
 /// 1 when the daemon filled the counter arrays with per-CPU perf events.
 #[no_mangle]
 static COUNTERS_ENABLED: u32 = 0;
@@ -68,6 +72,9 @@ static SLOT_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(THREAD_SLOT_CO
 static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(THREAD_SLOT_COUNT, 0);
 /// Kernel task (task_struct address) → thread, for the threads with a state: sched_stat_runtime
 /// names the task, which may run on another CPU than the one accounting it.
+/// Where a state for THREADS is made before its insert (per CPU).
+#[map]
+static FRESH_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static TASK_THREADS: LruHashMap<u64, TaskThread> = LruHashMap::with_max_entries(65536, 0);
 /// One bit per hash of the address of every task in TASK_THREADS (bits are never cleared): the
@@ -92,7 +99,7 @@ static DTYPE_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 static FUNC_STATS: HashMap<FuncKey, FuncStats> = HashMap::with_max_entries(65536, 0);
 #[map]
-static BURST_TOTALS: HashMap<u32, BurstTotals> = HashMap::with_max_entries(16384, 0);
+static BURST_TOTALS: HashMap<ThreadLife, BurstTotals> = HashMap::with_max_entries(65536, 0);
 /// Region of interest per process (by pid).
 #[map]
 static REGIONS: HashMap<u32, RankRegion> = HashMap::with_max_entries(16384, 0);
@@ -256,19 +263,12 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
         }
     }
     // A new thread, or this tid's state is from a thread of another process whose exit went
-    // unseen. Its run time counts from here: the scheduler's updates add to it from now on.
-    let fresh = ThreadState {
-        pid,
-        tid,
-        outer_func: NO_FUNC,
-        burst_start_func: NO_FUNC,
-        oncpu_accounted_ns: unsafe { bpf_ktime_get_ns() },
-        ..ThreadState::default()
-    };
+    // unseen.
     if let Some(st) = found {
-        *st = fresh;
+        keep_totals(st);
+        start_state(st, tid, pid);
     } else {
-        claim_state(tid, &fresh);
+        claim_state(tid, pid);
     }
     let task = unsafe { bpf_get_current_task() };
     if TASK_THREADS
@@ -280,9 +280,24 @@ fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
     thread(tid)
 }
 
+/// Makes `st` the state of a thread seen for the first time, in place: a state is too large for
+/// the BPF stack. Its run time counts from here: the scheduler's updates add to it from now on.
+#[inline(always)]
+fn start_state(st: &mut ThreadState, tid: u32, pid: u32) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    unsafe { core::ptr::write_bytes(st as *mut ThreadState, 0, 1) };
+    st.pid = pid;
+    st.tid = tid;
+    st.outer_func = NO_FUNC;
+    st.burst_start_func = NO_FUNC;
+    st.oncpu_accounted_ns = now;
+    st.born_ns = now;
+    st.totals.pid = pid;
+}
+
 /// Stores a new thread's state: in its slot if no live thread holds it, else in THREADS.
 #[inline(always)]
-fn claim_state(tid: u32, fresh: &ThreadState) {
+fn claim_state(tid: u32, pid: u32) {
     let slot = tid & (THREAD_SLOT_COUNT - 1);
     // The slot may still be this thread's own claim if a racing first call of another thread
     // of the same slot took THREADS' path.
@@ -294,8 +309,15 @@ fn claim_state(tid: u32, fresh: &ThreadState) {
         None
     };
     if let Some(p) = slot_state {
-        unsafe { *p = *fresh };
-    } else if THREADS.insert(&tid, fresh, BPF_NOEXIST as u64).is_err()
+        start_state(unsafe { &mut *p }, tid, pid);
+        return;
+    }
+    let Some(fresh) = FRESH_STATE.get_ptr_mut(0) else {
+        return;
+    };
+    let fresh = unsafe { &mut *fresh };
+    start_state(fresh, tid, pid);
+    if THREADS.insert(&tid, &*fresh, BPF_NOEXIST as u64).is_err()
         && THREADS.get_ptr_mut(tid).is_none()
     {
         // Another CPU may have inserted it in between; anything else is a full map.
@@ -450,14 +472,9 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
     let start_ns = st.burst_start_ns;
     st.burst_start_ns = 0;
 
-    // Entries are per thread, so plain adds are exact: one thread runs on one CPU at a time.
-    let initial = BurstTotals {
-        pid: st.pid,
-        ..BurstTotals::default()
-    };
-    let Some(totals) = get_or_insert(&BURST_TOTALS, &tid, initial) else {
-        return;
-    };
+    // The totals are the thread's own, so plain adds are exact: one thread runs on one CPU at a
+    // time.
+    let totals = &mut st.totals;
     let counters_on = config(&COUNTERS_ENABLED) != 0;
     let mut counters = [0u64; NUM_COUNTERS];
     if counters_on {
@@ -495,12 +512,10 @@ fn close_burst(st: &mut ThreadState, tid: u32, now: u64, end_func: u32) {
 
 /// Ships the burst kept by `close_burst`, now that its end call site is known.
 #[inline(always)]
-fn ship_pending(st: &mut ThreadState, tid: u32, site: u64) {
+fn ship_pending(st: &mut ThreadState, site: u64) {
     st.pending.end_site = site;
     let Some(mut entry) = BURSTS.reserve::<BurstRecord>(0) else {
-        if let Some(totals) = BURST_TOTALS.get_ptr_mut(tid) {
-            unsafe { (*totals).dropped_bursts += 1 };
-        }
+        st.totals.dropped_bursts += 1;
         count_lost(lost::BURSTS);
         return;
     };
@@ -508,8 +523,7 @@ fn ship_pending(st: &mut ThreadState, tid: u32, site: u64) {
     // No wakeup per record: the daemon drains on a timer, and a wakeup costs more than the
     // probe. Once the ring is a quarter full, a burst storm could fill it before the next tick:
     // then every record wakes the daemon until it has drained.
-    let filling =
-        BURSTS.query(BPF_RB_AVAIL_DATA as u64) >= BURSTS.query(BPF_RB_RING_SIZE as u64) / 4;
+    let filling = BURSTS.query(BPF_RB_AVAIL_DATA as u64) >= config(&RING_WAKE_BYTES);
     let wakeup = if filling {
         BPF_RB_FORCE_WAKEUP
     } else {
@@ -610,7 +624,7 @@ fn outermost_return(st: &mut ThreadState, tid: u32, now: u64, site: u64) {
         return;
     }
     if st.outer_flags & OUTER_BURST_PENDING != 0 {
-        ship_pending(st, tid, site);
+        ship_pending(st, site);
     }
     let (oncpu, counters) = thread_now(st, now);
     st.burst_start_ns = now;
@@ -826,7 +840,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 /// The exit of a thread; `group_dead` says it is the last thread of its process.
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    release_slot(bpf_get_current_pid_tgid() as u32);
+    release_state(bpf_get_current_pid_tgid() as u32);
     let group_dead: u8 =
         unsafe { ctx.read_at(config(&EXIT_GROUP_DEAD_OFFSET) as usize) }.unwrap_or(0);
     if group_dead == 0 {
@@ -839,19 +853,41 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Frees the slot of an exiting thread for the next thread of its tid modulo THREAD_SLOT_COUNT.
-/// The slot empties before its claim goes: a thread claiming in between finds it still held and
-/// keeps its state in THREADS.
+/// Ends the state of an exiting thread: keeps its burst totals, and frees its slot for the next
+/// thread of its tid modulo THREAD_SLOT_COUNT (or its entry in THREADS). The slot empties before
+/// its claim goes: a thread claiming in between finds it still held and keeps its state in
+/// THREADS.
 #[inline(always)]
-fn release_slot(tid: u32) {
-    let slot = tid & (THREAD_SLOT_COUNT - 1);
-    let Some(p) = THREAD_SLOTS.get_ptr_mut(slot) else {
+fn release_state(tid: u32) {
+    if tid == 0 {
         return;
-    };
-    let st = unsafe { &mut *p };
-    if tid != 0 && st.tid == tid {
-        st.tid = 0;
-        let _ = SLOT_OWNERS.remove(&slot);
+    }
+    let slot = tid & (THREAD_SLOT_COUNT - 1);
+    if let Some(p) = THREAD_SLOTS.get_ptr_mut(slot) {
+        let st = unsafe { &mut *p };
+        if st.tid == tid {
+            keep_totals(st);
+            st.tid = 0;
+            let _ = SLOT_OWNERS.remove(&slot);
+            return;
+        }
+    }
+    if let Some(p) = THREADS.get_ptr(tid) {
+        keep_totals(unsafe { &*p });
+        let _ = THREADS.remove(&tid);
+    }
+}
+
+/// Moves the burst totals of a thread state about to end into BURST_TOTALS, before the state
+/// goes: the daemon reads the states first and BURST_TOTALS after, so it sees the totals in one
+/// place or both (and takes the larger), never in neither.
+#[inline(always)]
+fn keep_totals(st: &ThreadState) {
+    if st.totals.bursts == 0 && st.totals.dropped_bursts == 0 {
+        return;
+    }
+    if BURST_TOTALS.insert(&st.life(), &st.totals, 0).is_err() {
+        count_lost(lost::THREAD_STATS);
     }
 }
 

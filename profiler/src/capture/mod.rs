@@ -30,7 +30,7 @@ pub use counters::{online_cpus, CounterEvent, CounterSetup};
 pub use libraries::LibraryOpenEvent;
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion,
-    TaskThread, ThreadState, NO_FUNC,
+    TaskThread, ThreadLife, ThreadState, NO_FUNC,
 };
 
 use config::CaptureConfig;
@@ -108,8 +108,8 @@ pub struct AttachPoint {
 pub struct KernelTotals {
     /// (tid, function id, call site) → stats; each value names its pid.
     pub functions: Vec<(FuncKey, FuncStats)>,
-    /// tid → burst totals; each value names its pid.
-    pub bursts: Vec<(u32, BurstTotals)>,
+    /// Life of a thread → its burst totals; each value names its pid.
+    pub bursts: Vec<(ThreadLife, BurstTotals)>,
     /// pid → region of interest boundaries seen so far.
     pub regions: BTreeMap<u32, RankRegion>,
     /// Outermost MPI calls in progress at the read, one per thread inside one.
@@ -283,6 +283,7 @@ impl Capture {
         let max_cpu = cpus.iter().copied().max().unwrap_or(0) + 1;
         let mut ebpf = EbpfLoader::new()
             .override_global("MIN_BURST_NS", &min_burst_ns, true)
+            .override_global("RING_WAKE_BYTES", &(u64::from(ring_bytes) / 4), true)
             .override_global("COUNTERS_ENABLED", &counters_enabled, true)
             .override_global("EXEC_PID_OFFSET", &exec_pid_offset, true)
             .override_global("EXIT_GROUP_DEAD_OFFSET", &exit_group_dead_offset, true)
@@ -543,14 +544,32 @@ impl Capture {
     pub fn read_totals(&self) -> Result<KernelTotals, CaptureError> {
         let read_ns = usage::clock_ns(libc::CLOCK_MONOTONIC);
         let functions: HashMap<&MapData, FuncKey, FuncStats> = map_ref(&self.ebpf, "FUNC_STATS")?;
-        let bursts: HashMap<&MapData, u32, BurstTotals> = map_ref(&self.ebpf, "BURST_TOTALS")?;
+        let ended: HashMap<&MapData, ThreadLife, BurstTotals> =
+            map_ref(&self.ebpf, "BURST_TOTALS")?;
         let regions: HashMap<&MapData, u32, RankRegion> = map_ref(&self.ebpf, "REGIONS")?;
         let threads: HashMap<&MapData, u32, ThreadState> = map_ref(&self.ebpf, "THREADS")?;
-        let open_calls = threads
+        // The live threads' states first, the ended threads' totals after: a thread ending in
+        // between moves its totals into BURST_TOTALS before its state goes, so they are read
+        // in one place or both, and the larger read is the later one.
+        let states: Vec<ThreadState> = threads
             .iter()
             .filter_map(Result::ok)
             .map(|(_, st)| st)
             .chain(self.thread_slots.held())
+            .collect();
+        let mut bursts: BTreeMap<ThreadLife, BurstTotals> = states
+            .iter()
+            .filter(|st| st.born_ns != 0)
+            .map(|st| (st.life(), st.totals))
+            .collect();
+        for (life, t) in ended.iter().filter_map(Result::ok) {
+            let e = bursts.entry(life).or_default();
+            if t.bursts >= e.bursts {
+                *e = t;
+            }
+        }
+        let open_calls = states
+            .iter()
             .filter(|st| st.depth > 0 && st.outer_func != NO_FUNC)
             .map(|st| OpenCall {
                 pid: st.pid,
@@ -560,7 +579,7 @@ impl Capture {
             .collect();
         Ok(KernelTotals {
             functions: functions.iter().filter_map(Result::ok).collect(),
-            bursts: bursts.iter().filter_map(Result::ok).collect(),
+            bursts: bursts.into_iter().collect(),
             regions: regions.iter().filter_map(Result::ok).collect(),
             open_calls,
             read_ns,
@@ -643,7 +662,7 @@ impl Capture {
         remove_entries::<FuncKey, FuncStats>(&mut self.ebpf, "FUNC_STATS", |v| {
             pids.contains(&v.pid)
         })?;
-        remove_entries::<u32, BurstTotals>(&mut self.ebpf, "BURST_TOTALS", |v| {
+        remove_entries::<ThreadLife, BurstTotals>(&mut self.ebpf, "BURST_TOTALS", |v| {
             pids.contains(&v.pid)
         })?;
         remove_entries::<u32, IoTotals>(&mut self.ebpf, "IO_TOTALS", |v| pids.contains(&v.pid))?;
