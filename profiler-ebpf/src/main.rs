@@ -10,8 +10,8 @@
 
 use aya_ebpf::{
     bindings::{
-        bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_F_MMAPABLE, BPF_NOEXIST,
-        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
+        bpf_perf_event_value, pt_regs, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_AVAIL_DATA,
+        BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
     },
     helpers::{
         bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_get_current_task,
@@ -59,10 +59,9 @@ static IO_RET_OFFSET: u64 = 0;
 /// Thread states, one slot per tid modulo THREAD_SLOT_COUNT. Both probes of every MPI call look
 /// their thread up: an array lookup is a few inlined instructions where a hash lookup is a
 /// helper call of about 50 ns. A thread holds its slot from its first probed call to its exit; the
-/// daemon reads the calls in progress through a memory mapping of the array.
+/// daemon reads the slots SLOT_OWNERS names.
 #[map]
-static THREAD_SLOTS: Array<ThreadState> =
-    Array::with_max_entries(THREAD_SLOT_COUNT, BPF_F_MMAPABLE as u32);
+static THREAD_SLOTS: Array<ThreadState> = Array::with_max_entries(THREAD_SLOT_COUNT, 0);
 /// Slot → the thread holding it. Inserting with BPF_NOEXIST claims a slot atomically, which a
 /// store into the array cannot (the BPF target here has no compare-and-swap).
 #[map]

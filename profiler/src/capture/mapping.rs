@@ -1,5 +1,5 @@
-//! Shared memory mappings of BPF maps: the burst ring buffer and the array of thread states
-//! are read in place, without a system call per record or per slot.
+//! Shared memory mappings of BPF maps: the burst ring buffer is read in place, without a system
+//! call per record.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -9,7 +9,7 @@ mod libraries;
 mod mapping;
 mod multi;
 mod ring;
-mod thread_slots;
+mod threads;
 mod tracefs;
 pub mod usage;
 
@@ -36,7 +36,6 @@ use profiler_common::{
 use config::CaptureConfig;
 use multi::ProbeKind;
 use ring::RecordRing;
-use thread_slots::ThreadSlots;
 
 /// The BPF object profiler/build.rs built; empty when the build skipped it (AYA_BUILD_SKIP).
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -227,7 +226,6 @@ const IO_TRACEPOINTS: [(&str, &str, &[&str]); 4] = [
 pub struct Capture {
     ebpf: Ebpf,
     bursts: RecordRing,
-    thread_slots: ThreadSlots,
     execs: RingBuf<MapData>,
     /// Opens of new MPI libraries, while the daemon holds the processes that open them.
     library_opens: Option<RingBuf<MapData>>,
@@ -379,14 +377,6 @@ impl Capture {
                 what: "mapping the burst ring buffer".into(),
                 source,
             })?;
-        let thread_slots = match ebpf.map("THREAD_SLOTS") {
-            Some(aya::maps::Map::Array(data)) => ThreadSlots::new(data.fd().as_fd()),
-            _ => return Err(CaptureError::MissingMap("THREAD_SLOTS")),
-        }
-        .map_err(|source| CaptureError::Io {
-            what: "mapping the thread states (THREAD_SLOTS)".into(),
-            source,
-        })?;
         let execs = take_ring(&mut ebpf, "EXECS")?;
         // After the uprobe programs were relocated against the maps: this takes AYA_LOGS out.
         let mut logger = aya_log::EbpfLogger::init(&mut ebpf).map_err(|e| CaptureError::Io {
@@ -396,7 +386,6 @@ impl Capture {
         Ok(Capture {
             ebpf,
             bursts,
-            thread_slots,
             execs,
             library_opens: None,
             library_watch_unavailable: openat_ret_offset.err(),
@@ -548,26 +537,16 @@ impl Capture {
             map_ref(&self.ebpf, "BURST_TOTALS")?;
         let regions: HashMap<&MapData, u32, RankRegion> = map_ref(&self.ebpf, "REGIONS")?;
         let threads: HashMap<&MapData, u32, ThreadState> = map_ref(&self.ebpf, "THREADS")?;
-        // The live threads' states first, the ended threads' totals after: a thread ending in
-        // between moves its totals into BURST_TOTALS before its state goes, so they are read
-        // in one place or both, and the larger read is the later one.
+        let owners: HashMap<&MapData, u32, u32> = map_ref(&self.ebpf, "SLOT_OWNERS")?;
+        let slots: Array<&MapData, ThreadState> = map_ref(&self.ebpf, "THREAD_SLOTS")?;
+        // The live threads' states before the ended threads' totals (see burst_totals_by_life).
         let states: Vec<ThreadState> = threads
             .iter()
             .filter_map(Result::ok)
             .map(|(_, st)| st)
-            .chain(self.thread_slots.held())
+            .chain(threads::held_states(&owners, &slots))
             .collect();
-        let mut bursts: BTreeMap<ThreadLife, BurstTotals> = states
-            .iter()
-            .filter(|st| st.born_ns != 0)
-            .map(|st| (st.life(), st.totals))
-            .collect();
-        for (life, t) in ended.iter().filter_map(Result::ok) {
-            let e = bursts.entry(life).or_default();
-            if t.bursts >= e.bursts {
-                *e = t;
-            }
-        }
+        let bursts = threads::burst_totals_by_life(&states, ended.iter().filter_map(Result::ok));
         let open_calls = states
             .iter()
             .filter(|st| st.depth > 0 && st.outer_func != NO_FUNC)
@@ -579,7 +558,7 @@ impl Capture {
             .collect();
         Ok(KernelTotals {
             functions: functions.iter().filter_map(Result::ok).collect(),
-            bursts: bursts.into_iter().collect(),
+            bursts,
             regions: regions.iter().filter_map(Result::ok).collect(),
             open_calls,
             read_ns,
