@@ -390,15 +390,25 @@ fn one_rank_under_each_mpi(name: &str, args: &[&str]) -> Vec<(Mpi, Vec<serde_jso
 }
 
 /// Checks each daemon burst's on-CPU time against the CPU time the program's thread measured
-/// over it (the first value after the start), within 5 % or 0.1 ms.
+/// over it (the first value after the start): within 5 % or 0.1 ms, but for one burst in 40.
+/// The probes add the wall time since the scheduler last accounted the thread, and the thread's
+/// clock leaves out what a hypervisor stole in that stretch: on a loaded host, now and then a
+/// fifth of a 1 ms burst. A thread's time kept in another thread's state, or a missed switch,
+/// is off in many bursts.
 fn assert_on_cpu_time_agrees(pairs: &[(Vec<u64>, mpiburst::model::Burst)], what: &str) {
-    for (values, burst) in pairs {
-        let (cpu, seen) = (values[0] as f64, burst.oncpu_ns as f64);
-        assert!(
-            (seen - cpu).abs() <= (cpu * 0.05).max(100_000.0),
-            "{what}: on-CPU time {seen} ns of a burst of {cpu} ns of the thread's own clock"
-        );
-    }
+    let off: Vec<String> = pairs
+        .iter()
+        .map(|(values, burst)| (values[0] as f64, burst.oncpu_ns as f64))
+        .filter(|&(cpu, seen)| (seen - cpu).abs() > (cpu * 0.05).max(100_000.0))
+        .map(|(cpu, seen)| format!("{seen} ns for {cpu} ns"))
+        .collect();
+    assert!(
+        off.len() <= pairs.len() / 40,
+        "{what}: the on-CPU time of {} of {} bursts is off the thread's own clock: {}",
+        off.len(),
+        pairs.len(),
+        off.join(", ")
+    );
 }
 
 #[test]

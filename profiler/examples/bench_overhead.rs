@@ -16,11 +16,12 @@
 //! so drift on the machine hits all three alike. Where the kernel would single-step a function's
 //! first instruction, the probes sit further in (discovery/placement.rs): the table shows where.
 //!
-//! One more round runs with the kernel's BPF statistics on and prints the run time and runs of
-//! the probe programs per call, the floor's empty programs beside mpiburst's: what the
-//! programs' own work costs, apart from the uprobe traps both pay, and how many traps run
-//! programs (mpiburst's uprobe sessions skip the return of a nested call). The statistics add their own
-//! clock reads to every run, which is why the rounds above run without them.
+//! Three more alternating rounds run with the kernel's BPF statistics on, and the medians of the
+//! run time and runs of the probe programs per call are printed, the floor's empty programs
+//! beside mpiburst's: what the programs' own work costs, apart from the uprobe traps both pay,
+//! and how many traps run programs (mpiburst's uprobe sessions skip the return of a nested
+//! call). The statistics add their own clock reads to every run, which is why the rounds above
+//! run without them.
 //!
 //! The file I/O programs sit on system call tracepoints, and while any system call tracepoint is
 //! in use every system call on the node takes the kernel's traced path, so the tax on a process
@@ -51,6 +52,8 @@ const CALLS: &str = "300000";
 /// Calls every call_loop makes before its timed ones.
 const WARM_UP_CALLS: u64 = 10_000;
 const ROUNDS: usize = 5;
+/// Rounds with the kernel's BPF statistics on.
+const STATS_ROUNDS: usize = 3;
 const SYSCALLS: u32 = 1_000_000;
 
 /// One function of each class of probe: the call_loop program and its name for the function,
@@ -220,6 +223,18 @@ fn program_runs(floor: bool, known: &HashSet<u32>) -> Result<(u64, u64)> {
 
 /// Per call of each (MPI, class), in the order of `mpis` × CLASSES: ns in the floor's or
 /// mpiburst's probe programs, and their runs.
+/// Per class, the medians over rounds of (run time, runs) per call.
+fn medians(rounds: &[Vec<(f64, f64)>]) -> Vec<(f64, f64)> {
+    (0..rounds[0].len())
+        .map(|i| {
+            (
+                median(rounds.iter().map(|r| r[i].0).collect()),
+                median(rounds.iter().map(|r| r[i].1).collect()),
+            )
+        })
+        .collect()
+}
+
 fn program_time_per_call(
     mpis: &[Mpi],
     floor: bool,
@@ -342,12 +357,17 @@ fn main() -> Result<()> {
     let (floor_runs, real_runs) = {
         let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
             .context("turning on the kernel's BPF run-time statistics")?;
-        let floor_runs = {
-            let _floor = load_floor(&config, &mpis)?;
-            program_time_per_call(&mpis, true, &known)?
-        };
-        let _daemon = Daemon::start(config.clone(), None)?;
-        (floor_runs, program_time_per_call(&mpis, false, &known)?)
+        let mut floor_rounds = Vec::new();
+        let mut real_rounds = Vec::new();
+        for _ in 0..STATS_ROUNDS {
+            {
+                let _floor = load_floor(&config, &mpis)?;
+                floor_rounds.push(program_time_per_call(&mpis, true, &known)?);
+            }
+            let _daemon = Daemon::start(config.clone(), None)?;
+            real_rounds.push(program_time_per_call(&mpis, false, &known)?);
+        }
+        (medians(&floor_rounds), medians(&real_rounds))
     };
     println!(
         "cost per call, {CALLS} calls per run, median of {ROUNDS} alternating rounds (ns per call; \
@@ -383,8 +403,8 @@ fn main() -> Result<()> {
         );
     }
     println!(
-        "BPF probe programs per call, one more round with the kernel's statistics on (their own \
-         clock reads included):"
+        "BPF probe programs per call, median of {STATS_ROUNDS} more alternating rounds with the \
+         kernel's statistics on (their own clock reads included):"
     );
     println!(
         "  {:<9} {:<14} {:<26} {:>11} {:>10} {:>14} {:>13} {:>22}",
