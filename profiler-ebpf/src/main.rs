@@ -69,11 +69,12 @@ static SLOT_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(THREAD_SLOT_CO
 /// The states of threads whose slot another live thread holds.
 #[map]
 static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(THREAD_SLOT_COUNT, 0);
-/// Kernel task (task_struct address) → thread, for the threads with a state: sched_stat_runtime
-/// names the task, which may run on another CPU than the one accounting it.
-/// Where a state for THREADS is made before its insert (per CPU).
+/// Where a state for THREADS is made before its insert (per CPU): a state is too large for the
+/// BPF stack.
 #[map]
 static FRESH_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
+/// Kernel task (task_struct address) → thread, for the threads with a state: sched_stat_runtime
+/// names the task, which may run on another CPU than the one accounting it.
 #[map]
 static TASK_THREADS: LruHashMap<u64, TaskThread> = LruHashMap::with_max_entries(65536, 0);
 /// One bit per hash of the address of every task in TASK_THREADS (bits are never cleared): the
