@@ -6,6 +6,8 @@
 //! inserts every page at mmap), which would add the whole array, 16,384 states, to the daemon's
 //! memory.
 
+use std::collections::BTreeMap;
+
 use aya::maps::{Array, HashMap, MapData};
 use profiler_common::{BurstTotals, ThreadLife, ThreadState};
 
@@ -18,7 +20,7 @@ pub(super) fn held_states(
     owners: &HashMap<&MapData, u32, u32>,
     slots: &Array<&MapData, ThreadState>,
 ) -> Vec<ThreadState> {
-    let mut held: std::collections::BTreeMap<u32, ThreadState> = Default::default();
+    let mut held: BTreeMap<u32, ThreadState> = BTreeMap::new();
     // Keys met twice (the iteration starts over when the key it stands on is removed) are
     // read twice; a slot claimed during the iteration may be missed, but its thread has had no
     // time to add to its totals.
@@ -57,7 +59,7 @@ pub(super) fn burst_totals_by_life(
     ended: impl IntoIterator<Item = (ThreadLife, BurstTotals)>,
 ) -> Vec<(ThreadLife, BurstTotals)> {
     // A state not yet made (born at 0) has no totals.
-    let mut by_life: std::collections::BTreeMap<ThreadLife, BurstTotals> = states
+    let mut by_life: BTreeMap<ThreadLife, BurstTotals> = states
         .iter()
         .filter(|st| st.born_ns != 0)
         .map(|st| (st.life(), st.totals))
