@@ -818,3 +818,79 @@ fn killing_the_daemon_leaves_the_job_running_and_no_program_loaded() {
     let recording = Recording::read(&daemon.recording).expect("a cut-short recording reads");
     assert!(recording.end.is_none());
 }
+
+/// A polling storm under the probe governor (on by default): one rank calls MPI_Test, or
+/// MPI_Iprobe, 2 million times in a row. The function is counted at its entry only, then sampled,
+/// and probed in full again once the storm is over; the rank's counts of it are marked as such,
+/// and every other call stays exact. Each run waits until the function is probed in full again:
+/// a process that starts and ends between two sampling windows is not seen calling it.
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "[governor]\nrestore_after_s = 0.5\n").unwrap();
+    let daemon = Daemon::start_governed(&["--config", file.path().to_str().unwrap()]);
+    // call_loop's loop, and its warm-up calls before it.
+    const CALLS: u64 = 2_000_000 + 10_000;
+    let mut runs = Vec::new();
+    for mpi in Mpi::ALL {
+        for (class, function) in [("test", "MPI_Test"), ("iprobe", "MPI_Iprobe")] {
+            let restored = format!("{function} is probed in full again");
+            let demoted = format!("{function} is now counted at its entry only");
+            let before = daemon.log_text().matches(&restored).count();
+            let program = program("call_loop", mpi);
+            run_mpi(mpi, 1, &program, &["2000000", class]);
+            runs.push((mpi, function, program));
+            // Every demotion undone (a storm can demote the function again before the run ends).
+            let settled = || {
+                let log = daemon.log_text();
+                let restores = log.matches(&restored).count();
+                restores > before && restores == log.matches(&demoted).count()
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !settled() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{function} under {mpi:?} not probed in full again within 60 s:\n{}",
+                    daemon.log_text()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    let log = daemon.log_text();
+    let recording = daemon.stop();
+    for (mpi, function, program) in &runs {
+        let what = format!("{function} under {mpi:?}");
+        for step in ["is now counted at its entry only", "is now sampled"] {
+            assert!(
+                log.contains(&format!("{function} {step}")),
+                "{what}: not \"{step}\":\n{log}"
+            );
+        }
+        let job = jobs_of(&recording, program)
+            .into_iter()
+            .find(|j| j.ranks[&0].functions.contains_key(*function))
+            .unwrap_or_else(|| panic!("{what}: no job called it:\n{log}"));
+        let rank = &job.ranks[&0];
+        let stats = rank.functions[*function];
+        eprintln!("{what}: {} of {CALLS} calls counted", stats.calls);
+        assert!(
+            stats.count_only && stats.sampled,
+            "{what}: counts not marked: {stats:?}"
+        );
+        assert!(
+            stats.calls > 0 && stats.calls < CALLS,
+            "{what}: {} calls counted of {CALLS}",
+            stats.calls
+        );
+        for exact in ["MPI_Irecv", "MPI_Send", "MPI_Wait"] {
+            let s = rank.functions[exact];
+            assert_eq!(
+                (s.calls, s.count_only, s.sampled),
+                (1, false, false),
+                "{what}: {exact} is counted exactly"
+            );
+        }
+    }
+}

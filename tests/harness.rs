@@ -146,6 +146,8 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// Starts the daemon with the probe governor off: the tests compare every call count with
+    /// the program's own, and the governor estimates the calls of a polling storm.
     pub fn start(extra: &[&str]) -> Daemon {
         Self::start_under(&[], extra)
     }
@@ -153,6 +155,15 @@ impl Daemon {
     /// [`Daemon::start`] through a command that execs the daemon as its last argument (such as
     /// `unshare -m sh -c '... exec "$0" "$@"'`), so that the pid it starts is the daemon's.
     pub fn start_under(wrapper: &[&str], extra: &[&str]) -> Daemon {
+        Self::launch(wrapper, &[&["--no-governor"], extra].concat())
+    }
+
+    /// [`Daemon::start`] with the probe governor on, as the daemon runs by default.
+    pub fn start_governed(extra: &[&str]) -> Daemon {
+        Self::launch(&[], extra)
+    }
+
+    fn launch(wrapper: &[&str], extra: &[&str]) -> Daemon {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let recording = dir.path().join("recording.jsonl");

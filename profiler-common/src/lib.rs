@@ -199,7 +199,9 @@ pub struct ThreadState {
     pub depth: u32,
     pub outer_func: u32,
     pub burst_start_func: u32,
-    pub _pad: u32,
+    /// The thread's outermost polling calls since `storm_start_ns`, for the governor's storm
+    /// watch (`STORM_WINDOW_NS`).
+    pub storm_calls: u32,
     pub outer_entry_ns: u64,
     /// The stack pointer at the entry of the outermost call in progress (at its return address):
     /// a uprobe session tells that call's return from the entry of a nested call by it.
@@ -254,6 +256,11 @@ pub struct ThreadState {
     /// burst looks nothing up; at the thread's exit (or when its tid's state is restarted) they
     /// move to `BURST_TOTALS` under `ThreadLife`.
     pub totals: BurstTotals,
+    /// When the thread's current storm watch window began (CLOCK_MONOTONIC ns), and the mode
+    /// (`mode::*`) of the function that began it: a window counts the calls of one mode only.
+    pub storm_start_ns: u64,
+    pub storm_mode: u32,
+    pub _pad: u32,
 }
 impl ThreadState {
     /// This life of the thread: the key its burst totals move to when it ends.
@@ -278,7 +285,79 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 392);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 408);
+
+/// How the probes treat a polling function, as the daemon's governor sets it (`Governance`): a polling loop calls such a function every few tens of nanoseconds, and a
+/// probe hit costs a microsecond or more.
+pub mod mode {
+    /// Entry and return: the call is counted with its time, which is taken out of the burst.
+    pub const FULL: u32 = 0;
+    /// Entry only (the return is not probed): the call is counted; its time stays in the burst.
+    pub const COUNT_ONLY: u32 = 1;
+    /// As COUNT_ONLY, and each thread's calls are also summed in `SAMPLES`: the probes are
+    /// attached for short windows only, and the daemon scales what the windows saw.
+    pub const SAMPLED: u32 = 2;
+}
+/// How the probes treat one polling function (`GOVERNANCE`, by function id); written by the
+/// daemon's governor only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Governance {
+    /// `mode::*`.
+    pub mode: u32,
+    /// Outermost calls of the function per thread and storm watch window at which the thread is
+    /// reported (`StormEvent`); 0: not watched.
+    pub storm_calls: u32,
+}
+const _: () = assert!(core::mem::size_of::<Governance>() == 8);
+/// Function ids `GOVERNANCE` has room for; a function with a larger id is always probed in full.
+pub const GOVERNED_FUNCS: u32 = 1024;
+/// The storm watch window: a thread that makes more outermost calls of a polling function than
+/// its limit (`Governance::storm_calls`) within it is reported to the governor (`StormEvent`).
+/// The count is per thread, over whichever polling functions it calls.
+pub const STORM_WINDOW_NS: u64 = 10_000_000;
+
+/// A thread called polling functions faster than the governor's budget allows: sent once per
+/// storm watch window and thread, by the call that reached the limit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StormEvent {
+    pub pid: u32,
+    pub tid: u32,
+    pub func: u32,
+    /// The function's mode (`mode::*`) when the limit was reached.
+    pub mode: u32,
+    /// Outermost polling calls of the thread in the window so far.
+    pub calls: u32,
+    pub _pad: u32,
+    /// When the window began, and the entry of the call that reached the limit
+    /// (CLOCK_MONOTONIC ns).
+    pub window_start_ns: u64,
+    pub at_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<StormEvent>() == 40);
+
+/// Key of `SAMPLES`: one thread's calls of one function.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadFunc {
+    pub tid: u32,
+    pub func: u32,
+}
+const _: () = assert!(core::mem::size_of::<ThreadFunc>() == 8);
+
+/// What a sampling window of a governed function saw of one thread: its calls and the entry
+/// times of the first and the last.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    pub pid: u32,
+    pub _pad: u32,
+    pub calls: u64,
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<Sample>() == 32);
 
 /// Value of the task → thread map: which thread (and process) a kernel task is.
 #[repr(C)]
@@ -399,4 +478,8 @@ mod pod {
     unsafe impl aya::Pod for IoTotals {}
     unsafe impl aya::Pod for BurstTotals {}
     unsafe impl aya::Pod for ThreadLife {}
+    unsafe impl aya::Pod for StormEvent {}
+    unsafe impl aya::Pod for ThreadFunc {}
+    unsafe impl aya::Pod for Sample {}
+    unsafe impl aya::Pod for Governance {}
 }

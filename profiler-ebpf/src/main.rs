@@ -27,10 +27,11 @@ mod libraries;
 
 use aya_log_ebpf::warn;
 use profiler_common::{
-    cookie, lost, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats, IoTotals,
-    RankRegion, TaskThread, ThreadLife, ThreadState, BURST_HAS_COUNTERS, NO_FUNC, NUM_COUNTERS,
-    OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_PEER_DONE, OUTER_POLLING, OUTER_REGION_START,
-    OUTER_WORLD_PEER, THREAD_SLOT_COUNT,
+    cookie, lost, mode, BurstRecord, BurstTotals, CpuSwitch, ExecRecord, FuncKey, FuncStats,
+    Governance, IoTotals, RankRegion, Sample, StormEvent, TaskThread, ThreadFunc, ThreadLife,
+    ThreadState, BURST_HAS_COUNTERS, GOVERNED_FUNCS, NO_FUNC, NUM_COUNTERS, OUTER_BURST_PENDING,
+    OUTER_BYTES_DONE, OUTER_PEER_DONE, OUTER_POLLING, OUTER_REGION_START, OUTER_WORLD_PEER,
+    STORM_WINDOW_NS, THREAD_SLOT_COUNT,
 };
 
 /// Bursts shorter than this are only summed in kernel. Set by the daemon at load time.
@@ -106,6 +107,15 @@ static REGIONS: HashMap<u32, RankRegion> = HashMap::with_max_entries(16384, 0);
 /// The last context switch on each CPU.
 #[map]
 static CPU_SWITCH: PerCpuArray<CpuSwitch> = PerCpuArray::with_max_entries(1, 0);
+/// How the governor has each polling function probed, by function id.
+#[map]
+static GOVERNANCE: Array<Governance> = Array::with_max_entries(GOVERNED_FUNCS, 0);
+#[map]
+static STORMS: RingBuf = RingBuf::with_byte_size(16 << 10, 0);
+/// What the sampling windows of governed functions saw, per thread and function; the daemon
+/// takes and deletes the entries after each window.
+#[map]
+static SAMPLES: HashMap<ThreadFunc, Sample> = HashMap::with_max_entries(4096, 0);
 #[map]
 static BURSTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 #[map]
@@ -728,11 +738,84 @@ fn session(ctx: ProbeContext) -> u32 {
     if st.depth != 0 && sp > st.outer_entry_sp {
         st.depth = 0;
     }
+    if st.depth == 0 && cookie::polling(c) && governed_entry(st, sp, c, now, tid, pid) {
+        return 1;
+    }
     if enter(st, regs, c, now, tid, pid) {
         st.depth = 1;
         0
     } else {
         1
+    }
+}
+
+/// The entry of an outermost polling call, as the governor has the function probed: watches the
+/// thread's rate of polling calls, and where the function is not probed in full, counts the call
+/// here, at its entry, at the call site the return address at `sp` names. Whether the call was
+/// counted (its return is then not probed).
+#[inline(always)]
+fn governed_entry(st: &mut ThreadState, sp: u64, c: u64, now: u64, tid: u32, pid: u32) -> bool {
+    let func = cookie::func(c);
+    let governance = GOVERNANCE.get(func).copied().unwrap_or_default();
+    let mode = governance.mode;
+    watch_storm(st, func, governance, now, tid, pid);
+    if mode == mode::FULL {
+        return false;
+    }
+    let site = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
+    let key = FuncKey { tid, func, site };
+    let initial = FuncStats {
+        pid,
+        ..FuncStats::default()
+    };
+    if let Some(s) = get_or_insert(&FUNC_STATS, &key, initial) {
+        s.calls += 1;
+    }
+    st.polling_calls += 1;
+    if mode == mode::SAMPLED {
+        let key = ThreadFunc { tid, func };
+        let first = Sample {
+            pid,
+            _pad: 0,
+            calls: 0,
+            first_ns: now,
+            last_ns: now,
+        };
+        if let Some(s) = get_or_insert(&SAMPLES, &key, first) {
+            s.calls += 1;
+            s.last_ns = now;
+        }
+    }
+    true
+}
+
+/// Counts an outermost polling call in the thread's storm watch window, and tells the daemon
+/// when the window reaches the function's limit for its mode. Sampled functions are not watched:
+/// the daemon sees their rate in each window.
+#[inline(always)]
+fn watch_storm(st: &mut ThreadState, func: u32, g: Governance, now: u64, tid: u32, pid: u32) {
+    let (mode, limit) = (g.mode, g.storm_calls);
+    if limit == 0 || mode == mode::SAMPLED {
+        return;
+    }
+    if now.wrapping_sub(st.storm_start_ns) >= STORM_WINDOW_NS || st.storm_mode != mode {
+        st.storm_start_ns = now;
+        st.storm_mode = mode;
+        st.storm_calls = 0;
+    }
+    st.storm_calls += 1;
+    if st.storm_calls == limit {
+        let event = StormEvent {
+            pid,
+            tid,
+            func,
+            mode,
+            calls: st.storm_calls,
+            _pad: 0,
+            window_start_ns: st.storm_start_ns,
+            at_ns: now,
+        };
+        let _ = STORMS.output::<StormEvent>(&event, BPF_RB_FORCE_WAKEUP as u64);
     }
 }
 

@@ -236,6 +236,10 @@ pub struct RunArgs {
     /// Slurm step's).
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
+    /// Probe every call of every polling function in full, whatever it costs (exact counts and
+    /// times; the probe governor is off).
+    #[arg(long)]
+    pub no_governor: bool,
 }
 
 impl RunArgs {
@@ -263,6 +267,9 @@ impl RunArgs {
         c.mpi.libraries.extend(self.libraries.iter().cloned());
         if let Some(v) = &self.cgroup {
             c.daemon.cgroup = v.clone();
+        }
+        if self.no_governor {
+            c.governor.enabled = false;
         }
         c.validate()?;
         Ok(c)

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     analysis::{groups::GroupParams, online::OnlineParams},
-    capture::config::{CaptureConfig, MpiConfig},
+    capture::config::{CaptureConfig, GovernorConfig, MpiConfig},
     properties::PropertyConfig,
 };
 
@@ -36,6 +36,8 @@ pub struct Config {
     pub daemon: DaemonConfig,
     pub capture: CaptureConfig,
     pub mpi: MpiConfig,
+    /// What the probes of polling functions may cost, and their demotion above it.
+    pub governor: GovernorConfig,
     /// Online phase analysis of every job: windows, clustering, tracking.
     pub analysis: OnlineParams,
     /// Rank groups of every job (windows of `analysis.window_s`).
@@ -106,6 +108,7 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.mpi.validate().map_err(ConfigError::Invalid)?;
+        self.governor.validate().map_err(ConfigError::Invalid)?;
         if !self.daemon.cgroup.is_empty() && !self.daemon.cgroup.starts_with('/') {
             return Err(ConfigError::Invalid(format!(
                 "daemon.cgroup = {:?}: write the path as /proc/PID/cgroup shows it, starting with /",
@@ -184,6 +187,7 @@ impl Config {
         ));
         out.push_str(&CaptureConfig::default_toml());
         out.push_str(&MpiConfig::default_toml());
+        out.push_str(&GovernorConfig::default_toml());
         // Generated from the types, so it cannot drift from them; the fields are documented on
         // `analysis::online::OnlineParams` and `analysis::tracking::TrackingParams`.
         #[derive(Serialize)]

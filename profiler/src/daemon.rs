@@ -8,6 +8,7 @@
 mod analysis;
 mod attach;
 mod file_reads;
+mod governor;
 mod groups;
 mod instance;
 mod libraries;
@@ -30,6 +31,7 @@ use crate::{
     analysis::online::PhasesSnapshot,
     capture::{
         self,
+        config::FunctionClass,
         usage::{self, JobUsage, UsageTotals},
         Capture, CaptureError,
     },
@@ -192,6 +194,8 @@ pub struct Daemon {
     counters_note: String,
     hardware_counters: bool,
     last_report: Instant,
+    /// The probe governor, unless it is off.
+    governor: Option<governor::Governor>,
 }
 
 /// Writes to the recording; on an error (a full disk) the recording stops and says why, and
@@ -249,6 +253,11 @@ fn to_unix_ns(unix_offset_ns: i128, monotonic_ns: u64) -> u64 {
 
 /// The shared name of function `id` in `names` (see `Daemon::function_names`): its own, "-" for
 /// no function, "?" for an id the daemon did not attach.
+/// The kernel's clock (CLOCK_MONOTONIC) at Unix time `unix_ns`; the inverse of `to_unix_ns`.
+fn monotonic_ns(unix_offset_ns: i128, unix_ns: u64) -> u64 {
+    (unix_ns as i128 - unix_offset_ns).max(0) as u64
+}
+
 fn function_name(names: &[Name], id: u32) -> Name {
     let known = names.len() - 2;
     let index = match id {
@@ -304,7 +313,7 @@ impl Daemon {
             .filter(|l| l.binding == Binding::C || configured(l))
             .collect();
         libraries.extend(discovery::all_process_libraries());
-        let capture = Capture::load(&config.capture)?;
+        let mut capture = Capture::load(&config.capture)?;
         let (counters_note, hardware_counters) = match &capture.counters {
             Ok(events) if events.iter().all(|e| e.is_hardware()) => {
                 (format!("hardware counters: {}, {}", events[0].name, events[1].name), true)
@@ -367,6 +376,36 @@ impl Daemon {
             .collect();
         let run_time_libraries =
             libraries::RunTimeLibraries::new(&functions, config.mpi.library_read_timeout());
+        // Before any library is attached: the governed functions get links of their own.
+        let governor = config
+            .governor
+            .enabled
+            .then(|| match capture.start_governor() {
+                Ok(handle) => {
+                    let polling = config
+                        .mpi
+                        .functions
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, f)| f.class == FunctionClass::Polling)
+                        .map(|(id, _)| id as u32)
+                        .collect();
+                    Some(governor::Governor::start(
+                        handle,
+                        config.governor.clone(),
+                        functions.clone(),
+                        polling,
+                    ))
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "probe governor off ({e}): every call of a polling function is probed, \
+                         whatever it costs"
+                    );
+                    None
+                }
+            })
+            .flatten();
         let mut daemon = Daemon {
             node,
             capture,
@@ -400,6 +439,7 @@ impl Daemon {
             counters_note,
             hardware_counters,
             last_report: Instant::now(),
+            governor,
             config,
         };
         for lib in &libraries {
@@ -657,9 +697,18 @@ impl Daemon {
             .collect();
         self.drain_into(state)?;
         let totals = self.capture.read_totals()?;
-        let per_process = capture::per_process(&totals);
+        let mut per_process = capture::per_process(&totals);
+        // The governor's measurement of the probe cost runs the probes in this process.
+        per_process.remove(&std::process::id());
+        let governor: Option<governor::Shared> = self
+            .governor
+            .as_ref()
+            .map(|g| g.shared.lock().unwrap_or_else(|e| e.into_inner()).clone());
         let io = self.capture.read_io()?;
         let now = unix_now_ns();
+        let now_mono = usage::clock_ns(libc::CLOCK_MONOTONIC);
+        // The oldest start of a rank read now: demotions that ended before it mark no one.
+        let mut oldest_start = now_mono;
         for (pid, process) in &per_process {
             let Some(member) = self.member(*pid, state) else {
                 continue;
@@ -692,6 +741,16 @@ impl Daemon {
                 .functions
                 .iter()
                 .map(|(&id, s)| {
+                    // The rank's life in the kernel's clock, to its exit or now.
+                    let life = (
+                        monotonic_ns(self.unix_offset_ns, rank.first_seen_ns),
+                        rank.ended_ns
+                            .map_or(now_mono, |t| monotonic_ns(self.unix_offset_ns, t)),
+                    );
+                    oldest_start = oldest_start.min(life.0);
+                    let (count_only, sampled) = governor
+                        .as_ref()
+                        .map_or((false, false), |g| g.modes_within(id, life.0, life.1));
                     (
                         name(id),
                         CallStats {
@@ -699,6 +758,8 @@ impl Daemon {
                             time_ns: s.time_ns,
                             bytes: s.bytes,
                             sized_calls: s.sized_calls,
+                            count_only,
+                            sampled,
                         },
                     )
                 })
@@ -845,7 +906,14 @@ impl Daemon {
             },
             hardware_counters: self.hardware_counters,
             process: usage::read_process(std::process::id()).ok(),
+            governor: governor.map(|g| g.stats).unwrap_or_default(),
         };
+        if let Some(g) = &self.governor {
+            g.shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .forget_before(oldest_start);
+        }
         write_recording(&mut self.recording, |w| w.flush());
         Ok(())
     }
@@ -992,6 +1060,10 @@ impl Daemon {
             }
         }
         tracing::info!("shutting down: final drain");
+        // Estimates stop at the last window: the final totals are read after it.
+        if let Some(g) = &mut self.governor {
+            g.stop();
+        }
         // No process may wait on the final drain, the recording or the last clustering.
         self.capture.release_held_processes();
         self.run_time_libraries.release_waiting();

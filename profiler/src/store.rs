@@ -54,6 +54,18 @@ pub struct CallStats {
     pub bytes: u64,
     /// Calls whose datatype size was known; `bytes` covers exactly these.
     pub sized_calls: u64,
+    /// The probe governor counted some of these calls at their entry only (a polling storm):
+    /// `time_ns` covers only the others.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub count_only: bool,
+    /// The probe governor sampled this function while the rank ran: calls between its sampling
+    /// windows are not counted, and `calls` is a lower bound.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub sampled: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What the kernel saw of a rank's region of interest (see [`crate::model::INIT_FUNCTIONS`]).
@@ -240,6 +252,8 @@ impl Job {
                 e.time_ns += s.time_ns;
                 e.bytes += s.bytes;
                 e.sized_calls += s.sized_calls;
+                e.count_only |= s.count_only;
+                e.sampled |= s.sampled;
             }
         }
         out

@@ -139,6 +139,110 @@ impl CaptureConfig {
     }
 }
 
+/// The `[governor]` section: what the probes of polling functions may cost, and how they are
+/// demoted when a thread polls faster than that allows.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GovernorConfig {
+    /// Govern the probes of the polling functions (class "polling"). Needs uprobe sessions.
+    pub enabled: bool,
+    /// The share of a thread's time the probes of a polling function may cost, in percent.
+    /// Above it the function is counted at its entry only (its time then stays in the burst),
+    /// and above that budget again it is sampled: its probes are detached, and attached again
+    /// for short windows, and only the calls in the windows are counted. The decision is
+    /// node-wide, per function; the counts and times it touched are marked.
+    pub budget_percent: f64,
+    /// How long the probes of a sampled function stay attached in each window, in µs.
+    pub sample_window_us: u64,
+    /// The shortest time from one sampling window to the next, in ms; windows come further apart
+    /// where needed to keep their cost within half the budget, each at a random point, so that no
+    /// periodic code is sampled at the same phase.
+    pub min_sample_period_ms: u64,
+    /// Seconds without a storm after which a function counted at entry only is probed in full
+    /// again; a sampled one is probed in full again once its windows show its calls within half
+    /// the budget for that long.
+    pub restore_after_s: f64,
+}
+
+impl Default for GovernorConfig {
+    fn default() -> Self {
+        GovernorConfig {
+            enabled: true,
+            budget_percent: 1.0,
+            sample_window_us: 2000,
+            min_sample_period_ms: 1000,
+            restore_after_s: 10.0,
+        }
+    }
+}
+
+impl GovernorConfig {
+    /// Checks what the file format cannot express; the error says what to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.budget_percent.is_finite()
+            && self.budget_percent > 0.0
+            && self.budget_percent <= 100.0)
+        {
+            return Err(format!(
+                "governor.budget_percent = {} must be above 0 and at most 100",
+                self.budget_percent
+            ));
+        }
+        if !(100..=1_000_000).contains(&self.sample_window_us)
+            || self.sample_window_us >= self.min_sample_period_ms.saturating_mul(1000)
+        {
+            return Err(format!(
+                "governor.sample_window_us = {} must be within 100..=1000000 and shorter than \
+                 governor.min_sample_period_ms = {}",
+                self.sample_window_us, self.min_sample_period_ms
+            ));
+        }
+        if !(self.restore_after_s.is_finite() && self.restore_after_s >= 0.0) {
+            return Err(format!(
+                "governor.restore_after_s = {} must be a number of seconds, 0 or more",
+                self.restore_after_s
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `[governor]` section of the default file, each field with its documentation.
+    pub fn default_toml() -> String {
+        let d = GovernorConfig::default();
+        format!(
+            "[governor]\n\
+             # Govern the probes of the polling functions (MPI_Test*, MPI_Iprobe, MPI_Improbe), whose\n\
+             # calls can come every few tens of nanoseconds while a probe hit costs a microsecond or\n\
+             # more. Needs uprobe sessions (kernel 6.13 or later).\n\
+             enabled = {}\n\
+             # The share of a thread's time these probes may cost, in percent. Above it a function is\n\
+             # counted at its entry only (its time stays in the burst); above it again, the function\n\
+             # is sampled: only its calls in short windows are counted. Node-wide, per function; the\n\
+             # counts and times it touched are marked in the metrics, recordings and reports.\n\
+             budget_percent = {:?}\n\
+             # A sampled function is probed for sample_window_us in each window; windows come at\n\
+             # least min_sample_period_ms apart, further where needed to cost at most half the budget.\n\
+             sample_window_us = {}\n\
+             min_sample_period_ms = {}\n\
+             # Seconds of calls within the budget after which a function is probed in full again.\n\
+             restore_after_s = {:?}\n\n",
+            d.enabled,
+            d.budget_percent,
+            d.sample_window_us,
+            d.min_sample_period_ms,
+            d.restore_after_s
+        )
+    }
+
+    pub fn sample_window(&self) -> Duration {
+        Duration::from_micros(self.sample_window_us)
+    }
+
+    pub fn min_sample_period(&self) -> Duration {
+        Duration::from_millis(self.min_sample_period_ms)
+    }
+}
+
 /// `mpi.library_read_timeout_ms` by default: a healthy read of a library takes milliseconds.
 const DEFAULT_LIBRARY_READ_TIMEOUT_MS: u64 = 3000;
 /// Its largest value: a held process waits that long at most.

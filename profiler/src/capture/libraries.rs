@@ -5,12 +5,12 @@
 use std::os::fd::{AsFd, OwnedFd};
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::TracePoint,
 };
 use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
 
-use super::{map_mut, map_ref, program_mut, take_ring, tracefs, Capture, CaptureError};
+use super::{map_mut, map_ref, program_mut, take_map, tracefs, Capture, CaptureError};
 
 /// The program and the tracepoint it runs at: the exit of openat, the call the dynamic loader
 /// opens libraries with.
@@ -71,7 +71,7 @@ impl Capture {
         }
         // The ring first: once attached, the program stops processes that only a drained ring
         // resumes.
-        let ring = take_ring(&mut self.ebpf, "LIBRARY_OPENS")?;
+        let ring: RingBuf<MapData> = take_map(&mut self.ebpf, "LIBRARY_OPENS")?;
         let program: &mut TracePoint = program_mut(&mut self.ebpf, PROGRAM)?;
         let failed = |source| CaptureError::Program {
             program: PROGRAM,

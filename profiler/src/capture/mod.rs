@@ -5,6 +5,7 @@
 pub mod config;
 mod counters;
 mod cpu_list;
+mod governed;
 mod libraries;
 mod mapping;
 mod multi;
@@ -17,6 +18,7 @@ use std::{
     collections::{BTreeMap, HashSet},
     os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -27,6 +29,8 @@ use aya::{
 };
 use counters::Counters;
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
+use governed::GovernedLinks;
+pub use governed::{GovernorHandle, ProbeCost};
 pub use libraries::LibraryOpenEvent;
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion,
@@ -242,6 +246,8 @@ pub struct Capture {
     session_program: Option<OwnedFd>,
     /// One link per (library, program); closing it detaches all its probes.
     links: Vec<OwnedFd>,
+    /// The links of the polling functions, one per (library, function), once the governor runs.
+    governed: Option<Arc<Mutex<GovernedLinks>>>,
     /// Names of the counter events when counters are on, or why they are off.
     pub counters: Result<[CounterEvent; 2], String>,
     /// The per-CPU counters in the BPF arrays; they count while open.
@@ -369,7 +375,7 @@ impl Capture {
             program.load().map_err(failed)?;
             program.attach(tracepoint).map_err(failed)?;
         }
-        let bursts = take_ring(&mut ebpf, "BURSTS")?
+        let bursts = take_map::<RingBuf<MapData>>(&mut ebpf, "BURSTS")?
             .as_fd()
             .try_clone_to_owned()
             .and_then(|fd| RecordRing::new(fd, ring_bytes as usize))
@@ -377,7 +383,7 @@ impl Capture {
                 what: "mapping the burst ring buffer".into(),
                 source,
             })?;
-        let execs = take_ring(&mut ebpf, "EXECS")?;
+        let execs = take_map(&mut ebpf, "EXECS")?;
         // After the uprobe programs were relocated against the maps: this takes AYA_LOGS out.
         let mut logger = aya_log::EbpfLogger::init(&mut ebpf).map_err(|e| CaptureError::Io {
             what: "reading the BPF programs' log (aya-log)".into(),
@@ -394,6 +400,7 @@ impl Capture {
             uprobe_programs,
             session_program,
             links: Vec::new(),
+            governed: None,
             counters: counter_events,
             open_counters,
             stats_fd,
@@ -422,13 +429,70 @@ impl Capture {
         if !self.attached.insert(dev_inode) {
             return Ok(0);
         }
-        if self.session_program.is_some() {
+        if let (Some(links), Some(program)) = (&self.governed, &self.session_program) {
+            // Each polling function in a link of its own, which the governor can detach.
+            let mut by_func: BTreeMap<u32, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+            let mut rest = Vec::new();
+            for p in points {
+                match governed::governed(p.cookie) {
+                    Some(func) => {
+                        let (offsets, cookies) = by_func.entry(func).or_default();
+                        offsets.push(p.file_offset);
+                        cookies.push(p.cookie);
+                    }
+                    None => rest.push(p.clone()),
+                }
+            }
+            let mut links = links.lock().unwrap_or_else(|e| e.into_inner());
+            for (func, (offsets, cookies)) in by_func {
+                let n = offsets.len();
+                links
+                    .add(program.as_fd(), path, func, offsets, cookies)
+                    .map_err(|source| CaptureError::Attach {
+                        function: format!("{n} entry points of function {func}"),
+                        path: path.to_path_buf(),
+                        program: SESSION_PROGRAM,
+                        source,
+                    })?;
+                self.probes += n;
+            }
+            drop(links);
+            Ok(points.len() - rest.len() + self.attach_programs(&[Probe::Session], path, &rest)?)
+        } else if self.session_program.is_some() {
             self.attach_programs(&[Probe::Session], path, points)
         } else {
             // Return probes first: an entry probe without its return probe would leave the
             // thread's depth counter raised and hide all its later calls.
             self.attach_programs(&[Probe::Listed(1), Probe::Listed(0)], path, points)
         }
+    }
+
+    /// Starts the kernel's side of the probe governor: from now on each polling function of a
+    /// library attached gets a link of its own. Needs uprobe sessions, where an entry decides
+    /// whether the return is probed; call it before attaching any library.
+    pub fn start_governor(&mut self) -> Result<GovernorHandle, CaptureError> {
+        let program = self
+            .session_program
+            .as_ref()
+            .ok_or_else(|| CaptureError::Io {
+                what: "starting the probe governor".into(),
+                source: std::io::Error::other(
+                    "it needs uprobe sessions (kernel 6.13 or later, capture.uprobe_sessions = true)",
+                ),
+            })?
+            .try_clone()
+            .map_err(|source| CaptureError::Io {
+                what: "a descriptor of the session program".into(),
+                source,
+            })?;
+        let governance = take_map(&mut self.ebpf, "GOVERNANCE")?;
+        let samples = take_map(&mut self.ebpf, "SAMPLES")?;
+        let storms = take_map(&mut self.ebpf, "STORMS")?;
+        let links = Arc::new(Mutex::new(GovernedLinks::default()));
+        self.governed = Some(links.clone());
+        Ok(GovernorHandle::new(
+            program, links, governance, samples, storms,
+        ))
     }
 
     /// Whether the probes run as uprobe sessions (see SESSION_PROGRAM).
@@ -469,7 +533,7 @@ impl Capture {
                     None => continue,
                 },
             };
-            let link = multi::attach(fd, kind, path, &offsets, &cookies).map_err(|source| {
+            let link = multi::attach(fd, kind, path, &offsets, &cookies, 0).map_err(|source| {
                 CaptureError::Attach {
                     function: format!("{} entry points", points.len()),
                     path: path.to_path_buf(),
@@ -792,9 +856,13 @@ where
     })
 }
 
-fn take_ring(ebpf: &mut Ebpf, name: &'static str) -> Result<RingBuf<MapData>, CaptureError> {
+/// Takes map `name` out of the object, for a handle that owns it.
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, CaptureError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
     let map = ebpf.take_map(name).ok_or(CaptureError::MissingMap(name))?;
-    RingBuf::try_from(map).map_err(|source| CaptureError::Map { map: name, source })
+    T::try_from(map).map_err(|source| CaptureError::Map { map: name, source })
 }
 
 fn map_ref<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T, CaptureError>

@@ -227,13 +227,15 @@ fn load(
 }
 
 /// Attaches `program`, loaded for `kind`, at `offsets` of the file at `path`, with one cookie
-/// per offset, for every process. Closing the returned link detaches all of them.
+/// per offset, for process `pid`, or for every process when it is 0. Closing the returned link
+/// detaches all of them.
 pub fn attach(
     program: BorrowedFd<'_>,
     kind: ProbeKind,
     path: &Path,
     offsets: &[u64],
     cookies: &[u64],
+    pid: u32,
 ) -> std::io::Result<OwnedFd> {
     use std::os::unix::ffi::OsStrExt;
     let path = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
@@ -252,7 +254,7 @@ pub fn attach(
         } else {
             0
         },
-        pid: 0,
+        pid,
         _pad: 0,
     };
     bpf(

@@ -24,6 +24,7 @@ pub use libraries::{
     MpiFlavor, MpiLibrary,
 };
 pub use maps::{parse_maps, read_maps, AddressResolver, Mapping};
+pub(crate) use placement::probe_offset;
 pub use probes::{openmpi_datatype_size_offset, probe_points, ProbePoint, ProbePoints};
 pub(crate) use process::{
     cgroups_match, is_launcher, job_cgroup_of, parse_cgroups, parse_stat, LaunchEnv,

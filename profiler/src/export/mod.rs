@@ -14,6 +14,8 @@ pub mod report_json;
 pub mod signature;
 pub mod sites;
 
+use std::collections::BTreeMap;
+
 use crate::capture::{Lost, ProgramStats};
 
 /// Processes held at the open of an MPI library at a new path (see `mpi.hold_new_libraries`).
@@ -34,6 +36,29 @@ pub struct LibraryOpenStats {
     pub reads_stuck: u64,
 }
 
+/// What the probe governor did (see `governor` in the config).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GovernorStats {
+    /// Whether it runs.
+    pub enabled: bool,
+    /// What a probe hit costs on this node, measured at start: (return probed too, entry only),
+    /// in ns.
+    pub probe_cost_ns: Option<(f64, f64)>,
+    /// The governed (polling) functions, by name.
+    pub functions: BTreeMap<String, GovernedFunction>,
+}
+
+/// How the governor has one function probed, and how often it changed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GovernedFunction {
+    /// "full", "count_only" or "sampled".
+    pub mode: &'static str,
+    /// Changes into each mode.
+    pub changes: BTreeMap<&'static str, u64>,
+    /// Sampling windows closed.
+    pub windows: u64,
+}
+
 /// The daemon's own health, exported next to the jobs.
 #[derive(Clone, Debug, Default)]
 pub struct SelfStats {
@@ -47,4 +72,5 @@ pub struct SelfStats {
     pub hardware_counters: bool,
     /// The daemon's own CPU time and memory (None if procfs could not be read).
     pub process: Option<crate::capture::usage::ProcessUsage>,
+    pub governor: GovernorStats,
 }

@@ -305,6 +305,17 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
             .iter()
             .map(|(l, s)| (l.clone(), s.calls as f64)),
     );
+    f.gauge(
+        "mpiburst_job_mpi_governed",
+        "1 where the probe governor demoted the function while a rank of the job ran: mode=count_only, its time covers only the calls probed in full; mode=sampled, only the calls in its sampling windows are counted (a lower bound).",
+        per_function.iter().flat_map(|(l, s)| {
+            [("count_only", s.count_only), ("sampled", s.sampled)]
+                .into_iter()
+                .filter(|(_, on)| *on)
+                .map(|(mode, _)| (with(l, "mode", mode), 1.0))
+                .collect::<Vec<_>>()
+        }),
+    );
     f.counter(
         "mpiburst_job_mpi_call_seconds_total",
         "Time inside each MPI function.",
@@ -480,6 +491,46 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         "mpiburst_library_reads_stuck",
         "Those reads still blocked in the file system, each holding a thread of the daemon.",
         [(vec![], opens.reads_stuck as f64)],
+    );
+    let governor = &health.governor;
+    f.gauge(
+        "mpiburst_governor_probe_cost_seconds",
+        "What a probe hit of a polling function costs on this node, measured by the governor at start: probe=\"full\" (entry and return), probe=\"count_only\" (entry).",
+        governor.probe_cost_ns.into_iter().flat_map(|(full, count_only)| {
+            [("full", full), ("count_only", count_only)]
+                .map(|(probe, ns)| (vec![("probe", probe.to_string())], ns / 1e9))
+        }),
+    );
+    f.gauge(
+        "mpiburst_governor_function_mode",
+        "1 for the mode the governor has each polling function probed in: full, count_only (entry only, its time stays in the bursts) or sampled (calls counted in sampling windows only).",
+        governor.functions.iter().map(|(function, g)| {
+            (
+                vec![("function", function.clone()), ("mode", g.mode.to_string())],
+                1.0,
+            )
+        }),
+    );
+    f.counter(
+        "mpiburst_governor_changes_total",
+        "Changes of a polling function's probe mode by the governor, by the mode changed to.",
+        governor.functions.iter().flat_map(|(function, g)| {
+            g.changes.iter().map(|(mode, n)| {
+                (
+                    vec![("function", function.clone()), ("mode", mode.to_string())],
+                    *n as f64,
+                )
+            })
+        }),
+    );
+    f.counter(
+        "mpiburst_governor_sampling_windows_total",
+        "Sampling windows of each sampled polling function.",
+        governor
+            .functions
+            .iter()
+            .filter(|(_, g)| g.windows > 0)
+            .map(|(function, g)| (vec![("function", function.clone())], g.windows as f64)),
     );
     f.gauge(
         "mpiburst_counters_info",
@@ -978,6 +1029,7 @@ mod tests {
                         time_ns: 1_000,
                         bytes: 96,
                         sized_calls: 12,
+                        ..Default::default()
                     },
                 );
             }

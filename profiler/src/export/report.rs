@@ -277,6 +277,21 @@ impl<'a> JobReport<'a> {
                     b
                 );
             }
+            for FunctionRow { function, stats: s } in &self.functions {
+                if s.sampled {
+                    let _ = writeln!(
+                        out,
+                        "   {function}: sampled by the probe governor (a polling storm): only the \
+                         calls in its sampling windows are counted, a lower bound"
+                    );
+                } else if s.count_only {
+                    let _ = writeln!(
+                        out,
+                        "   {function}: counted at entry only for a while by the probe governor (a \
+                         polling storm): its time covers only the calls probed in full"
+                    );
+                }
+            }
         }
         if self.totals.dropped_bursts > 0 || self.bursts_evicted > 0 {
             let _ = writeln!(
@@ -347,6 +362,7 @@ mod tests {
                 time_ns: 500_000_000,
                 bytes: 3 << 20,
                 sized_calls: 3,
+                ..Default::default()
             },
         );
         functions.insert(

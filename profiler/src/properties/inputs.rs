@@ -262,6 +262,7 @@ mod tests {
                 time_ns: mpi_ns,
                 bytes: 0,
                 sized_calls: 0,
+                ..Default::default()
             },
         );
         RankRecord {
@@ -297,6 +298,7 @@ mod tests {
                 time_ns: S,
                 bytes: 0,
                 sized_calls: 0,
+                ..Default::default()
             },
         );
         r.region.init_return_ns = Some(init_return_ns);

@@ -282,6 +282,7 @@ mod tests {
                     time_ns: mpi[rank],
                     bytes: 0,
                     sized_calls: 0,
+                    ..Default::default()
                 },
             );
             job.ranks.insert(

@@ -43,6 +43,7 @@ fn rank_record(rank: u32, burst_ns: u64, mpi_ns: u64) -> RankRecord {
             time_ns: mpi_ns,
             bytes: 0,
             sized_calls: 0,
+            ..Default::default()
         },
     );
     RankRecord {
