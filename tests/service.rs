@@ -281,7 +281,8 @@ fn with_the_units_capabilities_an_unprivileged_daemon_counts_another_users_job_e
         user.daemon(&capabilities),
         &recording,
         dir.path(),
-        &["--min-burst-us", "0"],
+        // Exact counts, compared with the programs' own: no polling loop may be demoted.
+        &["--min-burst-us", "0", "--no-governor"],
     );
     let runs: Vec<_> = Mpi::ALL
         .into_iter()

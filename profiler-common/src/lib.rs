@@ -16,7 +16,8 @@ pub const NUM_COUNTERS: usize = 2;
 /// | 0–15  | function id (index into the daemon's function table)          |
 /// | 16–19 | argument index of the element count, `NO_ARG` if none         |
 /// | 20–23 | argument index of the datatype, `NO_ARG` if none              |
-/// | 24–27 | datatype encoding (`DTYPE_*`)                                 |
+/// | 24–26 | datatype encoding (`DTYPE_*`)                                 |
+/// | 27    | a wrapper (Fortran binding, PMPI interposer) that calls the C function probed too |
 /// | 28    | polling call: counted, but it neither ends nor starts a burst |
 /// | 29    | MPI_Init / MPI_Init_thread: its return starts the region of interest |
 /// | 30    | MPI_Finalize: its entry ends the region of interest           |
@@ -44,6 +45,9 @@ pub mod cookie {
     pub const COMM_OPENMPI: u64 = 2;
     /// The largest distance, in bytes, the Open MPI encoding holds.
     pub const MAX_WORLD_DISTANCE: i64 = (1 << 21) * 8 - 8;
+    /// The attach point is a wrapper, a Fortran binding or a PMPI interposer, whose call makes
+    /// a probed call of the same function: counting at entry only, the nested call counts it.
+    pub const WRAPPER: u64 = 1 << 27;
     pub const POLLING: u64 = 1 << 28;
     pub const REGION_START: u64 = 1 << 29;
     pub const REGION_END: u64 = 1 << 30;
@@ -51,13 +55,13 @@ pub mod cookie {
     /// handle are stale from here on, since a new datatype can get the freed one's address.
     pub const DTYPE_FREE: u64 = 1 << 31;
 
-    /// `flags` is any of `POLLING`, `REGION_START`, `REGION_END`, `DTYPE_FREE`.
+    /// `flags` is any of `WRAPPER`, `POLLING`, `REGION_START`, `REGION_END`, `DTYPE_FREE`.
     pub const fn encode(func: u16, count_arg: u64, dtype_arg: u64, dtype: u64, flags: u64) -> u64 {
         func as u64
             | (count_arg & 0xf) << 16
             | (dtype_arg & 0xf) << 20
-            | (dtype & 0xf) << 24
-            | (flags & (POLLING | REGION_START | REGION_END | DTYPE_FREE))
+            | (dtype & 0x7) << 24
+            | (flags & (WRAPPER | POLLING | REGION_START | REGION_END | DTYPE_FREE))
     }
     /// Adds the peer fields to a cookie: `world_distance` is Open MPI's distance to the slot, in
     /// bytes (a multiple of 8 within ±`MAX_WORLD_DISTANCE`).
@@ -96,7 +100,7 @@ pub mod cookie {
         (c >> 20) & 0xf
     }
     pub const fn dtype(c: u64) -> u64 {
-        (c >> 24) & 0xf
+        (c >> 24) & 0x7
     }
     pub const fn polling(c: u64) -> bool {
         c & POLLING != 0
@@ -256,10 +260,10 @@ pub struct ThreadState {
     /// burst looks nothing up; at the thread's exit (or when its tid's state is restarted) they
     /// move to `BURST_TOTALS` under `ThreadLife`.
     pub totals: BurstTotals,
-    /// When the thread's current storm watch window began (CLOCK_MONOTONIC ns), and the mode
-    /// (`mode::*`) of the function that began it: a window counts the calls of one mode only.
+    /// When the thread's current storm watch window began (CLOCK_MONOTONIC ns), and the modes
+    /// (bit `mode::*`) it has reported a storm in.
     pub storm_start_ns: u64,
-    pub storm_mode: u32,
+    pub storm_reported: u32,
     pub _pad: u32,
 }
 impl ThreadState {

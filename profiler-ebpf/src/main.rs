@@ -758,6 +758,10 @@ fn governed_entry(st: &mut ThreadState, sp: u64, c: u64, now: u64, tid: u32, pid
     let func = cookie::func(c);
     let governance = GOVERNANCE.get(func).copied().unwrap_or_default();
     let mode = governance.mode;
+    if mode != mode::FULL && c & cookie::WRAPPER != 0 {
+        // Not counted: the C call it makes is, at its own entry (the depth stays 0 here).
+        return true;
+    }
     watch_storm(st, func, governance, now, tid, pid);
     if mode == mode::FULL {
         return false;
@@ -798,13 +802,16 @@ fn watch_storm(st: &mut ThreadState, func: u32, g: Governance, now: u64, tid: u3
     if limit == 0 || mode == mode::SAMPLED {
         return;
     }
-    if now.wrapping_sub(st.storm_start_ns) >= STORM_WINDOW_NS || st.storm_mode != mode {
+    if now.wrapping_sub(st.storm_start_ns) >= STORM_WINDOW_NS {
         st.storm_start_ns = now;
-        st.storm_mode = mode;
+        st.storm_reported = 0;
         st.storm_calls = 0;
     }
     st.storm_calls += 1;
-    if st.storm_calls == limit {
+    // Once per window and mode: a thread that polls two functions in two modes counts both.
+    let bit = 1 << (mode & 31);
+    if st.storm_calls >= limit && st.storm_reported & bit == 0 {
+        st.storm_reported |= bit;
         let event = StormEvent {
             pid,
             tid,

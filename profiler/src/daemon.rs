@@ -251,13 +251,13 @@ fn to_unix_ns(unix_offset_ns: i128, monotonic_ns: u64) -> u64 {
     (monotonic_ns as i128 + unix_offset_ns) as u64
 }
 
-/// The shared name of function `id` in `names` (see `Daemon::function_names`): its own, "-" for
-/// no function, "?" for an id the daemon did not attach.
 /// The kernel's clock (CLOCK_MONOTONIC) at Unix time `unix_ns`; the inverse of `to_unix_ns`.
 fn monotonic_ns(unix_offset_ns: i128, unix_ns: u64) -> u64 {
     (unix_ns as i128 - unix_offset_ns).max(0) as u64
 }
 
+/// The shared name of function `id` in `names` (see `Daemon::function_names`): its own, "-" for
+/// no function, "?" for an id the daemon did not attach.
 fn function_name(names: &[Name], id: u32) -> Name {
     let known = names.len() - 2;
     let index = match id {
@@ -1060,12 +1060,12 @@ impl Daemon {
             }
         }
         tracing::info!("shutting down: final drain");
-        // Estimates stop at the last window: the final totals are read after it.
+        // No process may wait on the final drain, the recording or the last clustering, nor on
+        // the governor's thread, which a window may hold for a grace period of the kernel.
+        self.capture.release_held_processes();
         if let Some(g) = &mut self.governor {
             g.stop();
         }
-        // No process may wait on the final drain, the recording or the last clustering.
-        self.capture.release_held_processes();
         self.run_time_libraries.release_waiting();
         self.update_totals(true)?;
         if let Some(w) = self.recording.take() {

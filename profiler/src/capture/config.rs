@@ -154,9 +154,10 @@ pub struct GovernorConfig {
     pub budget_percent: f64,
     /// How long the probes of a sampled function stay attached in each window, in µs.
     pub sample_window_us: u64,
-    /// The shortest time from one sampling window to the next, in ms; windows come further apart
-    /// where needed to keep their cost within half the budget, each at a random point, so that no
-    /// periodic code is sampled at the same phase.
+    /// The time from one sampling window to the next, in ms, on average at least: windows come
+    /// further apart where needed to keep their cost within half the budget, each at a random
+    /// point (from half to one and a half times the spacing after the last), so that no periodic
+    /// code is sampled at the same phase.
     pub min_sample_period_ms: u64,
     /// Seconds without a storm after which a function counted at entry only is probed in full
     /// again; a sampled one is probed in full again once its windows show its calls within half

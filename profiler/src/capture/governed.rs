@@ -20,9 +20,22 @@ use super::{multi, multi::ProbeKind, CaptureError};
 /// One function's probe points in one library file, and its link while attached.
 struct FunctionLink {
     path: PathBuf,
+    /// The file attached first, held open: attached again through it, the probes land in that
+    /// file even after its path names another (an upgrade) or none (a container's gone).
+    file: Option<std::fs::File>,
     offsets: Vec<u64>,
     cookies: Vec<u64>,
     link: Option<OwnedFd>,
+}
+
+impl FunctionLink {
+    /// The path the kernel resolves to the file attached first.
+    fn attach_path(&self) -> PathBuf {
+        match &self.file {
+            Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+            None => self.path.clone(),
+        }
+    }
 }
 
 /// The governed functions' links, by function id: shared by the capture, which adds the points of
@@ -60,6 +73,7 @@ impl GovernedLinks {
         };
         self.by_func.entry(func).or_default().push(FunctionLink {
             path: path.to_path_buf(),
+            file: std::fs::File::open(path).ok(),
             offsets,
             cookies,
             link,
@@ -148,30 +162,35 @@ impl GovernorHandle {
         close_together(links);
     }
 
-    /// Attaches `func` again in every library.
+    /// Attaches `func` again in every library; the first failure, after trying them all.
     pub fn attach(&mut self, func: u32) -> Result<(), CaptureError> {
         let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
         links.detached.remove(&func);
+        let mut failed = None;
         for l in links.by_func.get_mut(&func).into_iter().flatten() {
-            if l.link.is_none() {
-                let link = multi::attach(
-                    self.program.as_fd(),
-                    ProbeKind::Session,
-                    &l.path,
-                    &l.offsets,
-                    &l.cookies,
-                    0,
-                )
-                .map_err(|source| CaptureError::Attach {
-                    function: format!("function {func}"),
-                    path: l.path.clone(),
-                    program: super::SESSION_PROGRAM,
-                    source,
-                })?;
-                l.link = Some(link);
+            if l.link.is_some() {
+                continue;
+            }
+            match multi::attach(
+                self.program.as_fd(),
+                ProbeKind::Session,
+                &l.attach_path(),
+                &l.offsets,
+                &l.cookies,
+                0,
+            ) {
+                Ok(link) => l.link = Some(link),
+                Err(source) => {
+                    failed.get_or_insert(CaptureError::Attach {
+                        function: format!("function {func}"),
+                        path: l.path.clone(),
+                        program: super::SESSION_PROGRAM,
+                        source,
+                    });
+                }
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Takes (reads and deletes) what the sampling windows saw of `func`.

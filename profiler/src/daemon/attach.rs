@@ -80,7 +80,13 @@ impl Daemon {
                     }
                     _ => (cookie::NO_ARG, cookie::NO_ARG, cookie::DTYPE_NONE),
                 };
-                let cookie = cookie::encode(id as u16, count, dt, kind, cookie_flags(spec));
+                let wrapper = if matches!(lib.binding, Binding::Fortran | Binding::Interposer) {
+                    cookie::WRAPPER
+                } else {
+                    0
+                };
+                let cookie =
+                    cookie::encode(id as u16, count, dt, kind, cookie_flags(spec) | wrapper);
                 Some(AttachPoint {
                     function: p.function.clone(),
                     file_offset: p.probe_offset,

@@ -365,6 +365,8 @@ impl State {
     /// One sampling window of `func`: attaches its probes for `governor.sample_window_us`, and
     /// judges from what they saw whether the calls came back within the budget.
     fn window(&mut self, func: u32) {
+        // What calls made while the links closed left there is not this window's.
+        self.handle.take_samples(func);
         if let Err(e) = self.handle.attach(func) {
             tracing::warn!("sampling window of {}: {e}", self.name(func));
         }
@@ -435,14 +437,14 @@ impl State {
 
     /// Probes `func` in full again.
     fn restore(&mut self, func: u32, why: &str) {
+        // Full first: a call meanwhile counts in full, not in SAMPLES, where nothing would take it.
+        self.set(func, mode::FULL);
         if let Some(Level::Sampled { .. }) = self.levels.get(&func) {
             if let Err(e) = self.handle.attach(func) {
                 tracing::warn!("restoring the probes of {}: {e}", self.name(func));
-                return;
             }
         }
         self.levels.remove(&func);
-        self.set(func, mode::FULL);
         self.record(func, mode::FULL, true);
         tracing::info!("{} is probed in full again: {why}", self.name(func));
     }
