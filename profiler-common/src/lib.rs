@@ -299,7 +299,8 @@ pub mod mode {
     /// Entry only (the return is not probed): the call is counted; its time stays in the burst.
     pub const COUNT_ONLY: u32 = 1;
     /// As COUNT_ONLY, and each thread's calls are also summed in `SAMPLES`: the probes are
-    /// attached for short windows only, and the daemon scales what the windows saw.
+    /// attached for short windows only, and the daemon reads from what the windows saw whether
+    /// the calls came back within its budget.
     pub const SAMPLED: u32 = 2;
 }
 /// How the probes treat one polling function (`GOVERNANCE`, by function id); written by the

@@ -145,7 +145,6 @@ impl Governor {
             });
         let shared = Arc::new(Mutex::new(Shared {
             stats: GovernorStats {
-                enabled: true,
                 probe_cost_ns: Some((cost.full_ns, cost.count_only_ns)),
                 ..GovernorStats::default()
             },

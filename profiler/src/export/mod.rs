@@ -39,8 +39,6 @@ pub struct LibraryOpenStats {
 /// What the probe governor did (see `governor` in the config).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GovernorStats {
-    /// Whether it runs.
-    pub enabled: bool,
     /// What a probe hit costs on this node, measured at start: (return probed too, entry only),
     /// in ns.
     pub probe_cost_ns: Option<(f64, f64)>,
