@@ -819,6 +819,97 @@ fn killing_the_daemon_leaves_the_job_running_and_no_program_loaded() {
     assert!(recording.end.is_none());
 }
 
+/// The two storm limits the governed daemon logged at start: polling calls per thread and
+/// window that get a function counted at entry only, and then sampled.
+fn governor_limits(daemon: &Daemon) -> (u64, u64) {
+    let log = daemon.log_text();
+    let number_after = |marker: &str| -> u64 {
+        let at = log
+            .find(marker)
+            .unwrap_or_else(|| panic!("no \"{marker}\" in the daemon's log:\n{log}"));
+        log[at + marker.len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number after \"{marker}\":\n{log}"))
+    };
+    (
+        number_after("a thread that makes "),
+        number_after("at entry only, and "),
+    )
+}
+
+/// A thread that polls at a rate between the two limits raises a storm while the function is
+/// probed in full, and none once it is counted at entry only. The function must then stay
+/// counted at entry only for as long as the thread polls, every call counted, rather than be
+/// probed in full again after `restore_after_s` and demoted again at once; and it must be probed
+/// in full again once the thread stops.
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_polling_rate_between_the_limits_stays_counted_at_entry_only_while_it_lasts() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), "[governor]\nrestore_after_s = 2\n").unwrap();
+    let daemon = Daemon::start_governed(&["--config", file.path().to_str().unwrap()]);
+    let (full_limit, entry_limit) = governor_limits(&daemon);
+    assert!(
+        entry_limit > full_limit + 8,
+        "limits {full_limit} and {entry_limit} leave no rate between them"
+    );
+    // Paced, leaving out the calls it is late for: no 10 ms window holds more than
+    // 10 ms / period + 2 calls, below the entry-only limit; a window in which the rank keeps
+    // its CPU holds more than the full limit.
+    let period_ns = 10_000_000 / (entry_limit - 4);
+    let calls = 8_000_000_000 / period_ns;
+    let mut runs = Vec::new();
+    for mpi in Mpi::ALL {
+        let program = program("call_loop", mpi);
+        let (period, count) = (period_ns.to_string(), calls.to_string());
+        run_mpi(mpi, 1, &program, &[&count, "test", &period, "skip"]);
+        // Read at once: a restore needs 2 s without a storm, far longer than the run's end.
+        let log = daemon.log_text();
+        let what = format!("MPI_Test under {mpi:?}, one call every {period_ns} ns");
+        let restored = "MPI_Test is probed in full again";
+        let demoted = "MPI_Test is now counted at its entry only";
+        // Each earlier run was demoted once and restored once.
+        let before = runs.len();
+        assert_eq!(
+            log.matches(demoted).count(),
+            before + 1,
+            "{what}: not demoted once:\n{log}"
+        );
+        assert_eq!(
+            log.matches(restored).count(),
+            before,
+            "{what}: probed in full again while it polled:\n{log}"
+        );
+        assert!(
+            !log.contains("MPI_Test is now sampled"),
+            "{what}: sampled:\n{log}"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while daemon.log_text().matches(restored).count() == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: not probed in full again within 30 s of its end:\n{}",
+                daemon.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        runs.push((mpi, program));
+    }
+    let recording = daemon.stop();
+    for (mpi, program) in &runs {
+        let rank = &job_of(&recording, program).ranks[&0];
+        let stats = rank.functions["MPI_Test"];
+        assert_eq!(
+            (stats.calls, stats.count_only, stats.sampled),
+            // With call_loop's warm-up calls before its loop.
+            (calls + 10_000, true, false),
+            "MPI_Test under {mpi:?}: every call counted, marked counted at entry only"
+        );
+    }
+}
+
 /// A polling storm under the probe governor (on by default): one rank calls MPI_Test, or
 /// MPI_Iprobe, millions of times in a row (for a few tenths of a second: a process gone before
 /// the daemon has read its maps is not identified). The function is counted at its entry only, then sampled,

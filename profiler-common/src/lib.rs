@@ -303,8 +303,8 @@ pub mod mode {
     /// the calls came back within its budget.
     pub const SAMPLED: u32 = 2;
 }
-/// How the probes treat one polling function (`GOVERNANCE`, by function id); written by the
-/// daemon's governor only.
+/// How the probes treat one polling function (`GOVERNANCE`, by function id); set by the
+/// daemon's governor, which the probes answer in `full_storm_ns`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Governance {
@@ -313,8 +313,16 @@ pub struct Governance {
     /// Outermost calls of the function per thread and storm watch window at which the thread is
     /// reported (`StormEvent`); 0: not watched.
     pub storm_calls: u32,
+    /// In `COUNT_ONLY`: the limit the function had when probed in full. A thread whose window
+    /// reaches it would storm again if the function were restored, so the call that reaches it
+    /// stamps `full_storm_ns`, and the governor keeps the function counted at entry only.
+    pub full_storm_calls: u32,
+    pub _pad: u32,
+    /// CLOCK_MONOTONIC ns of the last such call, written by the probes (0: none since the mode
+    /// was set).
+    pub full_storm_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Governance>() == 8);
+const _: () = assert!(core::mem::size_of::<Governance>() == 24);
 /// Function ids `GOVERNANCE` has room for; a function with a larger id is always probed in full.
 pub const GOVERNED_FUNCS: u32 = 1024;
 /// The storm watch window: a thread that makes more outermost calls of a polling function than
@@ -356,13 +364,11 @@ const _: () = assert!(core::mem::size_of::<ThreadFunc>() == 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sample {
-    pub pid: u32,
-    pub _pad: u32,
     pub calls: u64,
     pub first_ns: u64,
     pub last_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<Sample>() == 32);
+const _: () = assert!(core::mem::size_of::<Sample>() == 24);
 
 /// Value of the task → thread map: which thread (and process) a kernel task is.
 #[repr(C)]

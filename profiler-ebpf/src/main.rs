@@ -779,8 +779,6 @@ fn governed_entry(st: &mut ThreadState, sp: u64, c: u64, now: u64, tid: u32, pid
     if mode == mode::SAMPLED {
         let key = ThreadFunc { tid, func };
         let first = Sample {
-            pid,
-            _pad: 0,
             calls: 0,
             first_ns: now,
             last_ns: now,
@@ -794,7 +792,8 @@ fn governed_entry(st: &mut ThreadState, sp: u64, c: u64, now: u64, tid: u32, pid
 }
 
 /// Counts an outermost polling call in the thread's storm watch window, and tells the daemon
-/// when the window reaches the function's limit for its mode. Sampled functions are not watched:
+/// when the window reaches the function's limit for its mode; a count-only function's window
+/// that reaches the limit of full probes is stamped in its `GOVERNANCE` entry. Sampled functions are not watched:
 /// the daemon sees their rate in each window.
 #[inline(always)]
 fn watch_storm(st: &mut ThreadState, func: u32, g: Governance, now: u64, tid: u32, pid: u32) {
@@ -808,6 +807,12 @@ fn watch_storm(st: &mut ThreadState, func: u32, g: Governance, now: u64, tid: u3
         st.storm_calls = 0;
     }
     st.storm_calls += 1;
+    // Reached once per window: no more than one store per thread every 10 ms.
+    if mode == mode::COUNT_ONLY && st.storm_calls == g.full_storm_calls {
+        if let Some(p) = GOVERNANCE.get_ptr_mut(func) {
+            unsafe { core::ptr::write_volatile(core::ptr::addr_of_mut!((*p).full_storm_ns), now) };
+        }
+    }
     // Once per window and mode: a thread that polls two functions in two modes counts both.
     let bit = 1 << (mode & 31);
     if st.storm_calls >= limit && st.storm_reported & bit == 0 {

@@ -14,11 +14,14 @@
  *   test       MPI_Test of a receive that stays pending polling
  *   iprobe     MPI_Iprobe of a message that never comes polling, peer and communicator
  *
- * Usage: call_loop [N=1000000] [FUNCTION=barrier] [PERIOD_NS=0]
+ * Usage: call_loop [N=1000000] [FUNCTION=barrier] [PERIOD_NS=0] [LATE=catch-up]
  *   every rank runs its own loop, with itself as the peer.  With PERIOD_NS > 0 the calls are
  *   paced: call i starts at i * PERIOD_NS after the first, the time in between spent computing
  *   (busy), so that the calls, and the bursts between them, come at a steady rate of
  *   10^9 / PERIOD_NS per second whatever a call costs (as long as it costs less than the period).
+ *   A rank that was off its CPU makes up the calls it missed at once (LATE=catch-up), or leaves
+ *   them out (LATE=skip): then no stretch of time T holds more than T / PERIOD_NS + 2 calls.
+ *   The 10,000 warm-up calls before the timed ones are paced the same way.
  * Prints one line to stdout: {"function":"F","calls":N,"ns_per_call":X}
  */
 #define _POSIX_C_SOURCE 200809L
@@ -77,46 +80,59 @@ static const struct {
     {"waitall", call_waitall}, {"test", call_test},           {"iprobe", call_iprobe},
 };
 
+/* Makes n calls, paced at period_ns if it is > 0 (leaving out the calls it is late for if
+ * skip); returns the ns they took. */
+static long long calls(void (*call)(void), long n, long long period_ns, int skip)
+{
+    long long t0 = now_ns();
+    if (period_ns == 0) {
+        for (long i = 0; i < n; i++)
+            call();
+    } else {
+        long long next = t0;
+        for (long i = 0; i < n; i++) {
+            call();
+            next += period_ns;
+            long long t = now_ns();
+            if (skip && t > next)
+                next += ((t - next) / period_ns + 1) * period_ns;
+            while (t < next)
+                t = now_ns();
+        }
+    }
+    return now_ns() - t0;
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
     long n = argc > 1 ? atol(argv[1]) : 1000000;
     const char *name = argc > 2 ? argv[2] : "barrier";
     long long period_ns = argc > 3 ? atoll(argv[3]) : 0;
+    const char *late = argc > 4 ? argv[4] : "catch-up";
+    int skip = strcmp(late, "skip") == 0;
     void (*call)(void) = NULL;
     for (size_t i = 0; i < sizeof FUNCTIONS / sizeof FUNCTIONS[0]; i++)
         if (strcmp(FUNCTIONS[i].name, name) == 0)
             call = FUNCTIONS[i].call;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    if (call == NULL || n < 0 || period_ns < 0) {
+    if (call == NULL || n < 0 || period_ns < 0 || (!skip && strcmp(late, "catch-up") != 0)) {
         fprintf(stderr, "usage: call_loop [N >= 0] [barrier|allreduce|sendrecv|waitall|test|iprobe] "
-                        "[PERIOD_NS >= 0]\n");
+                        "[PERIOD_NS >= 0] [catch-up|skip]\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     MPI_Irecv(&received, 1, MPI_DOUBLE, me, NEVER_TAG, MPI_COMM_WORLD, &pending);
 
-    /* Warm-up: page in the code paths and fill the caches before timing. */
-    for (int i = 0; i < 10000; i++)
-        call();
-
-    long long t0 = now_ns();
-    if (period_ns == 0) {
-        for (long i = 0; i < n; i++)
-            call();
-    } else {
-        for (long i = 0; i < n; i++) {
-            call();
-            while (now_ns() - t0 < (i + 1) * period_ns)
-                ;
-        }
-    }
-    long long t1 = now_ns();
+    /* Warm-up: page in the code paths and fill the caches before timing; paced as the timed
+     * calls are, so that the rate of calls is steady from the first one. */
+    calls(call, 10000, period_ns, skip);
+    long long ns = calls(call, n, period_ns, skip);
 
     /* Complete the pending receive, so that MPI_Finalize finds nothing in flight. */
     MPI_Send(&sent, 1, MPI_DOUBLE, me, NEVER_TAG, MPI_COMM_WORLD);
     MPI_Wait(&pending, MPI_STATUS_IGNORE);
     printf("{\"function\":\"%s\",\"calls\":%ld,\"ns_per_call\":%.2f}\n", name, n,
-           (double)(t1 - t0) / (n > 0 ? n : 1));
+           (double)ns / (n > 0 ? n : 1));
     MPI_Finalize();
     return 0;
 }

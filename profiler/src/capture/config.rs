@@ -159,8 +159,8 @@ pub struct GovernorConfig {
     /// point (from half to one and a half times the spacing after the last), so that no periodic
     /// code is sampled at the same phase.
     pub min_sample_period_ms: u64,
-    /// Seconds without a storm after which a function counted at entry only is probed in full
-    /// again; a sampled one is probed in full again once its windows show its calls within half
+    /// Seconds in which no thread called a function counted at entry only fast enough to storm
+    /// if it were probed in full, after which it is; a sampled one is probed in full again once its windows show its calls within half
     /// the budget for that long.
     pub restore_after_s: f64,
 }

@@ -147,6 +147,13 @@ impl GovernorHandle {
             })
     }
 
+    /// When a thread last polled a count-only `func` fast enough to storm if it were probed in
+    /// full (CLOCK_MONOTONIC ns; `None`: not since its mode was set, or the map cannot be read).
+    pub fn full_storm_ns(&self, func: u32) -> Option<u64> {
+        let stamp = self.governance.get(&func, 0).ok()?.full_storm_ns;
+        (stamp != 0).then_some(stamp)
+    }
+
     /// Detaches `func` in every library, and returns once the kernel has removed its probes
     /// (after a grace period, tens of ms on a VM).
     pub fn detach(&mut self, func: u32) {
@@ -261,7 +268,7 @@ impl GovernorHandle {
                     func,
                     Governance {
                         mode,
-                        storm_calls: 0,
+                        ..Governance::default()
                     },
                 )
                 .map_err(|e| e.to_string())?;

@@ -13,7 +13,9 @@
 //!    half the budget. Only the calls in the windows are counted: the counts become a lower bound.
 //!    The windows tell whether the calls came back within the budget.
 //!
-//! A count-only function is probed in full again after `restore_after_s` without a storm; a
+//! A count-only function is probed in full again once no thread has, for `restore_after_s`,
+//! called it fast enough to storm if it were (the probes stamp the function when a thread does;
+//! without that a rate between the two limits would restore it and demote it again at once); a
 //! sampled one once its windows have shown the calls within half the budget for that long. Every
 //! change is logged and counted, and the stretches of time a function was demoted are kept, so
 //! that the counts and times of every rank that ran meanwhile are marked.
@@ -161,11 +163,13 @@ impl Governor {
         };
         tracing::info!(
             "probe governor: a probe hit costs {:.0} ns here ({:.0} ns at entry only); a thread \
-             that makes {} calls of a polling function within {} ms gets it demoted (budget {} %)",
+             that makes {} calls of a polling function within {} ms gets it counted at entry \
+             only, and {} calls counted so get it sampled (budget {} %)",
             cost.full_ns,
             cost.count_only_ns,
             state.storm_calls(cost.full_ns),
             STORM_WINDOW_NS / 1_000_000,
+            state.storm_calls(cost.count_only_ns),
             state.config.budget_percent
         );
         for &func in &governed {
@@ -243,12 +247,19 @@ impl State {
     }
 
     fn set(&mut self, func: u32, mode: u32) {
-        let storm_calls = match mode {
-            mode::FULL => self.storm_calls(self.cost.full_ns),
-            mode::COUNT_ONLY => self.storm_calls(self.cost.count_only_ns),
-            _ => 0,
+        let full_calls = self.storm_calls(self.cost.full_ns);
+        let (storm_calls, full_storm_calls) = match mode {
+            mode::FULL => (full_calls, 0),
+            mode::COUNT_ONLY => (self.storm_calls(self.cost.count_only_ns), full_calls),
+            _ => (0, 0),
         };
-        if let Err(e) = self.handle.set(func, Governance { mode, storm_calls }) {
+        let governance = Governance {
+            mode,
+            storm_calls,
+            full_storm_calls,
+            ..Governance::default()
+        };
+        if let Err(e) = self.handle.set(func, governance) {
             tracing::warn!("{e}");
         }
     }
@@ -353,7 +364,30 @@ impl State {
                 Some(Level::CountOnly { last_storm })
                     if now.duration_since(*last_storm) >= restore_after =>
                 {
-                    self.restore(func, "no storm");
+                    // A rate between the two limits raises no storm counted at entry only, but
+                    // would raise one at once probed in full: the probes stamp it.
+                    let since_full_storm = self.handle.full_storm_ns(func).map(|at| {
+                        Duration::from_nanos(
+                            usage::clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(at),
+                        )
+                    });
+                    match since_full_storm {
+                        Some(since) if since < restore_after => {
+                            self.levels.insert(
+                                func,
+                                Level::CountOnly {
+                                    last_storm: now.checked_sub(since).unwrap_or(now),
+                                },
+                            );
+                        }
+                        _ => self.restore(
+                            func,
+                            &format!(
+                                "no thread called it fast enough to storm in full for {} s",
+                                self.config.restore_after_s
+                            ),
+                        ),
+                    }
                 }
                 Some(Level::Sampled { next, .. }) if *next <= now => self.window(func),
                 _ => {}
