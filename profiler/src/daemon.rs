@@ -737,17 +737,17 @@ impl Daemon {
                     .cloned()
                     .unwrap_or_else(|| format!("#{id}"))
             };
+            // The rank's life in the kernel's clock, to its exit or now.
+            let life = (
+                monotonic_ns(self.unix_offset_ns, rank.first_seen_ns),
+                rank.ended_ns
+                    .map_or(now_mono, |t| monotonic_ns(self.unix_offset_ns, t)),
+            );
+            oldest_start = oldest_start.min(life.0);
             rank.functions = process
                 .functions
                 .iter()
                 .map(|(&id, s)| {
-                    // The rank's life in the kernel's clock, to its exit or now.
-                    let life = (
-                        monotonic_ns(self.unix_offset_ns, rank.first_seen_ns),
-                        rank.ended_ns
-                            .map_or(now_mono, |t| monotonic_ns(self.unix_offset_ns, t)),
-                    );
-                    oldest_start = oldest_start.min(life.0);
                     let (count_only, sampled) = governor
                         .as_ref()
                         .map_or((false, false), |g| g.modes_within(id, life.0, life.1));
@@ -764,6 +764,17 @@ impl Daemon {
                     )
                 })
                 .collect();
+            // A function sampled while the rank ran may have been called only between two
+            // windows: 0 calls seen, still a lower bound.
+            for id in governor
+                .iter()
+                .flat_map(|g| g.sampled_within(life.0, life.1))
+            {
+                rank.functions.entry(name(id)).or_insert(CallStats {
+                    sampled: true,
+                    ..CallStats::default()
+                });
+            }
             rank.call_sites = process
                 .sites
                 .iter()

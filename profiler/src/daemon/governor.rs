@@ -81,6 +81,15 @@ impl Shared {
         modes
     }
 
+    /// The functions sampled at some time within `from_ns..=to_ns`.
+    pub fn sampled_within(&self, from_ns: u64, to_ns: u64) -> Vec<u32> {
+        self.demotions
+            .keys()
+            .copied()
+            .filter(|&func| self.modes_within(func, from_ns, to_ns).1)
+            .collect()
+    }
+
     /// Forgets the demotions that ended before `before_ns`: no process that lived then is left.
     pub fn forget_before(&mut self, before_ns: u64) {
         for list in self.demotions.values_mut() {
@@ -524,6 +533,8 @@ mod tests {
         // The last demotion lasts.
         assert_eq!(shared.modes_within(44, 900, 1000), (true, false));
         assert_eq!(shared.modes_within(45, 0, 1000), (false, false));
+        assert_eq!(shared.sampled_within(250, 260), vec![44]);
+        assert!(shared.sampled_within(301, 1000).is_empty());
         shared.forget_before(301);
         assert_eq!(shared.demotions[&44].len(), 1);
     }
