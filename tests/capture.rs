@@ -982,8 +982,9 @@ fn a_polling_rate_between_the_limits_stays_counted_at_entry_only_while_it_lasts(
 /// MPI_Iprobe, millions of times in a row (for a few tenths of a second: a process gone before
 /// the daemon has read its maps is not identified). The function is counted at its entry only, then sampled,
 /// and probed in full again once the storm is over; the rank's counts of it are marked as such,
-/// and every other call stays exact. Each run waits until the function is probed in full again:
-/// a process that starts and ends between two sampling windows is not seen calling it.
+/// and every other call stays exact. Each run waits until the function is probed in full again,
+/// so the next run's rank, whose life overlaps none of its demotions, must not list it (a rank
+/// found gone after a later demotion began is marked up to its exit, not to that reading).
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
@@ -1032,10 +1033,33 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
                 "{what}: not \"{step}\":\n{log}"
             );
         }
-        let job = jobs_of(&recording, program)
-            .into_iter()
-            .find(|j| j.ranks[&0].functions.contains_key(*function))
-            .unwrap_or_else(|| panic!("{what}: no job called it:\n{log}"));
+        let jobs = jobs_of(&recording, program);
+        let callers: Vec<&&Job> = jobs
+            .iter()
+            .filter(|j| {
+                j.ranks[&0]
+                    .functions
+                    .get(*function)
+                    .is_some_and(|s| s.calls > 0)
+            })
+            .collect();
+        let [job] = callers[..] else {
+            panic!(
+                "{what}: {} jobs of {} called it:\n{log}",
+                callers.len(),
+                program.display()
+            );
+        };
+        // The other run of the same program started after every demotion of this function was
+        // undone, and ended before the next: its rank does not list the function.
+        for other in jobs.iter().filter(|j| j.meta.id != job.meta.id) {
+            assert!(
+                !other.ranks[&0].functions.contains_key(*function),
+                "{what}: listed by job {}, whose life overlaps none of its demotions: {:?}",
+                other.meta.id,
+                other.ranks[&0].functions.get(*function)
+            );
+        }
         let rank = &job.ranks[&0];
         let stats = rank.functions[*function];
         eprintln!("{what}: {} of {calls} calls counted", stats.calls);

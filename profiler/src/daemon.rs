@@ -479,6 +479,13 @@ impl Daemon {
         to_unix_ns(self.unix_offset_ns, monotonic_ns)
     }
 
+    /// When the gone process `pid` of a rank seen since `first_seen_ns` ended (Unix ns): the
+    /// kernel's exit time, else (not tracked) `now`, when its absence was noticed.
+    fn ended_at(&self, pid: u32, first_seen_ns: u64, now: u64) -> u64 {
+        let exited = self.capture.exit_time(pid).map(|t| self.unix_ns(t));
+        exited.unwrap_or(now).clamp(first_seen_ns, now)
+    }
+
     /// Finds (or makes) the job and rank of a pid, and registers it in the store; `None` for a
     /// process outside `daemon.cgroup`.
     fn member(&mut self, pid: u32, state: &mut NodeState) -> Option<Arc<Member>> {
@@ -737,11 +744,16 @@ impl Daemon {
                     .cloned()
                     .unwrap_or_else(|| format!("#{id}"))
             };
-            // The rank's life in the kernel's clock, to its exit or now.
+            // The rank's life in the kernel's clock, to its exit or now. A process found gone in
+            // this update has its end set below, after this reading: its exit time counts here
+            // too, or a demotion that came after it would mark it.
+            let ended = rank.ended_ns.or_else(|| {
+                gone.contains(pid)
+                    .then(|| self.ended_at(*pid, rank.first_seen_ns, now))
+            });
             let life = (
                 monotonic_ns(self.unix_offset_ns, rank.first_seen_ns),
-                rank.ended_ns
-                    .map_or(now_mono, |t| monotonic_ns(self.unix_offset_ns, t)),
+                ended.map_or(now_mono, |t| monotonic_ns(self.unix_offset_ns, t)),
             );
             oldest_start = oldest_start.min(life.0);
             rank.functions = process
@@ -823,9 +835,7 @@ impl Daemon {
             };
             if let Some(rank) = job.ranks.get_mut(&member.rank) {
                 if gone.contains(pid) && rank.ended_ns.is_none() {
-                    // The kernel's exit time, else (not tracked) the time its absence was noticed.
-                    let exited = self.capture.exit_time(*pid).map(|t| self.unix_ns(t));
-                    rank.ended_ns = Some(exited.unwrap_or(now).clamp(rank.first_seen_ns, now));
+                    rank.ended_ns = Some(self.ended_at(*pid, rank.first_seen_ns, now));
                 }
                 write_recording(&mut self.recording, |w| w.rank(&member.job, rank));
             }
