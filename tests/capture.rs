@@ -1021,6 +1021,10 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
                 );
                 std::thread::sleep(Duration::from_millis(100));
             }
+            // A rank's start is known to the kernel's clock tick (10 ms, /proc/PID/stat), and a
+            // rank that may have started before the demotion ended is marked: the next run
+            // starts well after it.
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
     let log = daemon.log_text();
@@ -1053,11 +1057,15 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
         // The other run of the same program started after every demotion of this function was
         // undone, and ended before the next: its rank does not list the function.
         for other in jobs.iter().filter(|j| j.meta.id != job.meta.id) {
+            let rank = &other.ranks[&0];
             assert!(
-                !other.ranks[&0].functions.contains_key(*function),
-                "{what}: listed by job {}, whose life overlaps none of its demotions: {:?}",
+                !rank.functions.contains_key(*function),
+                "{what}: listed by job {} (its rank from {} to {:?}, Unix ns), whose life overlaps \
+                 none of its demotions: {:?}\n{log}",
                 other.meta.id,
-                other.ranks[&0].functions.get(*function)
+                rank.first_seen_ns,
+                rank.ended_ns,
+                rank.functions.get(*function)
             );
         }
         let rank = &job.ranks[&0];

@@ -793,8 +793,8 @@ fn governed_entry(st: &mut ThreadState, sp: u64, c: u64, now: u64, tid: u32, pid
 
 /// Counts an outermost polling call in the thread's storm watch window, and tells the daemon
 /// when the window reaches the function's limit for its mode; a count-only function's window
-/// that reaches the limit of full probes is stamped in its `GOVERNANCE` entry. Sampled functions are not watched:
-/// the daemon sees their rate in each window.
+/// that reaches the limit of full probes is stamped in its `GOVERNANCE` entry. Sampled functions
+/// are not watched: the daemon sees their rate in each window.
 #[inline(always)]
 fn watch_storm(st: &mut ThreadState, func: u32, g: Governance, now: u64, tid: u32, pid: u32) {
     let (mode, limit) = (g.mode, g.storm_calls);

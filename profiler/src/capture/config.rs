@@ -160,8 +160,8 @@ pub struct GovernorConfig {
     /// code is sampled at the same phase.
     pub min_sample_period_ms: u64,
     /// Seconds in which no thread called a function counted at entry only fast enough to storm
-    /// if it were probed in full, after which it is; a sampled one is probed in full again once its windows show its calls within half
-    /// the budget for that long.
+    /// if it were probed in full, after which it is; a sampled one is probed in full again once
+    /// its windows show its calls within half the budget for that long.
     pub restore_after_s: f64,
 }
 
