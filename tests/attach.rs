@@ -604,19 +604,6 @@ impl Started {
     }
 }
 
-/// Waits up to `limit` until `done`; panics naming `what`, with the daemon's log.
-fn wait_until(daemon: &Daemon, limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + limit;
-    while !done() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what} within {limit:?}; the daemon's log:\n{}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The daemon's log line that contains `text`, once it has one.
 fn wait_for_log_line(daemon: &Daemon, text: &str) -> String {
     let find = || {

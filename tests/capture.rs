@@ -954,15 +954,12 @@ fn a_polling_rate_between_the_limits_stays_counted_at_entry_only_while_it_lasts(
             !log.contains("MPI_Test is now sampled"),
             "{what}: sampled:\n{log}"
         );
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while daemon.log_text().matches(restored).count() == before {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what}: not probed in full again within 30 s of its end:\n{}",
-                daemon.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_until(
+            &daemon,
+            Duration::from_secs(30),
+            &format!("{what}: not probed in full again after its end"),
+            || daemon.log_text().matches(restored).count() > before,
+        );
         runs.push((mpi, program));
     }
     let recording = daemon.stop();
@@ -1012,15 +1009,12 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
                 let restores = log.matches(&restored).count();
                 restores > before && restores == log.matches(&demoted).count()
             };
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            while !settled() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{function} under {mpi:?} not probed in full again within 60 s:\n{}",
-                    daemon.log_text()
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            wait_until(
+                &daemon,
+                Duration::from_secs(60),
+                &format!("{function} under {mpi:?} not probed in full again"),
+                settled,
+            );
             // A rank's start is known to the kernel's clock tick (10 ms, /proc/PID/stat), and a
             // rank that may have started before the demotion ended is marked: the next run
             // starts well after it.

@@ -124,6 +124,19 @@ pub fn wait_with_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatu
     None
 }
 
+/// Waits up to `limit` until `done`; panics naming `what`, with the daemon's log.
+pub fn wait_until(daemon: &Daemon, limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {limit:?}; the daemon's log:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Runs an MPI program and asserts it succeeded.
 pub fn run_mpi(mpi: Mpi, ranks: u32, program: &Path, args: &[&str]) {
     let mut cmd = mpi.launcher(ranks);

@@ -5,7 +5,7 @@
 //! a probe hit on this node.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -15,7 +15,7 @@ use std::{
 use aya::maps::{Array, HashMap, MapData, RingBuf};
 use profiler_common::{cookie, mode, Governance, Sample, StormEvent, ThreadFunc, GOVERNED_FUNCS};
 
-use super::{multi, multi::ProbeKind, CaptureError};
+use super::{multi, multi::ProbeKind, read_record, CaptureError};
 
 /// One function's probe points in one library file, and its link while attached.
 struct FunctionLink {
@@ -45,7 +45,7 @@ pub(super) struct GovernedLinks {
     by_func: BTreeMap<u32, Vec<FunctionLink>>,
     /// Functions the governor has detached: a library attached meanwhile waits for the next
     /// window of sampling too.
-    detached: std::collections::BTreeSet<u32>,
+    detached: BTreeSet<u32>,
 }
 
 impl GovernedLinks {
@@ -221,12 +221,7 @@ impl GovernorHandle {
     pub fn drain_storms(&mut self) -> Vec<StormEvent> {
         let mut events = Vec::new();
         while let Some(item) = self.storms.next() {
-            if item.len() >= std::mem::size_of::<StormEvent>() {
-                // SAFETY: the BPF side writes exactly one StormEvent per entry; read_unaligned
-                // because ring-buffer entries are only 8-byte aligned by contract.
-                events
-                    .push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<StormEvent>()) });
-            }
+            events.extend(read_record::<StormEvent>(&item));
         }
         events
     }

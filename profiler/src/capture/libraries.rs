@@ -10,7 +10,7 @@ use aya::{
 };
 use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
 
-use super::{map_mut, map_ref, program_mut, take_map, tracefs, Capture, CaptureError};
+use super::{map_mut, map_ref, program_mut, read_record, take_map, tracefs, Capture, CaptureError};
 
 /// The program and the tracepoint it runs at: the exit of openat, the call the dynamic loader
 /// opens libraries with.
@@ -114,12 +114,9 @@ impl Capture {
         };
         let mut events = Vec::new();
         while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<LibraryOpen>() {
+            let Some(record) = read_record::<LibraryOpen>(&item) else {
                 continue;
-            }
-            // SAFETY: the BPF side writes exactly one LibraryOpen per entry; read_unaligned
-            // because ring-buffer entries are only 8-byte aligned by contract.
-            let record = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<LibraryOpen>()) };
+            };
             let len = record
                 .path
                 .iter()

@@ -33,8 +33,8 @@ use governed::GovernedLinks;
 pub use governed::{GovernorHandle, ProbeCost};
 pub use libraries::LibraryOpenEvent;
 use profiler_common::{
-    lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, RankRegion,
-    TaskThread, ThreadLife, ThreadState, NO_FUNC,
+    lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, LibraryOpen,
+    RankRegion, StormEvent, TaskThread, ThreadLife, ThreadState, NO_FUNC,
 };
 
 use config::CaptureConfig;
@@ -563,10 +563,8 @@ impl Capture {
     pub fn drain_bursts(&mut self, mut sink: impl FnMut(BurstRecord)) -> usize {
         let mut n = 0;
         self.bursts.drain(|item| {
-            if item.len() >= std::mem::size_of::<BurstRecord>() {
-                // SAFETY: the BPF side writes exactly one BurstRecord per entry; read_unaligned
-                // because ring-buffer entries are only 8-byte aligned by contract.
-                sink(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<BurstRecord>()) });
+            if let Some(record) = read_record::<BurstRecord>(item) {
+                sink(record);
                 n += 1;
             }
         });
@@ -582,11 +580,8 @@ impl Capture {
     pub fn drain_execs(&mut self) -> Vec<u32> {
         let mut pids = Vec::new();
         while let Some(item) = self.execs.next() {
-            if item.len() >= std::mem::size_of::<ExecRecord>() {
-                // SAFETY: as in drain_bursts.
-                pids.push(
-                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ExecRecord>()) }.pid,
-                );
+            if let Some(record) = read_record::<ExecRecord>(&item) {
+                pids.push(record.pid);
             }
         }
         pids
@@ -854,6 +849,25 @@ where
         program: name,
         source,
     })
+}
+
+/// A record the BPF side writes to a ring buffer, one per entry.
+///
+/// # Safety
+/// `#[repr(C)]` of integers only, shared with the BPF side: every bit pattern is a valid value.
+unsafe trait RingRecord: Copy {}
+// SAFETY: `#[repr(C)]` structs of integers and byte arrays (profiler-common).
+unsafe impl RingRecord for BurstRecord {}
+unsafe impl RingRecord for ExecRecord {}
+unsafe impl RingRecord for LibraryOpen {}
+unsafe impl RingRecord for StormEvent {}
+
+/// The record in ring-buffer entry `item`, or `None` for an entry too short to hold one.
+fn read_record<T: RingRecord>(item: &[u8]) -> Option<T> {
+    // SAFETY: `item` holds at least a T, and any bytes are a valid T (RingRecord);
+    // read_unaligned because ring-buffer entries are only 8-byte aligned by contract.
+    (item.len() >= std::mem::size_of::<T>())
+        .then(|| unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<T>()) })
 }
 
 /// Takes map `name` out of the object, for a handle that owns it.
