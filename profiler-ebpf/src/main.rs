@@ -260,11 +260,15 @@ fn thread(tid: u32) -> Option<&'static mut ThreadState> {
 /// The calling thread's state, made at its first probed call.
 #[inline(always)]
 fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
-    // At every call, not only the first: the BPF target has no atomic OR, and another CPU
-    // setting a bit of the same word at the same moment may undo this one until the next call.
+    // Checked at every call, not only the first: the BPF target has no atomic OR, and another
+    // CPU setting a bit of the same word at the same moment may undo this one until the next
+    // call. Stored only when missing: a store at every call would keep the word's cache line
+    // moving between the CPUs that read it at every scheduler update.
     let (word, bit) = task_filter_slot(unsafe { bpf_get_current_task() });
     if let Some(w) = TASK_FILTER.get_ptr_mut(word) {
-        unsafe { *w |= bit };
+        if unsafe { *w } & bit == 0 {
+            unsafe { *w |= bit };
+        }
     }
     let found = thread(tid);
     if let Some(st) = &found {
@@ -655,24 +659,36 @@ fn return_site(regs: &pt_regs) -> u64 {
     unsafe { core::ptr::read_volatile(&regs.rip) }
 }
 
-/// What a probe reads first: its attach cookie, the time, and the calling thread and process.
+/// What a probe reads first: the time, and the calling thread and process.
 #[inline(always)]
-fn probe_start(ctx: &ProbeContext) -> (u64, u64, u32, u32) {
-    let c = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+fn probe_start() -> (u64, u32, u32) {
     let now = unsafe { bpf_ktime_get_ns() };
     let id = bpf_get_current_pid_tgid();
-    (c, now, id as u32, (id >> 32) as u32)
+    (now, id as u32, (id >> 32) as u32)
+}
+
+/// The attach cookie of the probe: which function it is and how to read its arguments.
+#[inline(always)]
+fn attach_cookie(ctx: &ProbeContext) -> u64 {
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }
 }
 
 /// Entry of every probed call where the kernel has no uprobe sessions (before 6.13), paired
 /// with `mpi_exit`: the depth counts every call in progress, nested ones included.
 #[uprobe]
 pub fn mpi_enter(ctx: ProbeContext) -> u32 {
-    let (c, now, tid, pid) = probe_start(&ctx);
+    let (now, tid, pid) = probe_start();
     let Some(st) = thread_state(tid, pid) else {
         return 0;
     };
-    enter(st, unsafe { &*ctx.regs }, c, now, tid, pid);
+    enter(
+        st,
+        unsafe { &*ctx.regs },
+        attach_cookie(&ctx),
+        now,
+        tid,
+        pid,
+    );
     st.depth += 1;
     0
 }
@@ -713,7 +729,7 @@ pub fn mpi_session(ctx: *mut core::ffi::c_void) -> u32 {
 /// The body of `mpi_session`: 1 when the kernel is to skip this call's return.
 #[inline(always)]
 fn session(ctx: ProbeContext) -> u32 {
-    let (c, now, tid, pid) = probe_start(&ctx);
+    let (now, tid, pid) = probe_start();
     let regs = unsafe { &*ctx.regs };
     let sp = unsafe { core::ptr::read_volatile(&regs.rsp) };
     // The ABI keeps the stack 16-byte aligned at every call: an entry sees the stack pointer at
@@ -732,6 +748,8 @@ fn session(ctx: ProbeContext) -> u32 {
     let Some(st) = thread_state(tid, pid) else {
         return 1;
     };
+    // Read at entries only: a return needs none of it.
+    let c = attach_cookie(&ctx);
     // An entry from a frame above the call in progress: that call was left without returning
     // (an error handler's longjmp, say), and this one is the outermost. An entry at the same
     // stack pointer is nested: a tail call (a PMPI interposer's `return PMPI_Send(...)`).
