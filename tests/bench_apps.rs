@@ -1,7 +1,10 @@
 //! The slowdown the daemon causes on real MPI codes (`cargo xtask bench apps`): each code of the
-//! set runs with 2 ranks under Open MPI and under MPICH, without and with the daemon, in paired,
-//! interleaved rounds, and the bench prints per code the median times without and with and the
-//! slowdown, and the median slowdown over the set. It measures and prints; it asserts nothing.
+//! set runs with 2 ranks under Open MPI and under MPICH, without the daemon, under the floor
+//! (empty BPF programs as a uprobe + uretprobe pair at every place the daemon probes, the cost
+//! of the kernel's probe traps that any uprobe-based profiler pays) and with the daemon, in
+//! interleaved rounds, and the bench prints per code the median times and the slowdowns of the
+//! floor and of the daemon, and their medians over the set. It measures and prints; it asserts
+//! nothing.
 //!
 //! The set: tests/mpi/halo (2-D halo exchange, MPI_Isend/MPI_Irecv/MPI_Waitall and a stencil
 //! each iteration), tests/mpi/solver (conjugate gradients, two MPI_Allreduce per iteration),
@@ -10,7 +13,11 @@
 //! on tests/mpi/melt.lammps under the MPI it is linked with; without it, or under the other MPI,
 //! the bench says LAMMPS was skipped and why.
 //!
-//! Method. Each round runs every code once without the daemon and once with it. The daemon is the
+//! Method. Each round runs every code once without the daemon, once under the floor and once with
+//! the daemon. The floor is loaded by the bench itself (`Capture::attach_floor`, as in
+//! `cargo xtask bench overhead`) on the C libraries of both MPIs, at the probe places the daemon
+//! picks (discovery/placement.rs), with the daemon's kernel tracepoints; it has no thread of its
+//! own. The daemon is the
 //! release binary as its systemd unit runs it (`mpiburst run`, default settings) with its own
 //! loopback port and lock file in a temporary directory; it is started once per round (when it
 //! answers, its probes are attached), runs through every code of the round, and is stopped by
@@ -20,21 +27,22 @@
 //! a daemon looks at a file the first time a process maps it (the held first open of an MPI
 //! library, the check of every mapped file for PMPI interposers, tens of ms for Open MPI's
 //! components), which a daemon running on a node pays once after its start and a daemon started
-//! per round would charge to the first code of every round; the half without the daemon runs it
-//! too, so both find the page cache alike. The order of the two halves alternates from
-//! round to round (without first in odd rounds, with first in even ones), so drift in the
-//! machine's load hits both alike.
+//! per round would charge to the first code of every round; the other setups run it too, so all
+//! find the page cache alike. The order of the three setups rotates from round to round, so
+//! drift in the machine's load hits all alike.
 //!
 //! Two times per run: the code's own timing of its main loop ("timed T s" from the bundled
 //! programs, "Loop time of T" from LAMMPS), and the whole job's wall time from the launcher's
 //! start to its exit, which also holds MPI start-up, where the daemon stops each process at its
 //! open of the MPI library until the library's probes are attached. Per code the medians over
-//! the rounds and the slowdown (median with / median without − 1), with the least and the most
-//! slowdown of one round's pair of runs (how far the machine's noise reaches); last the median
-//! of the codes' slowdowns, for both times. The project's target is a median slowdown of at most
-//! 1 %. A polling loop ends when the peer's message arrives, so a slower MPI_Test shows in fewer
-//! polls rather than in its wall time: for poll_loop the bench also prints the calls the program
-//! counted and the time per call, without and with the daemon.
+//! the rounds and the slowdowns under the floor and with the daemon (median / median without
+//! − 1), with the least and the most slowdown of one round's pair of runs without and with the
+//! daemon (how far the machine's noise reaches); last the medians of the codes' slowdowns, for
+//! both times. The project's target is a median slowdown of at most 1 % with the daemon; the
+//! floor's slowdown shows how much of it the probe traps themselves cost. A polling loop ends
+//! when the peer's message arrives, so a slower MPI_Test shows in fewer polls rather than in its
+//! wall time: for poll_loop the bench also prints the calls the program counted and the time
+//! per call in each setup.
 //!
 //! The MPI calls the daemon saw per code (`mpiburst_job_mpi_calls_total` of the jobs whose
 //! executable is the code's, read from its /metrics once they ended) show that the probes were
@@ -53,6 +61,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use mpiburst::{
+    capture::{AttachPoint, Capture},
+    config::Config,
+    discovery::{self, Binding},
+};
 use mpiburst_tests::{
     daemon_binary, free_loopback_addr, http_get, kill_daemon_left_running, program, require_root,
     spawn_daemon, terminate_daemon, Mpi,
@@ -203,6 +216,47 @@ fn the_set() -> (Vec<Code>, Vec<String>) {
         }
     }
     (codes, skipped)
+}
+
+/// What runs beside the codes in one part of a round.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    Without,
+    Floor,
+    With,
+}
+
+impl Setup {
+    const ALL: [Setup; 3] = [Setup::Without, Setup::Floor, Setup::With];
+
+    fn describe(self) -> &'static str {
+        match self {
+            Setup::Without => "without the daemon",
+            Setup::Floor => "under the floor (empty uprobe + uretprobe programs)",
+            Setup::With => "with the daemon",
+        }
+    }
+}
+
+/// The floor: the empty programs at every place the daemon probes in the C libraries of the
+/// installed MPIs, with the daemon's kernel tracepoints. Detached when dropped.
+fn load_floor() -> Capture {
+    let config = Config::default();
+    let functions = config.mpi.function_names();
+    let mut capture = Capture::load(&config.capture).expect("load the BPF programs");
+    let libraries = discovery::discover_libraries(&[]).expect("find the MPI libraries");
+    for library in libraries.iter().filter(|l| l.binding == Binding::C) {
+        let points: Vec<AttachPoint> = discovery::probe_points(library, &functions)
+            .expect("find the probe places")
+            .points
+            .iter()
+            .map(AttachPoint::floor)
+            .collect();
+        capture
+            .attach_floor(&library.path, &points)
+            .expect("attach the floor programs");
+    }
+    capture
 }
 
 /// The daemon binary as a service runs it, with its own port and lock file; stopped by pid.
@@ -399,19 +453,59 @@ fn slowdown_percent(without: f64, with: f64) -> f64 {
     100.0 * (with / without - 1.0)
 }
 
-/// A code's runs without and with the daemon.
+/// A code's runs in each setup.
 #[derive(Default)]
 struct Runs {
     without: Vec<Run>,
+    floor: Vec<Run>,
     with: Vec<Run>,
 }
 
+/// Median times (s) of a code in each setup.
+struct Medians {
+    without: f64,
+    floor: f64,
+    with: f64,
+}
+
+impl Medians {
+    /// Slowdown % under the floor and with the daemon.
+    fn slowdowns(&self) -> (f64, f64) {
+        (
+            slowdown_percent(self.without, self.floor),
+            slowdown_percent(self.without, self.with),
+        )
+    }
+}
+
+impl std::fmt::Display for Medians {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (floor, daemon) = self.slowdowns();
+        write!(
+            f,
+            "{:>7.3} {:>7.3} {:>7.3} {floor:>+6.1}% {daemon:>+6.1}%",
+            self.without, self.floor, self.with
+        )
+    }
+}
+
 impl Runs {
-    /// (median without, median with, slowdown %) of the time `pick` takes from a run.
-    fn compare(&self, pick: fn(&Run) -> f64) -> (f64, f64, f64) {
-        let without = median(&self.without.iter().map(pick).collect::<Vec<_>>());
-        let with = median(&self.with.iter().map(pick).collect::<Vec<_>>());
-        (without, with, slowdown_percent(without, with))
+    fn of(&mut self, setup: Setup) -> &mut Vec<Run> {
+        match setup {
+            Setup::Without => &mut self.without,
+            Setup::Floor => &mut self.floor,
+            Setup::With => &mut self.with,
+        }
+    }
+
+    /// The median of the time `pick` takes from a run, in each setup.
+    fn medians(&self, pick: fn(&Run) -> f64) -> Medians {
+        let of = |runs: &[Run]| median(&runs.iter().map(pick).collect::<Vec<_>>());
+        Medians {
+            without: of(&self.without),
+            floor: of(&self.floor),
+            with: of(&self.with),
+        }
     }
 
     /// The least and the most slowdown % of the time `pick` takes from a run, each round's run
@@ -428,7 +522,7 @@ impl Runs {
     }
 
     /// For a code that counts its MPI_Test calls: the calls per run and the main loop's time per
-    /// call, without and with the daemon (medians), which shows a per-call cost that the wall
+    /// call in each setup (medians), which shows a per-call cost that the wall
     /// time of a polling loop can hide (it ends when the peer's message arrives).
     fn polling(&self) -> Option<String> {
         let per_call_ns = |runs: &[Run]| -> Option<(f64, f64)> {
@@ -441,9 +535,10 @@ impl Runs {
             Some((median(&polls), median(&ns)))
         };
         let (polls_without, ns_without) = per_call_ns(&self.without)?;
+        let (polls_floor, ns_floor) = per_call_ns(&self.floor)?;
         let (polls_with, ns_with) = per_call_ns(&self.with)?;
         Some(format!(
-            "MPI_Test calls per run as the program counted them, median {polls_without:.0} without the daemon and {polls_with:.0} with it: one poll every {ns_without:.0} ns without, {ns_with:.0} ns with"
+            "MPI_Test calls per run as the program counted them, median {polls_without:.0} without the daemon, {polls_floor:.0} under the floor and {polls_with:.0} with the daemon: one poll every {ns_without:.0} ns without, {ns_floor:.0} ns under the floor, {ns_with:.0} ns with"
         ))
     }
 }
@@ -468,16 +563,21 @@ fn main() {
     let mut disturbed_rounds = 0;
     let started = Instant::now();
     for round in 0..rounds {
-        let with_first = round % 2 == 1;
         let mut others = Vec::new();
-        for with in [with_first, !with_first] {
+        for k in 0..Setup::ALL.len() {
+            let setup = Setup::ALL[(round + k) % Setup::ALL.len()];
             eprintln!(
-                "bench apps: round {}/{rounds}, {} the daemon",
+                "bench apps: round {}/{rounds}, {}",
                 round + 1,
-                if with { "with" } else { "without" }
+                setup.describe()
             );
-            let profiler = with.then(Profiler::start);
-            let own = profiler.as_ref().map(|p| p.child.id());
+            let floor = (setup == Setup::Floor).then(load_floor);
+            let profiler = (setup == Setup::With).then(Profiler::start);
+            let own = match (&profiler, &floor) {
+                (Some(p), _) => Some(p.child.id()),
+                (_, Some(_)) => Some(std::process::id()),
+                _ => None,
+            };
             others.extend(other_uprobe_holders(own));
             for code in &codes {
                 code.run(work_dir.path());
@@ -490,12 +590,7 @@ fn main() {
                     run.timed_s,
                     run.job_s
                 );
-                if with {
-                    &mut runs.with
-                } else {
-                    &mut runs.without
-                }
-                .push(run);
+                runs.of(setup).push(run);
             }
             others.extend(other_uprobe_holders(own));
             if let Some(profiler) = profiler {
@@ -514,33 +609,43 @@ fn main() {
     }
 
     println!(
-        "bench apps: {} codes, {RANKS} ranks each, {rounds} rounds alternating without/with the daemon, {:.0} s",
+        "bench apps: {} codes, {RANKS} ranks each, {rounds} rounds rotating without the daemon / under the floor / with the daemon, {:.0} s",
         codes.len(),
         started.elapsed().as_secs_f64()
     );
     println!(
-        "{:<24} {:>45}  {:>29}  MPI calls the daemon saw (its /metrics)",
-        "", "main loop (median s; slowdown of each round)", "whole job (median s)"
+        "{:<24} {:>50}  {:>30}  MPI calls the daemon saw (its /metrics)",
+        "",
+        "main loop (median s; slowdown; daemon's of each round)",
+        "whole job (median s; slowdown)"
     );
     println!(
-        "{:<24} {:>9} {:>9} {:>9} {:>15}  {:>9} {:>9} {:>9}",
-        "code", "without", "with", "slowdown", "rounds", "without", "with", "slowdown"
+        "{:<24} {:>7} {:>7} {:>7} {:>7} {:>7} {:>11}  {:>7} {:>7} {:>7} {:>7} {:>7}",
+        "code",
+        "without",
+        "floor",
+        "with",
+        "floor",
+        "daemon",
+        "rounds",
+        "without",
+        "floor",
+        "with",
+        "floor",
+        "daemon"
     );
     let (mut loop_slowdowns, mut job_slowdowns) = (Vec::new(), Vec::new());
     for (code, runs) in codes.iter().zip(&runs) {
-        let (loop_without, loop_with, loop_slowdown) = runs.compare(|r| r.timed_s);
-        let (job_without, job_with, job_slowdown) = runs.compare(|r| r.job_s);
+        let looped = runs.medians(|r| r.timed_s);
+        let job = runs.medians(|r| r.job_s);
         let (least, most) = runs.round_slowdowns(|r| r.timed_s);
         let rounds = format!("{least:+.0}..{most:+.0}%");
-        loop_slowdowns.push(loop_slowdown);
-        job_slowdowns.push(job_slowdown);
+        loop_slowdowns.push(looped.slowdowns());
+        job_slowdowns.push(job.slowdowns());
         let calls = seen
             .get(&code.executable)
-            .map_or("none".to_string(), |s| s.describe(loop_without));
-        println!(
-            "{:<24} {loop_without:>9.3} {loop_with:>9.3} {loop_slowdown:>+8.1}% {rounds:>15}  {job_without:>9.3} {job_with:>9.3} {job_slowdown:>+8.1}%  {calls}",
-            code.label()
-        );
+            .map_or("none".to_string(), |s| s.describe(looped.without));
+        println!("{:<24} {looped} {rounds:>11}  {job}  {calls}", code.label());
     }
     for (code, runs) in codes.iter().zip(&runs) {
         if let Some(note) = runs.polling() {
@@ -550,11 +655,16 @@ fn main() {
     for line in &skipped {
         println!("{line}");
     }
+    let median_of = |slowdowns: &[(f64, f64)], pick: fn(&(f64, f64)) -> f64| {
+        median(&slowdowns.iter().map(pick).collect::<Vec<_>>())
+    };
     println!(
-        "median slowdown over the {} codes: main loop {:+.1} %, whole job {:+.1} % (target: at most 1 %)",
+        "median slowdown over the {} codes: main loop {:+.1} % with the daemon, {:+.1} % under the floor; whole job {:+.1} % with the daemon, {:+.1} % under the floor (target: at most 1 % with the daemon)",
         codes.len(),
-        median(&loop_slowdowns),
-        median(&job_slowdowns)
+        median_of(&loop_slowdowns, |s| s.1),
+        median_of(&loop_slowdowns, |s| s.0),
+        median_of(&job_slowdowns, |s| s.1),
+        median_of(&job_slowdowns, |s| s.0),
     );
     println!(
         "rounds in which another process on the node held user-space probes (another mpiburst daemon or profiler, which may probe the runs without too): {disturbed_rounds} of {rounds}"

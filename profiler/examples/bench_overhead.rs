@@ -138,14 +138,7 @@ fn installed_mpis(programs: &Path) -> Result<Vec<Mpi>> {
                     .map(|p| (p.function.clone(), p.probe_offset - p.file_offset))
                     .collect();
             }
-            let floor_points = points
-                .iter()
-                .map(|p| AttachPoint {
-                    function: p.function.clone(),
-                    file_offset: p.probe_offset,
-                    cookie: 0,
-                })
-                .collect();
+            let floor_points = points.iter().map(AttachPoint::floor).collect();
             floor.push((library.clone(), floor_points));
         }
         mpis.push(Mpi {

@@ -327,12 +327,7 @@ impl Daemon {
             ),
             Err(reason) => (reason.clone(), false),
         };
-        let functions: Vec<String> = config
-            .mpi
-            .functions
-            .iter()
-            .map(|f| f.name.clone())
-            .collect();
+        let functions = config.mpi.function_names();
         let property_config = config.properties.clone();
         let memory_available_bytes = usage::node_memory_bytes().unwrap_or_else(|e| {
             tracing::warn!("node memory unknown ({e}): memory_used_share is not evaluated");

@@ -434,6 +434,12 @@ impl Default for MpiConfig {
 }
 
 impl MpiConfig {
+    /// The names of the probed functions, in the order of `functions` (a function's id is its
+    /// position).
+    pub fn function_names(&self) -> Vec<String> {
+        self.functions.iter().map(|f| f.name.clone()).collect()
+    }
+
     /// `library_read_timeout_ms` as a duration.
     pub fn library_read_timeout(&self) -> Duration {
         Duration::from_millis(self.library_read_timeout_ms)

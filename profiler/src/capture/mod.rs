@@ -41,6 +41,8 @@ use config::CaptureConfig;
 use multi::ProbeKind;
 use ring::RecordRing;
 
+use crate::discovery::ProbePoint;
+
 /// The BPF object profiler/build.rs built; empty when the build skipped it (AYA_BUILD_SKIP).
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
 
@@ -104,6 +106,18 @@ pub struct AttachPoint {
     pub function: String,
     pub file_offset: u64,
     pub cookie: u64,
+}
+
+impl AttachPoint {
+    /// Where the floor's empty programs go for a probe point: the place the daemon's probes
+    /// take (`ProbePoint::probe_offset`), with no cookie.
+    pub fn floor(point: &ProbePoint) -> AttachPoint {
+        AttachPoint {
+            function: point.function.clone(),
+            file_offset: point.probe_offset,
+            cookie: 0,
+        }
+    }
 }
 
 /// Per-thread values read from the kernel maps, summed by the caller per process.
