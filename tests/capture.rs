@@ -1015,10 +1015,8 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
                 &format!("{function} under {mpi:?} not probed in full again"),
                 settled,
             );
-            // A rank's start is known to the kernel's clock tick (10 ms, /proc/PID/stat), and a
-            // rank that may have started before the demotion ended is marked: the next run
-            // starts well after it.
-            std::thread::sleep(Duration::from_millis(50));
+            // The next run starts at once: its start is its exec, to the nanosecond, after the
+            // demotion ended.
         }
     }
     let log = daemon.log_text();

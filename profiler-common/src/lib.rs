@@ -159,8 +159,11 @@ const _: () = assert!(core::mem::size_of::<BurstRecord>() == 80);
 pub struct ExecRecord {
     pub pid: u32,
     pub _pad: u32,
+    /// When the exec happened (CLOCK_MONOTONIC ns): the start of the program the process runs
+    /// from then on, to the nanosecond, where /proc gives its fork to the clock tick.
+    pub exec_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<ExecRecord>() == 8);
+const _: () = assert!(core::mem::size_of::<ExecRecord>() == 16);
 
 /// Bytes of a library path a [`LibraryOpen`] carries (and the BPF side hashes); longer paths
 /// are cut, which only shortens the name in the daemon's log: the daemon reads the file through

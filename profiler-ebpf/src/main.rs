@@ -941,8 +941,13 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         // Epochs start at 1: no datatype size is reused until the next read.
         st.dtype_epoch = 0;
     }
+    let record = ExecRecord {
+        pid,
+        _pad: 0,
+        exec_ns: unsafe { bpf_ktime_get_ns() },
+    };
     if EXECS
-        .output::<ExecRecord>(&ExecRecord { pid, _pad: 0 }, BPF_RB_NO_WAKEUP as u64)
+        .output::<ExecRecord>(&record, BPF_RB_NO_WAKEUP as u64)
         .is_err()
     {
         count_lost(lost::EXECS);

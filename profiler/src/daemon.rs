@@ -89,6 +89,22 @@ const EXEC_SCAN_DELAYS: [Duration; 3] = [
     Duration::from_secs(5),
 ];
 
+/// How long the exec time of a process that is not (yet) a rank is kept. Every exec on the node
+/// is noted, so this bounds the map (a minute of a node's execs); a rank makes its first call,
+/// MPI_Init, within seconds of its exec, and one first seen later starts at its fork, to the
+/// clock tick.
+const EXEC_TIMES_KEPT: Duration = Duration::from_secs(60);
+
+/// When a process started the program it runs, from its last exec seen (to the nanosecond)
+/// and its fork as /proc gives it (to the clock tick, rounded down). An exec before the fork is
+/// a former process's of the same pid, not yet forgotten.
+fn program_start(exec_ns: Option<u64>, fork_ns: Option<u64>) -> Option<u64> {
+    match (exec_ns, fork_ns) {
+        (Some(exec), Some(fork)) => Some(exec.max(fork)),
+        (exec, fork) => exec.or(fork),
+    }
+}
+
 /// The identity of a pid as the store uses it.
 #[derive(Clone)]
 struct Member {
@@ -181,6 +197,9 @@ pub struct Daemon {
     /// The node's physical memory: what a job may use when nothing else says.
     memory_available_bytes: u64,
     scans: Vec<(Instant, u32)>,
+    /// The last exec of each process seen to exec since the daemon started (Unix ns), until
+    /// it is gone: a rank's start to the nanosecond (see `start_of`).
+    exec_times: HashMap<u32, u64>,
     recording: Option<RecordingWriter>,
     /// Unix time minus CLOCK_MONOTONIC (the BPF clock), in ns.
     unix_offset_ns: i128,
@@ -424,6 +443,7 @@ impl Daemon {
             property_config,
             memory_available_bytes,
             scans: Vec::new(),
+            exec_times: HashMap::new(),
             recording,
             unix_offset_ns: usage::clock_ns(libc::CLOCK_REALTIME) as i128
                 - usage::clock_ns(libc::CLOCK_MONOTONIC) as i128,
@@ -474,6 +494,15 @@ impl Daemon {
         to_unix_ns(self.unix_offset_ns, monotonic_ns)
     }
 
+    /// When process `pid` started the program it runs (Unix ns): see `program_start`.
+    fn start_of(&self, pid: u32) -> u64 {
+        program_start(
+            self.exec_times.get(&pid).copied(),
+            usage::start_time_unix_ns(pid).ok(),
+        )
+        .unwrap_or_else(unix_now_ns)
+    }
+
     /// When the gone process `pid` of a rank seen since `first_seen_ns` ended (Unix ns): the
     /// kernel's exit time, else (not tracked) `now`, when its absence was noticed.
     fn ended_at(&self, pid: u32, first_seen_ns: u64, now: u64) -> u64 {
@@ -498,8 +527,8 @@ impl Daemon {
         }
         // From the process's start, but not before the daemon's: the kernel totals start then.
         // (The efficiencies use the region of interest from MPI_Init's return instead.)
-        let first_seen_ns =
-            usage::start_time_unix_ns(pid).map_or(unix_now_ns(), |t| t.max(self.started_ns));
+        let first_seen_ns = self.start_of(pid).max(self.started_ns);
+        self.exec_times.remove(&pid);
         let (meta, rank) = match discovery::identify(pid, &self.node) {
             Ok(id) => (
                 JobMeta {
@@ -653,9 +682,10 @@ impl Daemon {
     fn drain_into(&mut self, state: &mut NodeState) -> Result<usize, DaemonError> {
         self.handle_library_opens();
         let now = Instant::now();
-        for pid in self.capture.drain_execs() {
+        for exec in self.capture.drain_execs() {
+            self.exec_times.insert(exec.pid, self.unix_ns(exec.exec_ns));
             self.scans
-                .extend(EXEC_SCAN_DELAYS.iter().map(|d| (now + *d, pid)));
+                .extend(EXEC_SCAN_DELAYS.iter().map(|d| (now + *d, exec.pid)));
         }
         self.start_scans(now);
         self.capture.forward_bpf_log();
@@ -930,6 +960,8 @@ impl Daemon {
                 .unwrap_or_else(|e| e.into_inner())
                 .forget_before(oldest_start);
         }
+        let kept_from = unix_now_ns().saturating_sub(EXEC_TIMES_KEPT.as_nanos() as u64);
+        self.exec_times.retain(|_, &mut exec| exec >= kept_from);
         write_recording(&mut self.recording, |w| w.flush());
         Ok(())
     }
@@ -1107,6 +1139,23 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    #[test]
+    fn a_program_starts_at_its_exec_unless_the_exec_was_a_former_process_s() {
+        // Fork known to the tick (rounded down), exec to the nanosecond after it.
+        assert_eq!(
+            program_start(Some(1_004_321), Some(1_000_000)),
+            Some(1_004_321)
+        );
+        // An exec before the fork: a process that had the pid before.
+        assert_eq!(
+            program_start(Some(900_000), Some(1_000_000)),
+            Some(1_000_000)
+        );
+        assert_eq!(program_start(None, Some(1_000_000)), Some(1_000_000));
+        assert_eq!(program_start(Some(1_004_321), None), Some(1_004_321));
+        assert_eq!(program_start(None, None), None);
+    }
 
     /// A full disk: /dev/full takes the file's creation and fails every write.
     #[test]

@@ -590,15 +590,15 @@ impl Capture {
         (self.bpf_log)();
     }
 
-    /// Pids that called exec since the last drain.
-    pub fn drain_execs(&mut self) -> Vec<u32> {
-        let mut pids = Vec::new();
+    /// The execs since the last drain: which process, and when.
+    pub fn drain_execs(&mut self) -> Vec<ExecRecord> {
+        let mut execs = Vec::new();
         while let Some(item) = self.execs.next() {
             if let Some(record) = read_record::<ExecRecord>(&item) {
-                pids.push(record.pid);
+                execs.push(record);
             }
         }
-        pids
+        execs
     }
 
     /// Reads the per-thread call statistics, burst totals, regions of interest and the MPI
