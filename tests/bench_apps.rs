@@ -1,10 +1,14 @@
 //! The slowdown the daemon causes on real MPI codes (`cargo xtask bench apps`): each code of the
-//! set runs with 2 ranks under Open MPI and under MPICH, without the daemon, under the floor
-//! (empty BPF programs as a uprobe + uretprobe pair at every place the daemon probes, the cost
-//! of the kernel's probe traps that any uprobe-based profiler pays) and with the daemon, in
-//! interleaved rounds, and the bench prints per code the median times and the slowdowns of the
-//! floor and of the daemon, and their medians over the set. It measures and prints; it asserts
-//! nothing.
+//! set runs with 2 ranks under Open MPI and under MPICH, without the daemon, under the floor and
+//! with the daemon, in interleaved rounds, and the bench prints per code the median times and
+//! the slowdowns of the floor and of the daemon, and their medians over the set. It measures and
+//! prints; it asserts nothing.
+//!
+//! The floor is what probing every MPI call costs before any work of the daemon: empty BPF
+//! programs as a uprobe + uretprobe pair at every place the daemon probes, beside the daemon's
+//! kernel tracepoints and counters. It is not a lower bound for a polling code: the daemon's
+//! governor stops probing the returns of a polling function, and the floor probes every call in
+//! full.
 //!
 //! The set: tests/mpi/halo (2-D halo exchange, MPI_Isend/MPI_Irecv/MPI_Waitall and a stencil
 //! each iteration), tests/mpi/solver (conjugate gradients, two MPI_Allreduce per iteration),
@@ -13,23 +17,24 @@
 //! on tests/mpi/melt.lammps under the MPI it is linked with; without it, or under the other MPI,
 //! the bench says LAMMPS was skipped and why.
 //!
-//! Method. Each round runs every code once without the daemon, once under the floor and once with
-//! the daemon. The floor is loaded by the bench itself (`Capture::attach_floor`, as in
-//! `cargo xtask bench overhead`) on the C libraries of both MPIs, at the probe places the daemon
-//! picks (discovery/placement.rs), with the daemon's kernel tracepoints; it has no thread of its
-//! own. The daemon is the
-//! release binary as its systemd unit runs it (`mpiburst run`, default settings) with its own
-//! loopback port and lock file in a temporary directory; it is started once per round (when it
-//! answers, its probes are attached), runs through every code of the round, and is stopped by
-//! its pid. Starting it once per round rather than once per run keeps the bench to a few minutes
-//! and leaves its periodic work (statistics reads, analysis windows, job-end reports) running
-//! alongside the codes, as it does in production. Each half first runs every code once untimed:
-//! a daemon looks at a file the first time a process maps it (the held first open of an MPI
-//! library, the check of every mapped file for PMPI interposers, tens of ms for Open MPI's
-//! components), which a daemon running on a node pays once after its start and a daemon started
-//! per round would charge to the first code of every round; the other setups run it too, so all
-//! find the page cache alike. The order of the three setups rotates from round to round, so
-//! drift in the machine's load hits all alike.
+//! Method. Each round runs every code once without the daemon, once under the floor and once
+//! with the daemon. The floor is loaded by the bench itself (`Capture::load` with the default
+//! settings, then `Capture::attach_floor`, as in `cargo xtask bench overhead`) on the C
+//! libraries of both MPIs, at the probe places the daemon picks (discovery/placement.rs); it has
+//! no thread of its own. The daemon is the release binary as its systemd unit runs it
+//! (`mpiburst run`, default settings) with its own loopback port and lock file in a temporary
+//! directory; it is started once per round (when it answers, its probes are attached), runs
+//! through every code of the round, and is stopped by its pid. Starting it once per round rather
+//! than once per run keeps the bench to a few minutes and leaves its periodic work (statistics
+//! reads, analysis windows, job-end reports) running alongside the codes, as it does in
+//! production. Each setup first runs every code once untimed: a daemon looks at a file the first
+//! time a process maps it (the held first open of an MPI library, the check of every mapped file
+//! for PMPI interposers, tens of ms for Open MPI's components), which a daemon running on a node
+//! pays once after its start and a daemon started per round would charge to the first code of
+//! every round; the other setups run it too, so all find the page cache alike. The order of the
+//! three setups rotates from round to round, so that over a multiple of 3 rounds (6 by default)
+//! each setup runs first, second and last equally often and drift in the machine's load hits
+//! all alike.
 //!
 //! Two times per run: the code's own timing of its main loop ("timed T s" from the bundled
 //! programs, "Loop time of T" from LAMMPS), and the whole job's wall time from the launcher's
@@ -47,10 +52,10 @@
 //! The MPI calls the daemon saw per code (`mpiburst_job_mpi_calls_total` of the jobs whose
 //! executable is the code's, read from its /metrics once they ended) show that the probes were
 //! active. Another mpiburst daemon on the node (or another profiler's uprobes) probes the runs
-//! without this bench's daemon too: the rounds in which another process held user-space probes
-//! are counted and printed.
+//! without this bench's daemon and under the floor too: the rounds in which another process
+//! held user-space probes are counted and printed.
 //!
-//! Usage: bench_apps [ROUNDS=5], with MPIBURST_BIN and MPIBURST_MPI_PROGRAMS as for the
+//! Usage: bench_apps [ROUNDS=6], with MPIBURST_BIN and MPIBURST_MPI_PROGRAMS as for the
 //! integration tests (`cargo xtask bench apps` sets them); as root.
 
 use std::{
@@ -72,7 +77,7 @@ use mpiburst_tests::{
 };
 
 const RANKS: u32 = 2;
-const DEFAULT_ROUNDS: usize = 5;
+const DEFAULT_ROUNDS: usize = 6;
 /// The bundled programs of the set, each run with its default arguments (0.3–1.5 s alone).
 const BUNDLED: [&str; 3] = ["halo", "solver", "poll_loop"];
 /// How long the daemon may take to see every job of a round end.
@@ -238,22 +243,40 @@ impl Setup {
     }
 }
 
-/// The floor: the empty programs at every place the daemon probes in the C libraries of the
-/// installed MPIs, with the daemon's kernel tracepoints. Detached when dropped.
-fn load_floor() -> Capture {
-    let config = Config::default();
-    let functions = config.mpi.function_names();
-    let mut capture = Capture::load(&config.capture).expect("load the BPF programs");
+/// Where the floor's programs go: the places the daemon probes in the C libraries of the
+/// installed MPIs, by library. A library whose places cannot be read is left out, as the daemon
+/// leaves it out, and said.
+fn floor_points() -> Vec<(PathBuf, Vec<AttachPoint>)> {
+    let functions = Config::default().mpi.function_names();
     let libraries = discovery::discover_libraries(&[]).expect("find the MPI libraries");
-    for library in libraries.iter().filter(|l| l.binding == Binding::C) {
-        let points: Vec<AttachPoint> = discovery::probe_points(library, &functions)
-            .expect("find the probe places")
-            .points
-            .iter()
-            .map(AttachPoint::floor)
-            .collect();
+    libraries
+        .iter()
+        .filter(|l| l.binding == Binding::C)
+        .filter_map(
+            |library| match discovery::probe_points(library, &functions) {
+                Ok(found) => Some((
+                    library.path.clone(),
+                    found.points.iter().map(AttachPoint::floor).collect(),
+                )),
+                Err(e) => {
+                    eprintln!(
+                        "bench apps: {} left out of the floor: {e}",
+                        library.path.display()
+                    );
+                    None
+                }
+            },
+        )
+        .collect()
+}
+
+/// The floor: its empty programs at `points`, with the daemon's kernel tracepoints and
+/// counters (the default capture settings). Detached when dropped.
+fn load_floor(points: &[(PathBuf, Vec<AttachPoint>)]) -> Capture {
+    let mut capture = Capture::load(&Config::default().capture).expect("load the BPF programs");
+    for (library, points) in points {
         capture
-            .attach_floor(&library.path, &points)
+            .attach_floor(library, points)
             .expect("attach the floor programs");
     }
     capture
@@ -554,6 +577,10 @@ fn main() {
         None => DEFAULT_ROUNDS,
     };
     let (codes, skipped) = the_set();
+    let floor_places = floor_points();
+    if !rounds.is_multiple_of(Setup::ALL.len()) {
+        eprintln!("bench apps: {rounds} rounds is not a multiple of 3: the three setups do not each run first, second and last equally often");
+    }
     for line in &skipped {
         eprintln!("bench apps: {line}");
     }
@@ -571,7 +598,7 @@ fn main() {
                 round + 1,
                 setup.describe()
             );
-            let floor = (setup == Setup::Floor).then(load_floor);
+            let floor = (setup == Setup::Floor).then(|| load_floor(&floor_places));
             let profiler = (setup == Setup::With).then(Profiler::start);
             let own = match (&profiler, &floor) {
                 (Some(p), _) => Some(p.child.id()),
@@ -604,7 +631,7 @@ fn main() {
         others.dedup();
         if !others.is_empty() {
             disturbed_rounds += 1;
-            eprintln!("bench apps: other processes held user-space probes during round {}: {}; they may have probed the runs without this bench's daemon too", round + 1, others.join(", "));
+            eprintln!("bench apps: other processes held user-space probes during round {}: {}; they may have probed the runs without this bench's daemon and under the floor too", round + 1, others.join(", "));
         }
     }
 
@@ -614,10 +641,8 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "{:<24} {:>50}  {:>30}  MPI calls the daemon saw (its /metrics)",
-        "",
-        "main loop (median s; slowdown; daemon's of each round)",
-        "whole job (median s; slowdown)"
+        "{:<24} {:>51}  {:>39}  MPI calls the daemon saw (its /metrics)",
+        "", "main loop: median s, slowdown, daemon's per round", "whole job: median s, slowdown"
     );
     println!(
         "{:<24} {:>7} {:>7} {:>7} {:>7} {:>7} {:>11}  {:>7} {:>7} {:>7} {:>7} {:>7}",
@@ -625,14 +650,14 @@ fn main() {
         "without",
         "floor",
         "with",
-        "floor",
-        "daemon",
+        "floor%",
+        "daemon%",
         "rounds",
         "without",
         "floor",
         "with",
-        "floor",
-        "daemon"
+        "floor%",
+        "daemon%"
     );
     let (mut loop_slowdowns, mut job_slowdowns) = (Vec::new(), Vec::new());
     for (code, runs) in codes.iter().zip(&runs) {
@@ -667,6 +692,6 @@ fn main() {
         median_of(&job_slowdowns, |s| s.0),
     );
     println!(
-        "rounds in which another process on the node held user-space probes (another mpiburst daemon or profiler, which may probe the runs without too): {disturbed_rounds} of {rounds}"
+        "rounds in which another process on the node held user-space probes (another mpiburst daemon or profiler, which may probe the runs without the daemon and under the floor too): {disturbed_rounds} of {rounds}"
     );
 }

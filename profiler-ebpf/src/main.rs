@@ -118,8 +118,9 @@ static STORMS: RingBuf = RingBuf::with_byte_size(16 << 10, 0);
 static SAMPLES: HashMap<ThreadFunc, Sample> = HashMap::with_max_entries(4096, 0);
 #[map]
 static BURSTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+/// The execs of every process on the node (16 bytes each: 8,192 per drain of the daemon).
 #[map]
-static EXECS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
+static EXECS: RingBuf = RingBuf::with_byte_size(128 << 10, 0);
 /// The MPI processes the daemon identified, by pid: the value becomes the process's exit time
 /// (0 while it runs).
 #[map]

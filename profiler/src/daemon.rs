@@ -197,8 +197,9 @@ pub struct Daemon {
     /// The node's physical memory: what a job may use when nothing else says.
     memory_available_bytes: u64,
     scans: Vec<(Instant, u32)>,
-    /// The last exec of each process seen to exec since the daemon started (Unix ns), until
-    /// it is gone: a rank's start to the nanosecond (see `start_of`).
+    /// The last exec of each process seen to exec since the daemon started (CLOCK_MONOTONIC
+    /// ns), until the process becomes a rank or `EXEC_TIMES_KEPT` has passed: a rank's start to
+    /// the nanosecond (see `start_of`).
     exec_times: HashMap<u32, u64>,
     recording: Option<RecordingWriter>,
     /// Unix time minus CLOCK_MONOTONIC (the BPF clock), in ns.
@@ -494,13 +495,14 @@ impl Daemon {
         to_unix_ns(self.unix_offset_ns, monotonic_ns)
     }
 
-    /// When process `pid` started the program it runs (Unix ns): see `program_start`.
+    /// When process `pid` started the program it runs (Unix ns): see `program_start`. Both
+    /// times are compared on the BPF programs' clock, and converted as the bursts are.
     fn start_of(&self, pid: u32) -> u64 {
         program_start(
             self.exec_times.get(&pid).copied(),
-            usage::start_time_unix_ns(pid).ok(),
+            usage::start_time_monotonic_ns(pid).ok(),
         )
-        .unwrap_or_else(unix_now_ns)
+        .map_or_else(unix_now_ns, |start| self.unix_ns(start))
     }
 
     /// When the gone process `pid` of a rank seen since `first_seen_ns` ended (Unix ns): the
@@ -683,7 +685,7 @@ impl Daemon {
         self.handle_library_opens();
         let now = Instant::now();
         for exec in self.capture.drain_execs() {
-            self.exec_times.insert(exec.pid, self.unix_ns(exec.exec_ns));
+            self.exec_times.insert(exec.pid, exec.exec_ns);
             self.scans
                 .extend(EXEC_SCAN_DELAYS.iter().map(|d| (now + *d, exec.pid)));
         }
@@ -960,7 +962,8 @@ impl Daemon {
                 .unwrap_or_else(|e| e.into_inner())
                 .forget_before(oldest_start);
         }
-        let kept_from = unix_now_ns().saturating_sub(EXEC_TIMES_KEPT.as_nanos() as u64);
+        let kept_from = usage::clock_ns(libc::CLOCK_MONOTONIC)
+            .saturating_sub(EXEC_TIMES_KEPT.as_nanos() as u64);
         self.exec_times.retain(|_, &mut exec| exec >= kept_from);
         write_recording(&mut self.recording, |w| w.flush());
         Ok(())

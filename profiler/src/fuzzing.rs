@@ -80,7 +80,7 @@ pub fn proc_stat(data: &[u8]) {
         discovery::is_launcher(&process.comm);
     }
     let tick_ns = 10_000_000;
-    let _ = usage::parse_start_time_unix_ns(stat, tick_ns, 1_700_000_000_000_000_000);
+    let _ = usage::parse_start_time_ns(stat, tick_ns);
     let _ = usage::parse_process(stat, &statm, &status, tick_ns, 4096);
     let _ = usage::parse_mem_total(&meminfo);
 }

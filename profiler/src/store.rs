@@ -87,7 +87,8 @@ pub struct RegionMarks {
 pub struct RankRecord {
     pub rank: u32,
     pub pid: u32,
-    /// Unix ns when the daemon first saw the rank and when it saw it gone.
+    /// Unix ns when the rank's program started (its last exec, else its fork, or the daemon's
+    /// start if later) and when it ended.
     pub first_seen_ns: u64,
     pub ended_ns: Option<u64>,
     pub totals: RankTotals,

@@ -58,8 +58,9 @@ const USAGE: &str = "usage: cargo xtask <command>
                           measure probe cost per call, the system call tax on processes the
                           daemon does not track, and application slowdown; clustering speed;
                           the daemon's own cost under a burst storm; or the slowdown of real
-                          MPI codes (halo exchange, CG solver, MPI_Test polling, LAMMPS) under
-                          the daemon, both MPIs, in ROUNDS (5) alternating rounds
+                          MPI codes (halo exchange, CG solver, MPI_Test polling, LAMMPS)
+                          without the daemon, under the floor (empty probes where it probes)
+                          and with it, both MPIs, in ROUNDS (6) rotating rounds
   fuzz [TARGET...] [--seconds N]
                           run the cargo-fuzz targets of fuzz/ (all without names) for N s
                           each (60 by default), with the pinned nightly; installs cargo-fuzz

@@ -67,24 +67,19 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// When the process started, in Unix ns (to the kernel's clock-tick resolution).
-pub fn start_time_unix_ns(pid: u32) -> std::io::Result<u64> {
+/// When the process started (its fork), in CLOCK_MONOTONIC ns, the clock of the BPF programs,
+/// to the kernel's clock-tick resolution. /proc counts it from boot in CLOCK_BOOTTIME, which
+/// also holds the time the machine was suspended.
+pub fn start_time_monotonic_ns(pid: u32) -> std::io::Result<u64> {
     let stat = std::fs::read(format!("/proc/{pid}/stat"))?;
-    let boot_unix_ns =
-        clock_ns(libc::CLOCK_REALTIME).saturating_sub(clock_ns(libc::CLOCK_BOOTTIME));
-    parse_start_time_unix_ns(&stat, ns_per_tick(), boot_unix_ns)
+    let suspended_ns =
+        clock_ns(libc::CLOCK_BOOTTIME).saturating_sub(clock_ns(libc::CLOCK_MONOTONIC));
+    Ok(parse_start_time_ns(&stat, ns_per_tick())?.saturating_sub(suspended_ns))
 }
 
-/// [`start_time_unix_ns`] from the text of /proc/PID/stat, the clock tick and the boot time.
-pub(crate) fn parse_start_time_unix_ns(
-    stat: &[u8],
-    tick_ns: u64,
-    boot_unix_ns: u64,
-) -> std::io::Result<u64> {
-    let since_boot_ns = stat_ticks_ns(&stat_fields(stat)?, 22, tick_ns)?;
-    boot_unix_ns
-        .checked_add(since_boot_ns)
-        .ok_or_else(|| invalid("/proc/PID/stat: the start time overflows ns"))
+/// The start time in the text of /proc/PID/stat, in ns since boot, given the clock tick.
+pub(crate) fn parse_start_time_ns(stat: &[u8], tick_ns: u64) -> std::io::Result<u64> {
+    stat_ticks_ns(&stat_fields(stat)?, 22, tick_ns)
 }
 
 /// Reads /proc/PID/{stat,statm,status}. Fails when the process is gone.
@@ -302,8 +297,8 @@ mod tests {
                 cpus_allowed: [0, 1, 3].into(),
             }
         );
-        let start = parse_start_time_unix_ns(&stat_text("0", "0", "5"), 10_000_000, 7).unwrap();
-        assert_eq!(start, 50_000_007);
+        let start = parse_start_time_ns(&stat_text("0", "0", "5"), 10_000_000).unwrap();
+        assert_eq!(start, 50_000_000);
         assert_eq!(parse_mem_total("MemTotal:  2048 kB\n").unwrap(), 2 << 20);
     }
 
@@ -311,12 +306,10 @@ mod tests {
     fn values_beyond_u64_nanoseconds_or_bytes_are_errors() {
         let huge = u64::MAX.to_string();
         let error = |r: std::io::Result<_>| r.map(|_: u64| ()).unwrap_err().to_string();
-        assert!(error(parse_start_time_unix_ns(
-            &stat_text("0", "0", &huge),
-            10_000_000,
-            0
-        ))
-        .contains("field 22"));
+        assert!(
+            error(parse_start_time_ns(&stat_text("0", "0", &huge), 10_000_000))
+                .contains("field 22")
+        );
         assert!(error(parse_mem_total(&format!("MemTotal: {huge} kB"))).contains("MemTotal"));
         let status = "Cpus_allowed_list:\t0\n";
         let usage = |stat: &[u8], statm: &str| {
@@ -354,8 +347,8 @@ mod tests {
         assert!(!u.cpus_allowed.is_empty());
         assert!(read_process(u32::MAX).is_err());
         // This test process started moments ago.
-        let started = start_time_unix_ns(std::process::id()).unwrap();
-        let now = clock_ns(libc::CLOCK_REALTIME);
+        let started = start_time_monotonic_ns(std::process::id()).unwrap();
+        let now = clock_ns(libc::CLOCK_MONOTONIC);
         assert!(
             started <= now && now - started < 600_000_000_000,
             "started {started}, now {now}"
