@@ -4,9 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock, PoisonError};
 
 use object::read::ReadCache;
 use object::{
@@ -15,41 +14,23 @@ use object::{
 };
 
 use super::error::DiscoveryError;
+use super::file_cache::{FileCache, FILES_CACHED};
 
-/// Upper bound on cached build-ids; a node maps a few thousand distinct files at most, and the
-/// bound keeps a long-running daemon's memory independent of how many binaries it has seen.
-const BUILD_ID_CACHE_LIMIT: usize = 8192;
-
-/// The GNU build-id of an ELF file in hex, or `None` if it has none. Cached by file identity and
-/// modification time, so a file reached through several paths is read once and a file replaced in
-/// place is read again.
+/// The GNU build-id of an ELF file in hex, or `None` if it has none. Read once per version of
+/// the file (device, inode and modification time), whatever path reaches it.
 pub fn build_id(path: &Path) -> Result<Option<String>, DiscoveryError> {
-    type Key = (u64, u64, i64, i64);
-    static CACHE: OnceLock<Mutex<HashMap<Key, Option<String>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
+    static BUILD_IDS: FileCache<Option<String>> = FileCache::new(FILES_CACHED);
     let meta = std::fs::metadata(path).map_err(|source| DiscoveryError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    let key = (meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec());
-    if let Some(id) = cache
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(&key)
-    {
-        return Ok(id.clone());
-    }
-    let id = with_elf(path, |elf| {
-        Ok(elf
-            .build_id()?
-            .map(|bytes| bytes.iter().map(|b| format!("{b:02x}")).collect()))
-    })?;
-    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
-    if cache.len() >= BUILD_ID_CACHE_LIMIT {
-        cache.clear();
-    }
-    cache.insert(key, id.clone());
-    Ok(id)
+    BUILD_IDS.get_or_read(&meta, || {
+        with_elf(path, |elf| {
+            Ok(elf
+                .build_id()?
+                .map(|bytes| bytes.iter().map(|b| format!("{b:02x}")).collect()))
+        })
+    })
 }
 
 fn with_elf<T>(

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::elf::{build_id, DynamicSymbols};
 use super::error::DiscoveryError;
+use super::file_cache::{FileCache, FILES_CACHED};
 use super::ld_cache::{self, LD_CACHE};
 use super::maps::read_maps;
 
@@ -73,6 +74,34 @@ const SIGNATURES: [Signature; 4] = [
     },
 ];
 
+/// What a library file's contents say: which of SIGNATURES its dynamic symbols show, and its
+/// build-id if it shows one. Read once per file version: every rank of a node maps the same
+/// libraries, and the dynamic symbols of one take about a millisecond to read.
+#[derive(Clone)]
+struct Contents {
+    shows: [bool; SIGNATURES.len()],
+    build_id: Option<String>,
+}
+
+static CONTENTS: FileCache<Contents> = FileCache::new(FILES_CACHED);
+
+impl Contents {
+    fn read(path: &Path) -> Result<Self, DiscoveryError> {
+        let symbols = DynamicSymbols::read(path)?;
+        let shows = SIGNATURES.map(|s| match s.binding {
+            Binding::C => symbols.defines(s.symbol),
+            Binding::Fortran => symbols.defines(s.symbol) || symbols.imports(s.symbol),
+            Binding::Interposer => false,
+        });
+        let build_id = if shows.contains(&true) {
+            build_id(path)?
+        } else {
+            None
+        };
+        Ok(Contents { shows, build_id })
+    }
+}
+
 impl MpiLibrary {
     /// Opens and classifies one library file. The name gives the binding and a first guess at
     /// the flavour; the dynamic symbols decide, because MPICH derivatives (MVAPICH, Intel MPI)
@@ -94,30 +123,27 @@ impl MpiLibrary {
             path: access.to_path_buf(),
             source,
         })?;
-        let symbols = DynamicSymbols::read(access)?;
+        let contents = CONTENTS.get_or_read(&meta, || Contents::read(access))?;
         let guess = name
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(guess_from_name);
         let mut candidates: Vec<&Signature> = SIGNATURES
             .iter()
-            .filter(|s| guess.is_none_or(|(_, binding)| s.binding == binding))
+            .zip(contents.shows)
+            .filter(|&(s, shown)| shown && guess.is_none_or(|(_, binding)| s.binding == binding))
+            .map(|(s, _)| s)
             .collect();
         if let Some((flavor, _)) = guess {
             candidates.sort_by_key(|s| s.flavor != flavor);
         }
-        let found = candidates.into_iter().find(|s| match s.binding {
-            Binding::C => symbols.defines(s.symbol),
-            Binding::Fortran => symbols.defines(s.symbol) || symbols.imports(s.symbol),
-            Binding::Interposer => false,
-        });
-        let Some(signature) = found else {
+        let Some(signature) = candidates.first() else {
             return Err(DiscoveryError::NotMpi {
                 path: access.to_path_buf(),
             });
         };
         Ok(MpiLibrary {
-            build_id: build_id(access)?,
+            build_id: contents.build_id,
             path: access.to_path_buf(),
             dev: meta.dev(),
             inode: meta.ino(),

@@ -4,6 +4,7 @@
 
 mod elf;
 mod error;
+mod file_cache;
 mod interposers;
 mod ld_cache;
 mod libraries;
