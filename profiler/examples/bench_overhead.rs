@@ -27,10 +27,12 @@
 //! in use every system call on the node takes the kernel's traced path, so the tax on a process
 //! the daemon does not track (every other process on the node) is measured too: 1-byte pwrite
 //! calls to a file (a call the file I/O programs look at) and sched_yield (one they do not, the
-//! polling of MPI libraries), in this process's CPU time, without the daemon, with the daemon
-//! but file I/O off (the scheduler programs alone) and with file I/O on, alternating. Last,
-//! 1-byte pwrite calls of a tracked process to a file it opened (counted requests, checked to be
-//! counted exactly).
+//! polling of MPI libraries), without the daemon, with the daemon but file I/O off (the
+//! scheduler programs alone) and with file I/O on, alternating. Last, 1-byte pwrite calls of a
+//! tracked process to a file it opened (counted requests, checked to be counted exactly). These
+//! calls are made by a process of their own, this program run again, in its CPU time: the tax is
+//! that of the other processes on the node, not of the one the daemon runs in (whose own system
+//! calls were about 25 ns dearer, with or without a daemon).
 //!
 //! Usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS
 
@@ -278,6 +280,69 @@ fn ns_per_yield() -> Result<f64> {
     })
 }
 
+/// The argument that makes this program measure its system calls and exit (see [`SyscallLoop`]).
+const SYSCALL_LOOP: &str = "--syscall-loop";
+
+/// This program run again as a process of its own that measures CPU ns per pwrite and per
+/// sched_yield: the tax of system calls is that of the other processes on the node, and the
+/// daemon runs in this one. The child says it is ready and waits for a line on its standard
+/// input before it opens its file and measures, so that it can be tracked first.
+struct SyscallLoop {
+    child: std::process::Child,
+}
+
+impl SyscallLoop {
+    fn start() -> Result<SyscallLoop> {
+        use std::io::BufRead;
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg(SYSCALL_LOOP)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let mut ready = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().context("child's stdout")?)
+            .read_line(&mut ready)?;
+        if ready.trim() != "ready" {
+            bail!("the system call loop did not start: {ready:?}");
+        }
+        Ok(SyscallLoop { child })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets it measure: CPU ns per pwrite and per sched_yield.
+    fn measure(mut self) -> Result<(f64, f64)> {
+        use std::io::Write;
+        self.child
+            .stdin
+            .take()
+            .context("child's stdin")?
+            .write_all(b"go\n")?;
+        let out = self.child.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!("the system call loop failed ({}): {text}", out.status);
+        }
+        let mut values = text.split_whitespace().map(str::parse::<f64>);
+        match (values.next(), values.next()) {
+            (Some(Ok(write)), Some(Ok(sched_yield))) => Ok((write, sched_yield)),
+            _ => bail!("the system call loop printed {text:?}"),
+        }
+    }
+
+    /// The child's side.
+    fn run() -> Result<()> {
+        use std::io::{BufRead, Write};
+        println!("ready");
+        std::io::stdout().flush()?;
+        std::io::stdin().lock().read_line(&mut String::new())?;
+        println!("{} {}", ns_per_write()?, ns_per_yield()?);
+        Ok(())
+    }
+}
+
 /// ns per call of `function` (call_loop's name) measured by call_loop itself.
 fn ns_per_call(program: &Path, function: &str) -> Result<f64> {
     let out = Command::new(program)
@@ -314,6 +379,9 @@ fn main() -> Result<()> {
             .nth(1)
             .context("usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS")?,
     );
+    if programs.as_os_str() == SYSCALL_LOOP {
+        return SyscallLoop::run();
+    }
     // The daemon's loop does not run here, so nothing would resume a process held at its open
     // of an MPI library.
     let mut config = Config::default();
@@ -443,8 +511,9 @@ fn main() -> Result<()> {
             let _daemon = daemon_config
                 .map(|c| Daemon::start(c.clone(), None))
                 .transpose()?;
-            writes[setup].push(ns_per_write()?);
-            yields[setup].push(ns_per_yield()?);
+            let (write, sched_yield) = SyscallLoop::start()?.measure()?;
+            writes[setup].push(write);
+            yields[setup].push(sched_yield);
         }
         eprintln!(
             "round {}: untracked pwrite {:.1} / {:.1} / {:.1} ns, sched_yield {:.1} / {:.1} / {:.1} ns \
@@ -461,12 +530,11 @@ fn main() -> Result<()> {
     let mut tracked = Vec::new();
     for round in 0..ROUNDS {
         let mut capture = Capture::load(&io_on.capture)?;
-        capture.track(std::process::id())?;
-        tracked.push(ns_per_write()?);
-        let counted = capture
-            .read_io()?
-            .get(&std::process::id())
-            .map_or(0, |t| t.write_calls);
+        let child = SyscallLoop::start()?;
+        let pid = child.pid();
+        capture.track(pid)?;
+        tracked.push(child.measure()?.0);
+        let counted = capture.read_io()?.get(&pid).map_or(0, |t| t.write_calls);
         if counted != u64::from(SYSCALLS) {
             bail!("the tracked writes were counted {counted} times, not {SYSCALLS}");
         }
