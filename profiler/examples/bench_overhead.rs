@@ -288,7 +288,18 @@ const SYSCALL_LOOP: &str = "--syscall-loop";
 /// daemon runs in this one. The child says it is ready and waits for a line on its standard
 /// input before it opens its file and measures, so that it can be tracked first.
 struct SyscallLoop {
-    child: std::process::Child,
+    /// Until it is told to measure; a loop dropped before that is killed.
+    child: Option<std::process::Child>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Drop for SyscallLoop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl SyscallLoop {
@@ -299,31 +310,37 @@ impl SyscallLoop {
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()?;
+        let stdout = child.stdout.take().context("child's stdout")?;
+        let mut syscall_loop = SyscallLoop {
+            child: Some(child),
+            stdout: std::io::BufReader::new(stdout),
+        };
         let mut ready = String::new();
-        std::io::BufReader::new(child.stdout.as_mut().context("child's stdout")?)
-            .read_line(&mut ready)?;
+        syscall_loop.stdout.read_line(&mut ready)?;
         if ready.trim() != "ready" {
             bail!("the system call loop did not start: {ready:?}");
         }
-        Ok(SyscallLoop { child })
+        Ok(syscall_loop)
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.as_ref().map_or(0, std::process::Child::id)
     }
 
     /// Lets it measure: CPU ns per pwrite and per sched_yield.
     fn measure(mut self) -> Result<(f64, f64)> {
-        use std::io::Write;
-        self.child
+        use std::io::{Read, Write};
+        let mut child = self.child.take().context("a loop measures once")?;
+        child
             .stdin
             .take()
             .context("child's stdin")?
             .write_all(b"go\n")?;
-        let out = self.child.wait_with_output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            bail!("the system call loop failed ({}): {text}", out.status);
+        let mut text = String::new();
+        self.stdout.read_to_string(&mut text)?;
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("the system call loop failed ({status}): {text}");
         }
         let mut values = text.split_whitespace().map(str::parse::<f64>);
         match (values.next(), values.next()) {
