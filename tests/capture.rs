@@ -976,8 +976,9 @@ fn a_polling_rate_between_the_limits_stays_counted_at_entry_only_while_it_lasts(
 }
 
 /// A polling storm under the probe governor (on by default): one rank calls MPI_Test, or
-/// MPI_Iprobe, millions of times in a row (for a few tenths of a second: a process gone before
-/// the daemon has read its maps is not identified). The function is counted at its entry only, then sampled,
+/// MPI_Iprobe, millions of times in a row (for about a second: a process gone before the daemon
+/// has read its maps and environment is not identified, and on a loaded node that read can come
+/// a few tenths of a second after the exec). The function is counted at its entry only, then sampled,
 /// and probed in full again once the storm is over; the rank's counts of it are marked as such,
 /// and every other call stays exact. Each run waits until the function is probed in full again,
 /// so the next run's rank, whose life overlaps none of its demotions, must not list it (a rank
@@ -997,8 +998,8 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
             let program = program("call_loop", mpi);
             // MPICH's polling calls take 6-20 ns, Open MPI's (yielding) about 200 ns.
             let calls: u64 = match mpi {
-                Mpi::OpenMpi => 2_000_000,
-                Mpi::Mpich => 50_000_000,
+                Mpi::OpenMpi => 4_000_000,
+                Mpi::Mpich => 150_000_000,
             };
             run_mpi(mpi, 1, &program, &[&calls.to_string(), class]);
             // With call_loop's warm-up calls before its loop.
