@@ -976,13 +976,13 @@ fn a_polling_rate_between_the_limits_stays_counted_at_entry_only_while_it_lasts(
 }
 
 /// A polling storm under the probe governor (on by default): one rank calls MPI_Test, or
-/// MPI_Iprobe, millions of times in a row (for about a second: a process gone before the daemon
-/// has read its maps and environment is not identified, and on a loaded node that read can come
-/// a few tenths of a second after the exec). The function is counted at its entry only, then sampled,
-/// and probed in full again once the storm is over; the rank's counts of it are marked as such,
-/// and every other call stays exact. Each run waits until the function is probed in full again,
-/// so the next run's rank, whose life overlaps none of its demotions, must not list it (a rank
-/// found gone after a later demotion began is marked up to its exit, not to that reading).
+/// MPI_Iprobe, millions of times in a row (for about a second: a process gone before the daemon has
+/// read its maps and environment is not identified, and on a loaded node that read can come a few
+/// tenths of a second after the exec). The function is counted at its entry only, then sampled, and
+/// probed in full again once the storm is over; the rank's counts of it are marked as such, and
+/// every other call stays exact. Each run waits until the function is probed in full again, so the
+/// next run's rank, whose life overlaps none of its demotions, must not list it (a rank found gone
+/// after a later demotion began is marked up to its exit, not to that reading).
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
