@@ -179,3 +179,21 @@ impl Drop for Capture {
         self.release_held_processes();
     }
 }
+
+/// Processes held at the open of an MPI library at a new path (see `mpi.hold_new_libraries`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LibraryOpenStats {
+    /// Processes stopped until the daemon had handled the library they opened.
+    pub held: u64,
+    /// Their stopped time, summed: from the open to the resume, in ns.
+    pub held_ns: u64,
+    /// Library files (MPI libraries and PMPI interposers) attached while a process was held.
+    pub attached: u64,
+    /// Opens that could not be reported (the ring buffer was full): not held.
+    pub not_held: u64,
+    /// Reads of library files found at run time that did not return within
+    /// `mpi.library_read_timeout_ms` (a file system that does not answer).
+    pub reads_timed_out: u64,
+    /// Those reads still running.
+    pub reads_stuck: u64,
+}

@@ -6,9 +6,11 @@ pub mod config;
 mod counters;
 mod cpu_list;
 mod governed;
+pub mod governor;
 mod libraries;
 mod mapping;
 mod multi;
+pub mod node_usage;
 mod ring;
 mod threads;
 mod tracefs;
@@ -31,7 +33,7 @@ use counters::Counters;
 pub use counters::{online_cpus, CounterEvent, CounterSetup};
 use governed::GovernedLinks;
 pub use governed::{GovernorHandle, ProbeCost};
-pub use libraries::LibraryOpenEvent;
+pub use libraries::{LibraryOpenEvent, LibraryOpenStats};
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, LibraryOpen,
     RankRegion, StormEvent, TaskThread, ThreadLife, ThreadState, NO_FUNC,

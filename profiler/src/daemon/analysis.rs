@@ -22,7 +22,7 @@ use crate::{
         online::{JobPhases, OnlineParams, PhaseEvent, PhasesSnapshot},
         AnalysisParams,
     },
-    export::{phases, sites},
+    export::{phases, printed::JobEndReport, sites},
     model::{Burst, JobId},
     store::JobMeta,
     symbols::SiteResolver,
@@ -44,14 +44,13 @@ pub enum Request {
         now_ns: u64,
         ranks: BTreeMap<JobId, u32>,
     },
-    /// A job ended: print `report`, its phases over `bursts` (call sites named from the
-    /// binaries `job` lists), then `bottlenecks`, together.
+    /// A job ended: print `report` with its phases over `bursts` (call sites named from the
+    /// binaries `job` lists).
     Ended {
         job: Box<JobMeta>,
         ranks: u32,
         bursts: Vec<Burst>,
-        report: String,
-        bottlenecks: Option<String>,
+        report: JobEndReport,
     },
     /// The job was evicted: drop its analysis.
     Forget(JobId),
@@ -152,7 +151,7 @@ impl AnalysisWorker {
 
     /// Lets the thread finish the requests already sent (the phases of jobs that just ended are
     /// printed), then joins it.
-    pub fn finish(mut self) {
+    pub fn finish(&mut self) {
         self.requests = None;
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
@@ -230,15 +229,7 @@ impl Analyses {
                 ranks,
                 bursts,
                 report,
-                bottlenecks,
-            } => {
-                let phases = self.final_phases(&job, ranks, &bursts);
-                let mut text = format!("{report}\n{phases}\n");
-                if let Some(bottlenecks) = bottlenecks {
-                    text.push_str(&format!("{bottlenecks}\n"));
-                }
-                super::print_report(&text);
-            }
+            } => report.print(&self.final_phases(&job, ranks, &bursts)),
             Request::Forget(job) => {
                 self.jobs.remove(&job);
                 self.disabled.remove(&job);

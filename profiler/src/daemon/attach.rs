@@ -1,13 +1,16 @@
 //! Attaching to one MPI library: its probe points and each one's attach cookie (function id,
 //! where the bytes and the peer are, the region flags).
 
+use std::sync::Arc;
+
 use profiler_common::cookie;
 
-use super::Daemon;
+use super::library_reads::SharedFiles;
+
 use crate::{
     capture::{
         config::{FunctionClass, FunctionSpec},
-        AttachPoint,
+        AttachPoint, Capture,
     },
     discovery::{self, Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoint, ProbePoints},
     model::{FINALIZE_FUNCTION, INIT_FUNCTIONS},
@@ -36,20 +39,50 @@ impl LibraryRead {
     }
 }
 
-impl Daemon {
+/// Attaches MPI libraries: the probes of every configured function a library has, each with the
+/// cookie that tells the BPF programs what the call is.
+pub(super) struct Attacher {
+    /// The probed functions, by id.
+    functions: Vec<String>,
+    /// Their classes and arguments, by id.
+    specs: Vec<FunctionSpec>,
+    /// Library files attached.
+    pub(super) attached: usize,
+    /// Where Open MPI datatypes keep their size, once an Open MPI library is attached.
+    ompi_dtype_offset: Option<u64>,
+    /// What the reads of files found at run time share with the loop: they skip a file attached.
+    files: Arc<SharedFiles>,
+}
+
+impl Attacher {
+    pub(super) fn new(
+        functions: Vec<String>,
+        specs: Vec<FunctionSpec>,
+        files: Arc<SharedFiles>,
+    ) -> Self {
+        Attacher {
+            functions,
+            specs,
+            attached: 0,
+            ompi_dtype_offset: None,
+            files,
+        }
+    }
+
     /// Reads `lib` on the loop's thread and attaches it, once per file: for the libraries known
     /// at start.
-    pub(super) fn attach(&mut self, lib: &MpiLibrary) {
-        if !self.capture.is_attached((lib.dev, lib.inode)) {
-            self.attach_read(&LibraryRead::read(lib.clone(), &self.functions));
+    pub(super) fn attach(&mut self, capture: &mut Capture, lib: &MpiLibrary) {
+        if !capture.is_attached((lib.dev, lib.inode)) {
+            let read = LibraryRead::read(lib.clone(), &self.functions);
+            self.attach_read(capture, &read);
         }
     }
 
     /// Attaches the probes of every configured function a library has, once per file; whether
     /// they were attached now.
-    pub(super) fn attach_read(&mut self, read: &LibraryRead) -> bool {
+    pub(super) fn attach_read(&mut self, capture: &mut Capture, read: &LibraryRead) -> bool {
         let lib = &read.lib;
-        if self.capture.is_attached((lib.dev, lib.inode)) {
+        if capture.is_attached((lib.dev, lib.inode)) {
             return false;
         }
         let points = match &read.points {
@@ -65,7 +98,7 @@ impl Daemon {
             (Binding::Fortran | Binding::Interposer, _) => cookie::DTYPE_NONE,
             (Binding::C, MpiFlavor::Mpich) => cookie::DTYPE_MPICH,
             (Binding::C, MpiFlavor::OpenMpi) => {
-                self.openmpi_datatypes(lib, read.dtype_size_offset.as_ref())
+                self.openmpi_datatypes(capture, lib, read.dtype_size_offset.as_ref())
             }
         };
         let attach_points: Vec<AttachPoint> = points
@@ -73,7 +106,7 @@ impl Daemon {
             .iter()
             .filter_map(|p| {
                 let id = self.functions.iter().position(|f| *f == p.function)?;
-                let spec = &self.config.mpi.functions[id];
+                let spec = &self.specs[id];
                 let (count, dt, kind) = match (spec.count_arg, spec.datatype_arg) {
                     (Some(c), Some(d)) if dtype != cookie::DTYPE_NONE => {
                         (c as u64, d as u64, dtype)
@@ -94,16 +127,14 @@ impl Daemon {
                 })
             })
             .collect();
-        let attached = self
-            .capture
-            .attach_library(&lib.path, (lib.dev, lib.inode), &attach_points);
-        self.run_time_libraries.files.attached((lib.dev, lib.inode));
+        let attached = capture.attach_library(&lib.path, (lib.dev, lib.inode), &attach_points);
+        self.files.attached((lib.dev, lib.inode));
         match attached {
             Ok(n) => {
-                self.libraries += 1;
+                self.attached += 1;
                 let frees = |p: &AttachPoint| p.cookie & cookie::DTYPE_FREE != 0;
                 if dtype == cookie::DTYPE_OPENMPI && attach_points.iter().any(frees) {
-                    if let Err(e) = self.capture.reuse_datatype_sizes() {
+                    if let Err(e) = capture.reuse_datatype_sizes() {
                         tracing::warn!("{e}: every call reads its datatype's size");
                     }
                 }
@@ -128,6 +159,7 @@ impl Daemon {
     /// whose datatypes keep their size elsewhere (another Open MPI version) counts no bytes.
     fn openmpi_datatypes(
         &mut self,
+        capture: &mut Capture,
         lib: &MpiLibrary,
         size_offset: Option<&Result<u64, DiscoveryError>>,
     ) -> u64 {
@@ -152,7 +184,7 @@ impl Daemon {
                 );
                 cookie::DTYPE_NONE
             }
-            None => match self.capture.set_ompi_dtype_size_offset(this) {
+            None => match capture.set_ompi_dtype_size_offset(this) {
                 Ok(()) => {
                     self.ompi_dtype_offset = Some(this);
                     cookie::DTYPE_OPENMPI

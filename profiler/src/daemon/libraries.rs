@@ -15,15 +15,25 @@ use std::{
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
 use super::{
-    attach::LibraryRead,
+    attach::{Attacher, LibraryRead},
     file_reads::{FileReads, Finished, ReadProgress, MAX_STUCK},
     library_reads::{self, Opened, OpenedRead, ScannedProcess, SharedFiles},
-    Daemon,
 };
 use crate::{
-    capture::{usage, CaptureError, LibraryOpenEvent},
-    export::LibraryOpenStats,
+    capture::{
+        config::FunctionSpec, usage, Capture, CaptureError, LibraryOpenEvent, LibraryOpenStats,
+    },
+    discovery::MpiLibrary,
 };
+
+/// Scan an exec'ed process's maps after these delays (counted from when the exec notification
+/// is drained, itself up to one drain interval late): the dynamic loader maps its libraries
+/// within milliseconds of exec; the later scans catch libraries opened with dlopen.
+const EXEC_SCAN_DELAYS: [Duration; 3] = [
+    Duration::ZERO,
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+];
 
 /// What a read of files was started for.
 pub(super) enum ReadFor {
@@ -39,10 +49,14 @@ pub(super) enum ReadResult {
     Scanned(Vec<ScannedProcess>),
 }
 
-/// What the daemon keeps about libraries found at run time.
-pub(super) struct RunTimeLibraries {
+/// The MPI libraries the daemon attaches: those known at start, and those found at run time.
+pub(super) struct Libraries {
+    pub(super) attacher: Attacher,
+    /// Processes that open a library at a new path are held until it is attached
+    /// (`mpi.hold_new_libraries`).
+    hold_new_libraries: bool,
     /// What the reads share with the loop.
-    pub(super) files: Arc<SharedFiles>,
+    files: Arc<SharedFiles>,
     reads: FileReads<ReadFor, ReadResult>,
     functions: Arc<[String]>,
     /// Processes held at the open of a path whose file is being read, by the path's hash: the
@@ -54,19 +68,45 @@ pub(super) struct RunTimeLibraries {
     /// Reads are refused (the most are stuck), and a warning said so.
     refusing: bool,
     pub(super) stats: LibraryOpenStats,
+    /// The scans of new processes' maps to come, and when.
+    scans: Vec<(Instant, u32)>,
+    /// Processes held at the open of a library just attached: resumed once identified
+    /// ([`Libraries::resume_identified`]).
+    identifying: Vec<LibraryOpenEvent>,
 }
 
-impl RunTimeLibraries {
-    pub(super) fn new(functions: &[String], deadline: Duration) -> Self {
-        RunTimeLibraries {
-            files: Default::default(),
+impl Libraries {
+    pub(super) fn new(
+        functions: &[String],
+        specs: Vec<FunctionSpec>,
+        hold_new_libraries: bool,
+        deadline: Duration,
+    ) -> Self {
+        let files = Arc::<SharedFiles>::default();
+        Libraries {
+            attacher: Attacher::new(functions.to_vec(), specs, files.clone()),
+            hold_new_libraries,
+            files,
             reads: FileReads::new(deadline),
             functions: functions.into(),
             waiting: HashMap::new(),
             scanning: false,
             refusing: false,
             stats: LibraryOpenStats::default(),
+            scans: Vec::new(),
+            identifying: Vec::new(),
         }
+    }
+
+    /// Attaches a library known at start.
+    pub(super) fn attach_known(&mut self, capture: &mut Capture, lib: &MpiLibrary) {
+        self.attacher.attach(capture, lib);
+    }
+
+    /// Schedules the scans of the maps of a process that exec'ed (drained at `now`).
+    pub(super) fn exec(&mut self, pid: u32, now: Instant) {
+        self.scans
+            .extend(EXEC_SCAN_DELAYS.iter().map(|d| (now + *d, pid)));
     }
 
     /// The next read to finish, time out, or return after its deadline.
@@ -77,6 +117,7 @@ impl RunTimeLibraries {
     /// Resumes every process waiting for a read (at shutdown).
     pub(super) fn release_waiting(&mut self) {
         self.waiting.clear();
+        self.identifying.clear();
     }
 
     /// Starts `read` with the probed functions and the shared files; false when refused
@@ -119,18 +160,18 @@ pub(super) async fn library_open_reported(
     }
 }
 
-impl Daemon {
+impl Libraries {
     /// Starts holding the processes that open an MPI library at a new path, unless
     /// `mpi.hold_new_libraries` is off; says which way a new library will be found.
-    pub(super) fn watch_library_opens(&mut self) {
+    pub(super) fn watch_library_opens(&self, capture: &mut Capture) {
         let fallback = "a library found at run time is attached after the scan of its process's \
                         maps, and the first calls of the processes that use it first (MPI_Init \
                         and those after it) can be missed";
-        if !self.config.mpi.hold_new_libraries {
+        if !self.hold_new_libraries {
             tracing::warn!("mpi.hold_new_libraries is off: {fallback}");
             return;
         }
-        match self.capture.watch_library_opens() {
+        match capture.watch_library_opens() {
             Ok(()) => tracing::info!(
                 "attaching to MPI libraries as processes open them: a process that opens one at \
                  a new path is held until its probes are attached"
@@ -140,34 +181,28 @@ impl Daemon {
     }
 
     /// The ring the loop waits on for library opens.
-    pub(super) fn library_opens_ready(&self) -> Result<LibraryOpensReady, CaptureError> {
-        let Some(fd) = self.capture.library_opens_wakeup().transpose()? else {
+    pub(super) fn library_opens_ready(
+        capture: &Capture,
+    ) -> Result<LibraryOpensReady, CaptureError> {
+        let Some(fd) = capture.library_opens_wakeup().transpose()? else {
             return Ok(None);
         };
-        // SAFETY: the AsyncFd owns the descriptor (an OwnedFd), which stays open and names the
-        // same ring buffer for as long as the AsyncFd lives.
-        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-            .map(Some)
-            .map_err(|source| CaptureError::Io {
-                what: "waiting on the library open ring buffer".into(),
-                source: source.into(),
-            })
+        super::startup::readable(fd, "the library open ring buffer").map(Some)
     }
 
     /// Starts the read of every file reported opened by a held process; resumes at once the
     /// processes that opened a file whose read is stuck.
-    pub(super) fn handle_library_opens(&mut self) {
+    pub(super) fn handle_library_opens(&mut self, capture: &mut Capture) {
         let mut new: Vec<(u64, Vec<LibraryOpenEvent>)> = Vec::new();
-        for event in self.capture.drain_library_opens() {
-            let libraries = &mut self.run_time_libraries;
-            if libraries.files.is_hung(Path::new(&event.path)) {
+        for event in capture.drain_library_opens() {
+            if self.files.is_hung(Path::new(&event.path)) {
                 tracing::debug!(
                     "pid {} opened {}, whose read is stuck: resumed unprofiled",
                     event.held.pid,
                     event.path
                 );
-                self.resume(vec![event], true);
-            } else if let Some(waiting) = libraries.waiting.get_mut(&event.path_hash) {
+                self.resume(capture, vec![event], true);
+            } else if let Some(waiting) = self.waiting.get_mut(&event.path_hash) {
                 // Resumed with the processes of the read in flight; its interposers are looked
                 // for by the scan after its exec.
                 waiting.push(event);
@@ -181,25 +216,24 @@ impl Daemon {
         for (path_hash, events) in new {
             let path = events[0].path.clone();
             let held: Vec<(u32, u32)> = events.iter().map(|e| (e.held.pid, e.fd)).collect();
-            let libraries = &mut self.run_time_libraries;
-            let started = libraries.start(ReadFor::Opened { path_hash }, move |f, files, p| {
+            let started = self.start(ReadFor::Opened { path_hash }, move |f, files, p| {
                 ReadResult::Opened(Box::new(library_reads::read_opened(
                     path_hash, &path, &held, f, files, p,
                 )))
             });
             if started {
-                libraries.waiting.insert(path_hash, events);
+                self.waiting.insert(path_hash, events);
             } else {
                 // Not marked handled: once reads return, the next open of the path is held.
-                self.resume(events, false);
+                self.resume(capture, events, false);
             }
         }
-        self.run_time_libraries.stats.not_held = self.capture.library_opens_lost();
+        self.stats.not_held = capture.library_opens_lost();
     }
 
     /// Starts the scan of the processes whose scan is due, unless one is being read.
     pub(super) fn start_scans(&mut self, now: Instant) {
-        if self.run_time_libraries.scanning {
+        if self.scanning {
             return;
         }
         let (due, later): (Vec<_>, Vec<_>) = self.scans.drain(..).partition(|(t, _)| *t <= now);
@@ -210,34 +244,40 @@ impl Daemon {
         if pids.is_empty() {
             return;
         }
-        let libraries = &mut self.run_time_libraries;
-        libraries.scanning = libraries.start(ReadFor::Scan, move |f, files, p| {
+        self.scanning = self.start(ReadFor::Scan, move |f, files, p| {
             ReadResult::Scanned(library_reads::scan_processes(&pids, f, files, p))
         });
     }
 
-    /// Attaches what a read found, or resumes its held processes when it timed out.
-    pub(super) fn finish_read(&mut self, finished: Finished<ReadFor, ReadResult>) {
-        let deadline_ms = self.run_time_libraries.reads.deadline().as_millis();
+    /// Attaches what a read found, or resumes its held processes when it timed out. Returns the
+    /// processes found to map an MPI library, to be identified while they surely live.
+    pub(super) fn finish_read(
+        &mut self,
+        capture: &mut Capture,
+        finished: Finished<ReadFor, ReadResult>,
+    ) -> Vec<u32> {
+        let deadline_ms = self.reads.deadline().as_millis();
+        let mut found = Vec::new();
         match finished {
-            Finished::Done(_, ReadResult::Opened(read)) => self.attach_opened(*read),
+            Finished::Done(_, ReadResult::Opened(read)) => {
+                found = self.attach_opened(capture, *read)
+            }
             Finished::Done(_, ReadResult::Scanned(processes)) => {
-                self.run_time_libraries.scanning = false;
-                self.attach_scanned(processes);
+                self.scanning = false;
+                found = self.attach_scanned(capture, processes);
             }
             Finished::TimedOut { context, at } => {
-                let libraries = &mut self.run_time_libraries;
-                libraries.stats.reads_timed_out += 1;
+                self.stats.reads_timed_out += 1;
                 // A read that had not come to a file yet (the pool's threads were all busy)
                 // leaves no file to avoid.
                 let (pid, file) = at.unwrap_or_default();
                 if !file.as_os_str().is_empty() {
-                    libraries.files.hung(&file);
+                    self.files.hung(&file);
                 }
                 let file = file.display();
                 match context {
                     ReadFor::Opened { path_hash } => {
-                        let events = libraries.waiting.remove(&path_hash).unwrap_or_default();
+                        let events = self.waiting.remove(&path_hash).unwrap_or_default();
                         let pids: Vec<String> =
                             events.iter().map(|e| e.held.pid.to_string()).collect();
                         tracing::warn!(
@@ -249,10 +289,10 @@ impl Daemon {
                              process that maps it attaches it, for every process that maps it",
                             pids.join(", ")
                         );
-                        self.resume(events, true);
+                        self.resume(capture, events, true);
                     }
                     ReadFor::Scan => {
-                        libraries.scanning = false;
+                        self.scanning = false;
                         tracing::warn!(
                             "reading {file}, mapped by pid {pid}, did not return within \
                              mpi.library_read_timeout_ms ({deadline_ms} ms): its file system does \
@@ -265,10 +305,9 @@ impl Daemon {
                 }
             }
             Finished::Returned { at, took } => {
-                let libraries = &mut self.run_time_libraries;
-                libraries.refusing = false;
+                self.refusing = false;
                 let (pid, file) = at.unwrap_or_default();
-                libraries.files.answers_again(&file);
+                self.files.answers_again(&file);
                 tracing::info!(
                     "the stuck read of {} (pid {pid}) returned after {:.1} s: its file system \
                      answers again, and the file is read at the next scan after an exec that \
@@ -278,25 +317,22 @@ impl Daemon {
                 );
             }
         }
-        self.run_time_libraries.stats.reads_stuck = self.run_time_libraries.reads.stuck() as u64;
+        self.stats.reads_stuck = self.reads.stuck() as u64;
         // The scans that came due meanwhile go on at once, not at the next drain.
         self.start_scans(Instant::now());
+        found
     }
 
     /// Attaches the library held processes opened (and their interposers), marks the path
-    /// handled, and resumes the processes.
-    fn attach_opened(&mut self, read: OpenedRead) {
-        let events = self
-            .run_time_libraries
-            .waiting
-            .remove(&read.path_hash)
-            .unwrap_or_default();
+    /// handled, and resumes the processes; returns them when the library is an MPI library.
+    fn attach_opened(&mut self, capture: &mut Capture, read: OpenedRead) -> Vec<u32> {
+        let events = self.waiting.remove(&read.path_hash).unwrap_or_default();
         let pid = events.first().map_or(0, |e| e.held.pid);
         let name = read.name.display();
         match &read.opened {
             Opened::Mpi(_, Some(library)) => {
-                if self.attach_read(library) {
-                    self.run_time_libraries.stats.attached += 1;
+                if self.attacher.attach_read(capture, library) {
+                    self.stats.attached += 1;
                     tracing::info!(
                         "pid {pid} opened MPI library {name} ({:?} {:?}), attached before the \
                          process went on",
@@ -311,69 +347,78 @@ impl Daemon {
             }
         }
         for (pid, interposer) in &read.interposers {
-            if self.attach_interposer(*pid, interposer) {
-                self.run_time_libraries.stats.attached += 1;
+            if self.attach_interposer(capture, *pid, interposer) {
+                self.stats.attached += 1;
             }
         }
-        // Identified now, while held: a short rank could end before the scan after its exec
-        // (which first reads every file it maps) and before its first burst or statistics tick,
-        // and a process that is gone can no longer be told apart from any other.
-        if matches!(read.opened, Opened::Mpi(..)) {
-            let mut state = std::mem::take(&mut self.state);
-            for event in &events {
-                self.member(event.held.pid, &mut state);
-            }
-            self.state = state;
-            if self.members_changed {
-                self.publish();
-            }
-        }
-        self.resume(events, true);
+        // Identified while held: a short rank could end before the scan after its exec (which
+        // first reads every file it maps) and before its first burst or statistics tick, and a
+        // process that is gone can no longer be told apart from any other. The caller
+        // identifies them before they are resumed, when the events are dropped.
+        let mpi: Vec<u32> = match read.opened {
+            Opened::Mpi(..) => events.iter().map(|e| e.held.pid).collect(),
+            Opened::Other(_) => Vec::new(),
+        };
+        self.identifying.extend(events);
+        mpi
+    }
+
+    /// Resumes the processes held at the open of a library just attached, once the caller has
+    /// identified those [`Libraries::finish_read`] returned.
+    pub(super) fn resume_identified(&mut self, capture: &mut Capture) {
+        let events = std::mem::take(&mut self.identifying);
+        self.resume(capture, events, true);
     }
 
     /// Attaches the MPI libraries and interposers new processes map, and identifies the
     /// processes that map an MPI library while they surely live, not when their first data
     /// arrives.
-    fn attach_scanned(&mut self, processes: Vec<ScannedProcess>) {
-        let mut state = std::mem::take(&mut self.state);
+    fn attach_scanned(
+        &mut self,
+        capture: &mut Capture,
+        processes: Vec<ScannedProcess>,
+    ) -> Vec<u32> {
+        let mut mpi = Vec::new();
         for process in processes {
             for library in &process.libraries {
-                self.attach_read(library);
+                self.attacher.attach_read(capture, library);
             }
             for interposer in &process.interposers {
-                self.attach_interposer(process.pid, interposer);
+                self.attach_interposer(capture, process.pid, interposer);
             }
             if process.maps_mpi {
-                self.member(process.pid, &mut state);
+                mpi.push(process.pid);
             }
         }
-        self.state = state;
-        if self.members_changed {
-            self.publish();
-        }
+        mpi
     }
 
     /// Attaches a PMPI interposer process `pid` maps; whether it was attached now.
-    fn attach_interposer(&mut self, pid: u32, interposer: &LibraryRead) -> bool {
+    fn attach_interposer(
+        &mut self,
+        capture: &mut Capture,
+        pid: u32,
+        interposer: &LibraryRead,
+    ) -> bool {
         tracing::info!(
             "pid {pid} maps PMPI interposer {}: its MPI functions are probed, so that each call \
              counts once and its call site is the application's",
             interposer.lib.path.display()
         );
-        self.attach_read(interposer)
+        self.attacher.attach_read(capture, interposer)
     }
 
     /// Resumes held processes (dropping their events); `handled`: their path is marked handled,
     /// so that opening it again holds no process.
-    fn resume(&mut self, events: Vec<LibraryOpenEvent>, handled: bool) {
+    fn resume(&mut self, capture: &mut Capture, events: Vec<LibraryOpenEvent>, handled: bool) {
         for event in events {
             if handled {
-                if let Err(e) = self.capture.mark_library_path_known(event.path_hash) {
+                if let Err(e) = capture.mark_library_path_known(event.path_hash) {
                     tracing::warn!("{e}: the next process opening {} is held again", event.path);
                 }
             }
             let held_ns = usage::clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(event.opened_ns);
-            let stats = &mut self.run_time_libraries.stats;
+            let stats = &mut self.stats;
             stats.held += 1;
             stats.held_ns += held_ns;
             tracing::info!(

@@ -8,7 +8,6 @@
 //! client.
 
 use std::{
-    collections::BTreeMap,
     net::SocketAddr,
     sync::{Arc, Mutex},
     thread::{self, JoinHandle},
@@ -22,40 +21,13 @@ use axum::{
     Json, Router,
 };
 use serde::Serialize;
-use tokio::sync::watch;
 
 use crate::{
-    analysis::{groups::RankGroupsView, online::PhasesSnapshot},
-    capture::usage::UsageTotals,
-    export::{prometheus::Metrics, sites, SelfStats},
+    export::{prometheus::Metrics, published::PublishedState, sites},
     model::JobId,
-    properties::LiveProperties,
-    store::{CallStats, JobMeta, JobStore, RankRecord, RankTotals},
+    store::{CallStats, JobMeta, RankRecord, RankTotals},
     symbols::SiteResolver,
 };
-
-/// What the daemon publishes after every update: an immutable view that the server reads.
-#[derive(Default)]
-pub struct Published {
-    /// The jobs without their burst buffers ([`crate::store::Job::without_bursts`]).
-    pub store: JobStore,
-    /// Bursts each job holds in its buffer.
-    pub bursts_held: BTreeMap<JobId, usize>,
-    pub health: SelfStats,
-    /// The online phase analysis of each job, as of the last tick.
-    pub phases: BTreeMap<JobId, Arc<PhasesSnapshot>>,
-    /// Each job's properties (life and last window), as of the last stats update.
-    pub properties: BTreeMap<JobId, Arc<LiveProperties>>,
-    /// Each job's kernel usage (CPU time, memory, file I/O) on this node.
-    pub usage: BTreeMap<JobId, UsageTotals>,
-    /// The start-up has attached the probes: from here on MPI calls are counted.
-    pub probes_attached: bool,
-    /// Each job's rank groups and behaviour changes.
-    pub rank_groups: BTreeMap<JobId, Arc<RankGroupsView>>,
-}
-
-/// The server's end of the daemon's watch channel: the latest [`Published`] view.
-pub type PublishedState = watch::Receiver<Arc<Published>>;
 
 #[derive(Serialize)]
 struct JobSummary<'a> {
@@ -265,8 +237,13 @@ pub fn serve(
 
 #[cfg(test)]
 mod tests {
+    use tokio::sync::watch;
+
     use super::*;
-    use crate::export::client::{ClientError, DaemonClient};
+    use crate::export::{
+        client::{ClientError, DaemonClient},
+        published::Published,
+    };
 
     #[test]
     fn healthz_answers_200_only_once_the_probes_are_attached() {

@@ -25,7 +25,7 @@ use prometheus::{
 use crate::{
     analysis::{groups::RankGroupsView, online::PhasesSnapshot, ClusterStats},
     capture::ProgramStats,
-    export::http::{Published, PublishedState},
+    export::published::{Published, PublishedState},
     model::{unix_now_ns, JobId},
     properties::{Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankSample},
     store::{JobStore, RankRecord},

@@ -6,7 +6,8 @@
 //!
 //! The submodules import one way, each only from those before it: [`error`], [`quantiles`],
 //! [`window`] → [`inputs`] → [`engine`] → [`pop`] → [`mod@catalogue`] → [`config`] (validated
-//! against the catalogue; the engine reads it through [`engine::StrategySettings`]) → [`live`].
+//! against the catalogue; the engine reads it through [`engine::StrategySettings`]) → [`live`] →
+//! [`node`] (every job of the node).
 //!
 //! # Model ([`engine`])
 //!
@@ -103,6 +104,7 @@ pub mod engine;
 pub mod error;
 pub mod inputs;
 pub mod live;
+pub mod node;
 pub mod pop;
 pub mod quantiles;
 pub mod window;

@@ -2,6 +2,11 @@
 //! per-rank totals from the kernel, and a bounded window of recent bursts). Live capture and
 //! recordings both fill it, so reports and exports read it the same way.
 
+pub mod clock;
+pub mod ingest;
+pub mod members;
+pub mod readings;
+
 use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -290,6 +295,18 @@ pub struct JobStore {
 }
 
 impl JobStore {
+    /// Adds a process identified now: its job, when it is the job's first, and its rank.
+    /// Whether its job is new.
+    pub fn add_member(&mut self, new: members::NewMember) -> bool {
+        let mut added = false;
+        let job = self.jobs.entry(new.meta.id.clone()).or_insert_with(|| {
+            added = true;
+            Job::new(new.meta)
+        });
+        job.ranks.entry(new.rank.rank).or_insert(new.rank);
+        added
+    }
+
     /// Keeps `bursts` in their job's memory within a budget of `max_bursts` over the whole node:
     /// when the jobs hold that many, the oldest burst of the job holding the most goes first, so
     /// a burst storm in one job never pushes out the bursts of the others. Nothing happens for a

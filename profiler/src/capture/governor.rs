@@ -35,10 +35,28 @@ use std::{
 
 use profiler_common::{mode, Governance, Sample, StormEvent, ThreadFunc, STORM_WINDOW_NS};
 
-use crate::{
-    capture::{config::GovernorConfig, usage, GovernorHandle, ProbeCost},
-    export::GovernorStats,
-};
+use crate::capture::{config::GovernorConfig, usage, GovernorHandle, ProbeCost};
+
+/// What the probe governor did (see `governor` in the config).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GovernorStats {
+    /// What a probe hit costs on this node, measured at start: (return probed too, entry only),
+    /// in ns.
+    pub probe_cost_ns: Option<(f64, f64)>,
+    /// The governed (polling) functions, by name.
+    pub functions: BTreeMap<String, GovernedFunction>,
+}
+
+/// How the governor has one function probed, and how often it changed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GovernedFunction {
+    /// "full", "count_only" or "sampled".
+    pub mode: &'static str,
+    /// Changes into each mode.
+    pub changes: BTreeMap<&'static str, u64>,
+    /// Sampling windows closed.
+    pub windows: u64,
+}
 
 /// Rounds and calls of the probe cost measurement at start (about 0.1 s in all here).
 const COST_ROUNDS: usize = 3;
