@@ -22,7 +22,7 @@ use aya_ebpf::{
 };
 use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
 
-use crate::config;
+use crate::shared::config;
 
 /// The daemon's own pid: it opens MPI libraries to read their symbols and must never hold
 /// itself. Set at load. (Its threads are also named `mpiburst*`, see NEVER_HELD.)
