@@ -24,6 +24,7 @@ mod library_reads;
 pub mod privileges;
 mod records;
 mod startup;
+mod wakeups;
 
 use std::{collections::HashSet, sync::Arc, thread::JoinHandle, time::Instant};
 
@@ -150,15 +151,15 @@ impl Daemon {
         );
         let mut drain = tokio::time::interval(self.config.capture.drain_interval());
         // The BPF side wakes this when the burst ring fills faster than the timer drains it.
-        let ring = startup::readable(self.capture.bursts_wakeup()?, "the burst ring buffer")?;
+        let ring = wakeups::readable(self.capture.bursts_wakeup()?, "the burst ring buffer")?;
         // The BPF side reports a process it holds at the open of a new MPI library at once.
-        let library_opens = Libraries::library_opens_ready(&self.capture)?;
+        let library_opens = wakeups::library_opens_ready(&self.capture)?;
         let mut stats = tokio::time::interval(self.config.capture.stats_interval());
         // Both streams exist for the whole loop: a signal that arrives while a drain or an update
         // runs is kept for the next select (a stream made inside the loop would miss it).
         let (mut sigint, mut sigterm) = (
-            startup::signal(SignalKind::interrupt(), "SIGINT")?,
-            startup::signal(SignalKind::terminate(), "SIGTERM")?,
+            wakeups::signal(SignalKind::interrupt(), "SIGINT")?,
+            wakeups::signal(SignalKind::terminate(), "SIGTERM")?,
         );
         loop {
             tokio::select! {
@@ -169,7 +170,7 @@ impl Daemon {
                         guard.clear_ready();
                     }
                 }
-                ready = libraries::library_open_reported(&library_opens) => {
+                ready = wakeups::library_open_reported(&library_opens) => {
                     if let Ok(mut guard) = ready {
                         self.libraries.handle_library_opens(&mut self.capture);
                         guard.clear_ready();

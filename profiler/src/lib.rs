@@ -1,6 +1,26 @@
-//! mpiburst: an always-on, eBPF-based profiler for MPI jobs. One module per stage, see
-//! docs/architecture.md: capture → discovery → store → analysis → properties → export, with
-//! symbols between the store and the export.
+//! mpiburst: an always-on, eBPF-based profiler for MPI jobs. docs/architecture.md describes the
+//! stages and how data flows through them.
+//!
+//! # Layers
+//!
+//! Each module imports only the modules listed before it, and the files of every folder import
+//! each other one way (tests/layering.rs checks both):
+//!
+//! 1. `model`: the types every stage shares (bursts, call sites, job ids).
+//! 2. `capture`: the BPF programs, their ring buffers and the kernel's exact totals, the probe
+//!    governor, the jobs' kernel usage (CPU time, memory, file I/O).
+//! 3. `discovery`: processes and their jobs and ranks, the MPI libraries and where to probe them.
+//! 4. `symbols`: call sites to function, file and line.
+//! 5. `store`: each job's data on the node, and the steps that fill it: identify, ingest, the
+//!    kernel readings per rank.
+//! 6. `analysis`: burst clustering, phases, SPMD score, tracking, rank groups, signatures; it
+//!    imports only `model`.
+//! 7. `properties`: bottleneck properties with severities, POP efficiencies.
+//! 8. `export`: the HTTP API, Prometheus metrics, recordings, text, JSON and HTML reports.
+//! 9. `config`: the configuration file, made of the stages' own sections.
+//! 10. `cli`: the command line's options over the configuration.
+//! 11. `daemon`: the loop that runs the stages as steps.
+//! 12. `fuzzing`: the entry points of the fuzz targets.
 
 pub mod analysis;
 pub mod capture;

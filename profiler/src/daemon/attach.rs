@@ -5,39 +5,16 @@ use std::sync::Arc;
 
 use profiler_common::cookie;
 
-use super::library_reads::SharedFiles;
+use super::library_reads::{LibraryRead, SharedFiles};
 
 use crate::{
     capture::{
         config::{FunctionClass, FunctionSpec},
         AttachPoint, Capture,
     },
-    discovery::{self, Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoint, ProbePoints},
+    discovery::{Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoint},
     model::{FINALIZE_FUNCTION, INIT_FUNCTIONS},
 };
-
-/// What attaching a library takes from its file. For a library found at run time it is read off
-/// the daemon's loop (library_reads.rs): the file may be on a file system that does not answer.
-pub(super) struct LibraryRead {
-    pub(super) lib: MpiLibrary,
-    points: Result<ProbePoints, DiscoveryError>,
-    /// Open MPI's C library: where its datatypes keep their size.
-    dtype_size_offset: Option<Result<u64, DiscoveryError>>,
-}
-
-impl LibraryRead {
-    /// Reads the entry points of `functions` in `lib`, and where its datatypes keep their size.
-    pub(super) fn read(lib: MpiLibrary, functions: &[String]) -> Self {
-        let points = discovery::probe_points(&lib, functions);
-        let dtype_size_offset = (lib.binding == Binding::C && lib.flavor == MpiFlavor::OpenMpi)
-            .then(|| discovery::openmpi_datatype_size_offset(&lib));
-        LibraryRead {
-            lib,
-            points,
-            dtype_size_offset,
-        }
-    }
-}
 
 /// Attaches MPI libraries: the probes of every configured function a library has, each with the
 /// cookie that tells the BPF programs what the call is.

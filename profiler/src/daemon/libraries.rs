@@ -6,23 +6,18 @@
 
 use std::{
     collections::HashMap,
-    os::fd::OwnedFd,
     path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
-
 use super::{
-    attach::{Attacher, LibraryRead},
+    attach::Attacher,
     file_reads::{FileReads, Finished, ReadProgress, MAX_STUCK},
-    library_reads::{self, Opened, OpenedRead, ScannedProcess, SharedFiles},
+    library_reads::{self, LibraryRead, Opened, OpenedRead, ScannedProcess, SharedFiles},
 };
 use crate::{
-    capture::{
-        config::FunctionSpec, usage, Capture, CaptureError, LibraryOpenEvent, LibraryOpenStats,
-    },
+    capture::{config::FunctionSpec, usage, Capture, LibraryOpenEvent, LibraryOpenStats},
     discovery::MpiLibrary,
 };
 
@@ -147,19 +142,6 @@ impl Libraries {
     }
 }
 
-/// The library open ring, for the daemon's loop to wait on; `None` while no process is held.
-pub(super) type LibraryOpensReady = Option<AsyncFd<OwnedFd>>;
-
-/// Waits until a library open is reported; never, when none can be.
-pub(super) async fn library_open_reported(
-    ready: &LibraryOpensReady,
-) -> std::io::Result<AsyncFdReadyGuard<'_, OwnedFd>> {
-    match ready {
-        Some(fd) => fd.readable().await,
-        None => std::future::pending().await,
-    }
-}
-
 impl Libraries {
     /// Starts holding the processes that open an MPI library at a new path, unless
     /// `mpi.hold_new_libraries` is off; says which way a new library will be found.
@@ -178,16 +160,6 @@ impl Libraries {
             ),
             Err(e) => tracing::warn!("cannot watch library opens ({e}): {fallback}"),
         }
-    }
-
-    /// The ring the loop waits on for library opens.
-    pub(super) fn library_opens_ready(
-        capture: &Capture,
-    ) -> Result<LibraryOpensReady, CaptureError> {
-        let Some(fd) = capture.library_opens_wakeup().transpose()? else {
-            return Ok(None);
-        };
-        super::startup::readable(fd, "the library open ring buffer").map(Some)
     }
 
     /// Starts the read of every file reported opened by a held process; resumes at once the

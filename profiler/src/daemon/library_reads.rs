@@ -11,8 +11,31 @@ use std::{
     sync::{Mutex, MutexGuard, PoisonError},
 };
 
-use super::{attach::LibraryRead, file_reads::ReadProgress};
-use crate::discovery::{self, MpiFlavor, MpiLibrary};
+use super::file_reads::ReadProgress;
+use crate::discovery::{self, Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoints};
+
+/// What attaching a library takes from its file. For a library found at run time it is read off
+/// the daemon's loop: the file may be on a file system that does not answer.
+pub(super) struct LibraryRead {
+    pub(super) lib: MpiLibrary,
+    pub(super) points: Result<ProbePoints, DiscoveryError>,
+    /// Open MPI's C library: where its datatypes keep their size.
+    pub(super) dtype_size_offset: Option<Result<u64, DiscoveryError>>,
+}
+
+impl LibraryRead {
+    /// Reads the entry points of `functions` in `lib`, and where its datatypes keep their size.
+    pub(super) fn read(lib: MpiLibrary, functions: &[String]) -> Self {
+        let points = discovery::probe_points(&lib, functions);
+        let dtype_size_offset = (lib.binding == Binding::C && lib.flavor == MpiFlavor::OpenMpi)
+            .then(|| discovery::openmpi_datatype_size_offset(&lib));
+        LibraryRead {
+            lib,
+            points,
+            dtype_size_offset,
+        }
+    }
+}
 
 /// Upper bound on the files remembered as attached and as checked for PMPI interposers (as for
 /// the build-id cache: a node maps a few thousand distinct files).

@@ -2,13 +2,9 @@
 //! the HTTP port bound and the lock file taken before the recording is truncated and the BPF
 //! programs are loaded, so a daemon that cannot run, or a second one, changes nothing.
 
-use std::{os::fd::OwnedFd, path::PathBuf, sync::Arc};
+use std::{path::PathBuf, sync::Arc};
 
-use tokio::{
-    io::unix::AsyncFd,
-    signal::unix::{Signal, SignalKind},
-    sync::watch,
-};
+use tokio::sync::watch;
 
 use super::{
     analysis::AnalysisWorker, instance, libraries::Libraries, privileges, records::DrainRecords,
@@ -282,24 +278,4 @@ fn start_governor(config: &Config, capture: &mut Capture) -> Option<Governor> {
             None
         }
     }
-}
-
-/// A ring buffer's descriptor, for the loop to wait on.
-pub(super) fn readable(fd: OwnedFd, what: &str) -> Result<AsyncFd<OwnedFd>, CaptureError> {
-    // SAFETY: the AsyncFd owns the descriptor (an OwnedFd), which stays open and names the
-    // same ring buffer for as long as the AsyncFd lives.
-    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(|e| {
-        CaptureError::Io {
-            what: format!("waiting on {what}"),
-            source: e.into(),
-        }
-    })
-}
-
-/// A stream of one signal.
-pub(super) fn signal(kind: SignalKind, name: &str) -> Result<Signal, CaptureError> {
-    tokio::signal::unix::signal(kind).map_err(|source| CaptureError::Io {
-        what: format!("{name} handler"),
-        source,
-    })
 }
