@@ -11,7 +11,7 @@ use std::{
 
 use mpiburst::{
     analysis::{analyse, signature::signature, AnalysisParams},
-    export::{phases::node_ranks, signature::regions},
+    export::signature::regions,
     model::Burst,
 };
 use mpiburst_tests::*;
@@ -100,7 +100,7 @@ fn the_signature_of_a_run_reproduces_its_run_time() {
     let recording = daemon.stop();
     let job = job_of(&recording, &program("workload", MPI));
     let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
-    let analysis = analyse(&bursts, node_ranks(job), &AnalysisParams::default()).unwrap();
+    let analysis = analyse(&bursts, job.node_ranks(), &AnalysisParams::default()).unwrap();
     let end = job.meta.ended_ns.expect("the job ended");
     let s = signature(&bursts, &analysis, &regions(job, end)).unwrap();
     let runtime_s = s.runtime_ns as f64 / 1e9;

@@ -454,7 +454,7 @@ impl Daemon {
             let report = self.reports.job_end(job, properties.map(|p| &**p), now);
             self.analysis.send(analysis::Request::Ended {
                 job: Box::new(job.meta.clone()),
-                ranks: crate::export::phases::node_ranks(job),
+                ranks: job.node_ranks(),
                 bursts: std::mem::take(&mut job.bursts).into(),
                 report,
             });

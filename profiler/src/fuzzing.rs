@@ -33,7 +33,7 @@ pub fn recording(data: &[u8]) {
         phases::render_kernel_filter(job, Some(recording.header.min_burst_ns));
         if job.bursts.len() <= MAX_ANALYSED_BURSTS {
             let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
-            let _ = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default());
+            let _ = analyse(&bursts, job.node_ranks(), &AnalysisParams::default());
         }
     }
 }

@@ -242,7 +242,7 @@ fn json_text(document: &impl serde::Serialize) -> anyhow::Result<String> {
 }
 
 /// The report of a recording: the phases of each job are clustered from its recorded bursts over
-/// the ranks this node ran (see [`phases::node_ranks`]), the bottlenecks evaluated from the
+/// the ranks this node ran (see [`Job::node_ranks`](mpiburst::store::Job::node_ranks)), the bottlenecks evaluated from the
 /// ranks' exact totals as the daemon evaluates them over a job's life.
 fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::Result<()> {
     let path = recording.display();
@@ -286,7 +286,7 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
             None
         } else {
             Some(
-                analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
+                analyse(&bursts, job.node_ranks(), &AnalysisParams::default())
                     .with_context(|| format!("phase analysis of job {id}"))?,
             )
         };
@@ -505,7 +505,7 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
             "choose one with --job-before/--job-after",
         )?;
         let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
-        let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
+        let analysis = analyse(&bursts, job.node_ranks(), &AnalysisParams::default())
             .with_context(|| {
                 format!(
                     "phase analysis of job {} in {}",
@@ -571,7 +571,7 @@ fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
     for ((run, recording), job) in args.runs.iter().zip(&recordings).zip(&jobs) {
         let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
         let context = || format!("job {} in {}", job.meta.id, run.recording.display());
-        let analysis = analyse(&bursts, phases::node_ranks(job), &AnalysisParams::default())
+        let analysis = analyse(&bursts, job.node_ranks(), &AnalysisParams::default())
             .with_context(|| format!("phase analysis of {}", context()))?;
         let now = recording
             .end

@@ -257,7 +257,7 @@ impl Analyses {
 
     /// Stops the online analysis of a job whose analysis panicked: its state may be half
     /// updated. The other jobs, and the job's exact totals and properties, go on.
-    fn disable(&mut self, id: &JobId, why: &str) {
+    fn disable(&mut self, id: &JobId, why: &Panicked) {
         tracing::error!(
             "phase analysis of job {id} failed and is stopped for this job ({why}); its totals \
              and properties are still measured. Please report this with the job's recording."
@@ -286,15 +286,22 @@ impl Analyses {
     }
 }
 
+/// A piece of analysis work that panicked, with the panic's message.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("{0}")]
+struct Panicked(String);
+
 /// Runs `work`, turning a panic into its message: a bug in one job's analysis must not stop the
 /// analysis of every job on the node.
-fn isolated<T>(work: impl FnOnce() -> T) -> Result<T, String> {
+fn isolated<T>(work: impl FnOnce() -> T) -> Result<T, Panicked> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|panic| {
-        panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into())
+        Panicked(
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into()),
+        )
     })
 }
 
@@ -366,11 +373,11 @@ mod tests {
         assert_eq!(isolated(|| 7), Ok(7));
         assert_eq!(
             isolated(|| -> u32 { panic!("window {} broke", 3) }),
-            Err("window 3 broke".to_string())
+            Err(Panicked("window 3 broke".to_string()))
         );
         assert_eq!(
             isolated(|| -> u32 { panic!("static message") }),
-            Err("static message".to_string())
+            Err(Panicked("static message".to_string()))
         );
     }
 }

@@ -558,20 +558,6 @@ pub fn render_live_phases(
     out
 }
 
-/// The number of ranks a node-local phase analysis is over (m in
-/// [`analyse`](crate::analysis::analyse)): the job's ranks this node saw, from their kernel totals
-/// or their bursts. Not the job's world size: a node sees only its own ranks, and counting the
-/// others as ranks without bursts would cut every load balance and SPMD score by the share of
-/// ranks running elsewhere. A local rank without any analysed burst still counts, as it should.
-pub fn node_ranks(job: &Job) -> u32 {
-    job.ranks
-        .keys()
-        .copied()
-        .chain(job.bursts.iter().map(|b| b.rank))
-        .collect::<std::collections::BTreeSet<_>>()
-        .len() as u32
-}
-
 /// What the kernel's own duration filter kept out of the recording or the daemon, which the
 /// phase analysis never sees.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -1033,7 +1019,7 @@ mod tests {
             ended_ns: None,
         });
         assert_eq!(render_kernel_filter(&job, Some(100_000)), "");
-        assert_eq!(node_ranks(&job), 0);
+        assert_eq!(job.node_ranks(), 0);
         let mut burst = job_bursts_one();
         burst.rank = 3;
         job.bursts.push_back(burst);
@@ -1057,7 +1043,7 @@ mod tests {
             },
         );
         assert_eq!(
-            node_ranks(&job),
+            job.node_ranks(),
             2,
             "rank 0 from its totals, rank 3 from its burst, not the world size"
         );

@@ -284,7 +284,7 @@ mod tests {
             tracking::{match_runs, TrackingParams},
         },
         export::{
-            phases::{node_ranks, render_live_phases, render_phases, render_run_match},
+            phases::{render_live_phases, render_phases, render_run_match},
             recording::{
                 write_synthetic, Recording, RecordingEnd, RecordingHeader, FORMAT_VERSION,
             },
@@ -376,7 +376,7 @@ mod tests {
         let properties = r.job_properties(job, now, &PropertyConfig::default());
         let bottlenecks = Bottlenecks::new(&properties);
         let bursts: Vec<_> = job.bursts.iter().cloned().collect();
-        let analysis = analyse(&bursts, node_ranks(job), &Default::default()).unwrap();
+        let analysis = analyse(&bursts, job.node_ranks(), &Default::default()).unwrap();
         let text = [
             report.text(),
             bottlenecks.text("over its life"),
@@ -568,7 +568,7 @@ mod tests {
         let signature = |r: &Recording| {
             let job = r.jobs.values().next().unwrap();
             let bursts: Vec<_> = job.bursts.iter().cloned().collect();
-            let analysis = analyse(&bursts, node_ranks(job), &Default::default()).unwrap();
+            let analysis = analyse(&bursts, job.node_ranks(), &Default::default()).unwrap();
             let app = AppIdentity {
                 build_id: None,
                 executable: job.meta.executable.clone(),

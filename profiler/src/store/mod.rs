@@ -283,6 +283,21 @@ impl Job {
         t
     }
 
+    /// The number of ranks a node-local phase analysis is over (m in
+    /// [`analyse`](crate::analysis::analyse)): the job's ranks this node saw, from their kernel
+    /// totals or their bursts. Not the job's world size: a node sees only its own ranks, and
+    /// counting the others as ranks without bursts would cut every load balance and SPMD score by
+    /// the share of ranks running elsewhere. A local rank without any analysed burst still counts,
+    /// as it should.
+    pub fn node_ranks(&self) -> u32 {
+        self.ranks
+            .keys()
+            .copied()
+            .chain(self.bursts.iter().map(|b| b.rank))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len() as u32
+    }
+
     pub fn is_ended(&self) -> bool {
         self.meta.ended_ns.is_some()
     }
