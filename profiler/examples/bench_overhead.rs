@@ -399,6 +399,21 @@ fn main() -> Result<()> {
     if programs.as_os_str() == SYSCALL_LOOP {
         return SyscallLoop::run();
     }
+    let mpis = installed_mpis(&programs)?;
+    let config = daemon_config(&mpis);
+    let rounds = cost_per_call(&config, &mpis)?;
+    let (floor_runs, real_runs) = program_run_times(&config, &mpis)?;
+    print_cost_per_call(&mpis, &rounds);
+    print_program_run_times(&mpis, &floor_runs, &real_runs);
+    let (writes, yields) = untracked_system_calls(&config)?;
+    let tracked = tracked_pwrite(&config)?;
+    print_system_call_tax(writes, yields, tracked);
+    Ok(())
+}
+
+/// The daemon's configuration for the bench: it probes the libraries the floor probes, Fortran
+/// ones included.
+fn daemon_config(mpis: &[Mpi]) -> Config {
     // The daemon's loop does not run here, so nothing would resume a process held at its open
     // of an MPI library.
     let mut config = Config::default();
@@ -406,47 +421,67 @@ fn main() -> Result<()> {
     // A port of its own for each daemon started here: a dropped daemon's HTTP thread closes its
     // listener a moment later, and the next one would find the port in use.
     config.daemon.listen = ([127, 0, 0, 1], 0).into();
-    let mpis = installed_mpis(&programs)?;
-    // The daemon probes the libraries the floor probes, Fortran ones included.
     config.mpi.libraries = mpis
         .iter()
         .flat_map(|mpi| &mpi.floor)
         .map(|(library, _)| library.path.clone())
         .collect();
+    config
+}
 
-    // Per (MPI, class), ns per call of each round: none, floor, mpiburst.
-    let mut rounds: [Vec<Vec<f64>>; 3] = Default::default();
+/// Per setup (none, floor, mpiburst), per round, ns per call of each (MPI, class).
+type Rounds = [Vec<Vec<f64>>; 3];
+
+/// The cost per call without probes, under the floor and under the daemon, in alternating
+/// rounds.
+fn cost_per_call(config: &Config, mpis: &[Mpi]) -> Result<Rounds> {
+    let mut rounds: Rounds = Default::default();
     for round in 0..ROUNDS {
-        rounds[0].push(ns_per_call_of_all(&mpis)?);
+        rounds[0].push(ns_per_call_of_all(mpis)?);
         {
-            let _floor = load_floor(&config, &mpis)?;
-            rounds[1].push(ns_per_call_of_all(&mpis)?);
+            let _floor = load_floor(config, mpis)?;
+            rounds[1].push(ns_per_call_of_all(mpis)?);
         }
         {
             let _daemon = Daemon::start(config.clone(), None)?;
-            rounds[2].push(ns_per_call_of_all(&mpis)?);
+            rounds[2].push(ns_per_call_of_all(mpis)?);
         }
         eprintln!("round {} of {ROUNDS} done", round + 1);
     }
-    // Each program's run time, with the kernel's statistics on for this round only.
+    Ok(rounds)
+}
+
+/// Per (MPI, class): a program's run time per call (ns) and its runs per call.
+type RunTimes = Vec<(f64, f64)>;
+
+/// Each BPF program's run time and runs per call, floor and daemon, with the kernel's
+/// statistics on for these rounds only.
+fn program_run_times(config: &Config, mpis: &[Mpi]) -> Result<(RunTimes, RunTimes)> {
     let known: HashSet<u32> = aya::programs::loaded_programs()
         .map(|info| info.map(|i| i.id()))
         .collect::<Result<_, _>>()?;
-    let (floor_runs, real_runs) = {
-        let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
-            .context("turning on the kernel's BPF run-time statistics")?;
-        let mut floor_rounds = Vec::new();
-        let mut real_rounds = Vec::new();
-        for _ in 0..STATS_ROUNDS {
-            {
-                let _floor = load_floor(&config, &mpis)?;
-                floor_rounds.push(program_time_per_call(&mpis, true, &known)?);
-            }
-            let _daemon = Daemon::start(config.clone(), None)?;
-            real_rounds.push(program_time_per_call(&mpis, false, &known)?);
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .context("turning on the kernel's BPF run-time statistics")?;
+    let mut floor_rounds = Vec::new();
+    let mut real_rounds = Vec::new();
+    for _ in 0..STATS_ROUNDS {
+        {
+            let _floor = load_floor(config, mpis)?;
+            floor_rounds.push(program_time_per_call(mpis, true, &known)?);
         }
-        (medians(&floor_rounds), medians(&real_rounds))
-    };
+        let _daemon = Daemon::start(config.clone(), None)?;
+        real_rounds.push(program_time_per_call(mpis, false, &known)?);
+    }
+    Ok((medians(&floor_rounds), medians(&real_rounds)))
+}
+
+/// Every (MPI, class) the bench measures, in the order of its rounds.
+fn measured(mpis: &[Mpi]) -> impl Iterator<Item = (&Mpi, &(&str, &str, &str, &str))> {
+    mpis.iter()
+        .flat_map(|mpi| CLASSES.iter().map(move |c| (mpi, c)))
+}
+
+fn print_cost_per_call(mpis: &[Mpi], rounds: &Rounds) {
     println!(
         "cost per call, {CALLS} calls per run, median of {ROUNDS} alternating rounds (ns per call; \
          probe cost = with probes - without; target: mpiburst/floor <= 1.1):"
@@ -464,10 +499,7 @@ fn main() -> Result<()> {
         "mpiburst cost",
         "ratio"
     );
-    let classes = mpis
-        .iter()
-        .flat_map(|mpi| CLASSES.iter().map(move |c| (mpi, c)));
-    for (i, (mpi, (_, _, function, class))) in classes.clone().enumerate() {
+    for (i, (mpi, (_, _, function, class))) in measured(mpis).enumerate() {
         let [c, a, b] = [0, 1, 2].map(|k| median(rounds[k].iter().map(|r| r[i]).collect()));
         println!(
             "  {:<9} {:<14} {:<26} {:>8} {c:>8.1} {a:>8.1} {b:>9.1} {:>11.1} {:>13.1} {:>6.3}",
@@ -480,6 +512,9 @@ fn main() -> Result<()> {
             (b - c) / (a - c)
         );
     }
+}
+
+fn print_program_run_times(mpis: &[Mpi], floor_runs: &[(f64, f64)], real_runs: &[(f64, f64)]) {
     println!(
         "BPF probe programs per call, median of {STATS_ROUNDS} more alternating rounds with the \
          kernel's statistics on (their own clock reads included):"
@@ -495,7 +530,7 @@ fn main() -> Result<()> {
         "mpiburst runs",
         "work of the programs"
     );
-    for (i, (mpi, (_, _, function, class))) in classes.enumerate() {
+    for (i, (mpi, (_, _, function, class))) in measured(mpis).enumerate() {
         let ((ft, fr), (mt, mr)) = (floor_runs[i], real_runs[i]);
         println!(
             "  {:<9} {:<14} {:<26} {ft:>8.1} ns {fr:>10.2} {mt:>11.1} ns {mr:>13.2} {:>19.1} ns",
@@ -505,24 +540,28 @@ fn main() -> Result<()> {
             mt - ft
         );
     }
-    // Untracked system calls: without the daemon, with it but without file I/O counting (the
-    // scheduler programs alone), and with file I/O counting.
-    let io_off = Config {
+}
+
+/// The daemon's configuration with file I/O counting on or off.
+fn with_file_io(config: &Config, file_io: bool) -> Config {
+    Config {
         capture: CaptureConfig {
-            file_io: false,
+            file_io,
             ..config.capture.clone()
         },
         ..config.clone()
-    };
-    let io_on = Config {
-        capture: CaptureConfig {
-            file_io: true,
-            ..config.capture.clone()
-        },
-        ..config.clone()
-    };
-    let mut writes: [Vec<f64>; 3] = Default::default();
-    let mut yields: [Vec<f64>; 3] = Default::default();
+    }
+}
+
+/// Per setup (without the daemon, with it but without file I/O counting: the scheduler
+/// programs alone, and with file I/O counting), per round: ns per untracked pwrite and
+/// sched_yield.
+type SyscallRounds = [Vec<f64>; 3];
+
+fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRounds)> {
+    let (io_off, io_on) = (with_file_io(config, false), with_file_io(config, true));
+    let mut writes: SyscallRounds = Default::default();
+    let mut yields: SyscallRounds = Default::default();
     for round in 0..ROUNDS {
         for (setup, daemon_config) in [None, Some(&io_off), Some(&io_on)].into_iter().enumerate() {
             let _daemon = daemon_config
@@ -544,6 +583,13 @@ fn main() -> Result<()> {
             yields[2][round]
         );
     }
+    Ok((writes, yields))
+}
+
+/// ns per pwrite of a process the capture tracks, each round checking that every write was
+/// counted.
+fn tracked_pwrite(config: &Config) -> Result<Vec<f64>> {
+    let io_on = with_file_io(config, true);
     let mut tracked = Vec::new();
     for round in 0..ROUNDS {
         let mut capture = Capture::load(&io_on.capture)?;
@@ -561,6 +607,10 @@ fn main() -> Result<()> {
             tracked[round]
         );
     }
+    Ok(tracked)
+}
+
+fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: Vec<f64>) {
     println!(
         "system calls of a process the daemon does not track, CPU time, {SYSCALLS} calls, median \
          of {ROUNDS} alternating rounds:"
@@ -586,5 +636,4 @@ fn main() -> Result<()> {
         "tracked process, counted 1-byte pwrite: {t:.1} ns per call (tax {:.1} ns)",
         t - write_bare
     );
-    Ok(())
 }
