@@ -193,6 +193,9 @@ struct ProgramBurst {
     duration_ns: u64,
     /// The thread's own CPU time over the burst.
     cpu_ns: u64,
+    /// The thread's own perf task-clock over the burst: its time as the running task of a CPU,
+    /// time stolen by a hypervisor included.
+    task_clock_ns: u64,
 }
 
 /// Pairs each burst a program recorded (`[start_ns, values...]` per burst in its output, start
@@ -264,6 +267,7 @@ fn timed_bursts(
                 ProgramBurst {
                     duration_ns: values[0],
                     cpu_ns: values[1],
+                    task_clock_ns: values[2],
                 },
                 burst,
             )
@@ -576,21 +580,31 @@ fn software_counter_path_reads_per_thread_counts_in_bpf() {
         job.bursts.iter().all(|b| b.counters.is_none()),
         "software events must not pose as instructions/cycles"
     );
-    let mut agree = 0;
-    for (burst, count) in job.bursts.iter().zip(counts) {
-        let [a, b] = count.expect("every burst carries counter values");
-        let tolerance = (burst.oncpu_ns as f64 * 0.05).max(50_000.0);
-        if (a as f64 - burst.oncpu_ns as f64).abs() <= tolerance
-            && (b as f64 - burst.oncpu_ns as f64).abs() <= tolerance
-        {
-            agree += 1;
-        }
+    let counts_by_start: BTreeMap<(u32, u64), [u64; 2]> = job
+        .bursts
+        .iter()
+        .zip(counts)
+        .map(|(b, c)| {
+            (
+                (b.pid, b.start_ns),
+                c.expect("every burst carries counter values"),
+            )
+        })
+        .collect();
+    // The counters count the time the thread is the running task of a CPU, stolen time of the
+    // virtual CPU included: compared with the thread's own task-clock, which counts the same,
+    // not with the on-CPU time, which leaves stolen time out (in one run under load, 0.86 ms of
+    // a 5 ms on-CPU burst was stolen and counted by both clocks). The one burst in 20 that
+    // assert_agree lets through is not stolen time: in six runs (540 bursts) three counts were
+    // 0.5 to 4.8 ms above the task-clock, time the thread spent off the CPU.
+    for slot in [0, 1] {
+        assert_agree(
+            &pairs,
+            "software counters",
+            &format!("slot {slot} count"),
+            |p, d| (p.task_clock_ns, counts_by_start[&(d.pid, d.start_ns)][slot]),
+        );
     }
-    eprintln!(
-        "{agree}/{} bursts: cpu-clock counter delta equals on-CPU time within 5 %",
-        job.bursts.len()
-    );
-    assert!(agree as f64 >= 0.95 * job.bursts.len() as f64);
     // The kernel also sums both slots over every burst of each rank, shipped or below the filter
     // (the per-rank instructions and cycles of the properties, with a PMU): the shipped bursts'
     // counts plus at most the filtered bursts' wall time.
@@ -623,7 +637,6 @@ fn software_counter_path_reads_per_thread_counts_in_bpf() {
             );
         }
     }
-    assert!(pairs.len() >= 90);
 }
 
 #[test]
