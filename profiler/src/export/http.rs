@@ -3,9 +3,9 @@
 //! and the node's health checks.
 //!
 //! The server runs on a thread of its own and reads only what the daemon last published (a
-//! [`Published`] view behind a watch channel): a scrape never waits for the daemon to drain
-//! bursts, cluster a window or evaluate properties, and the daemon never waits for a slow
-//! client.
+//! [`Published`](crate::export::published::Published) view behind a watch channel): a scrape
+//! never waits for the daemon to drain bursts, cluster a window or evaluate properties, and the
+//! daemon never waits for a slow client.
 
 use std::{
     net::SocketAddr,
