@@ -48,6 +48,7 @@ use crate::{
         report, SelfStats,
     },
     model::{is_lifecycle_function, unix_now_ns, Burst, HwCounters, JobId, Name},
+    proc,
     properties::{LiveEvaluator, LiveProperties, PropertyConfig},
     store::{CallStats, Job, JobMeta, JobStore, RankRecord, RankTotals, RegionMarks, SiteStats},
 };
@@ -288,11 +289,6 @@ fn function_name(names: &[Name], id: u32) -> Name {
     names[index]
 }
 
-/// The cookie flags of a probed function: polling, or a bound of the region of interest.
-fn process_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
 impl Daemon {
     /// Checks the capabilities, binds the HTTP port and takes the lock file; then opens the
     /// recording if one is asked for, loads the BPF programs and attaches every MPI library
@@ -349,7 +345,7 @@ impl Daemon {
         };
         let functions = config.mpi.function_names();
         let property_config = config.properties.clone();
-        let memory_available_bytes = usage::node_memory_bytes().unwrap_or_else(|e| {
+        let memory_available_bytes = proc::node_memory_bytes().unwrap_or_else(|e| {
             tracing::warn!("node memory unknown ({e}): memory_used_share is not evaluated");
             0
         });
@@ -538,14 +534,12 @@ impl Daemon {
                     node: self.node.clone(),
                     size: id.size,
                     source: format!("{:?}", id.source),
-                    executable: std::fs::read_link(format!("/proc/{pid}/exe"))
+                    executable: proc::executable(pid)
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
-                    build_id: discovery::build_id(std::path::Path::new(&format!(
-                        "/proc/{pid}/exe"
-                    )))
-                    .ok()
-                    .flatten(),
+                    build_id: discovery::build_id(&proc::executable_file(pid))
+                        .ok()
+                        .flatten(),
                     cgroup: id.cgroup.clone(),
                     modules: Default::default(),
                     first_seen_ns,
@@ -727,7 +721,7 @@ impl Daemon {
             .keys()
             .chain(&self.outside)
             .copied()
-            .filter(|&pid| !process_alive(pid))
+            .filter(|&pid| !proc::is_alive(pid))
             .collect();
         self.drain_into(state)?;
         let totals = self.capture.read_totals()?;
@@ -953,7 +947,7 @@ impl Daemon {
                 Err(_) => "none".into(),
             },
             hardware_counters: self.hardware_counters,
-            process: usage::read_process(std::process::id()).ok(),
+            process: proc::read_process(std::process::id()).ok(),
             governor: governor.map(|g| g.stats).unwrap_or_default(),
         };
         if let Some(g) = &self.governor {
@@ -982,7 +976,7 @@ impl Daemon {
             }
             if gone.contains(pid) {
                 job.ended(*pid);
-            } else if let Ok(u) = usage::read_process(*pid) {
+            } else if let Ok(u) = proc::read_process(*pid) {
                 job.update(*pid, u);
             }
         }

@@ -1,6 +1,6 @@
 //! mpiburst: an always-on, eBPF-based profiler for MPI jobs. One module per stage, see
 //! docs/architecture.md: capture → discovery → store → analysis → properties → export, with
-//! symbols between the store and the export.
+//! symbols between the store and the export, and the reading of /proc (`proc`) below capture.
 
 pub mod analysis;
 pub mod capture;
@@ -12,6 +12,7 @@ pub mod export;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod model;
+pub mod proc;
 pub mod properties;
 pub mod store;
 pub mod symbols;

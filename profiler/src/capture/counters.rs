@@ -13,7 +13,8 @@ use perf_event::{
     Builder, Counter,
 };
 
-use super::{config::CounterMode, cpu_list::parse_cpu_list, CaptureError};
+use super::{config::CounterMode, CaptureError};
+use crate::proc::parse_cpu_list;
 
 /// The perf event behind a counter slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -336,7 +336,7 @@ fn time_calls(f: extern "C" fn(u64) -> u64, calls: u64) -> u64 {
 /// the kernel emulates).
 fn calibration_point() -> Result<(PathBuf, u64), String> {
     let address = mpiburst_probe_cost_target as *const () as u64;
-    let maps = crate::discovery::read_maps(std::process::id()).map_err(|e| e.to_string())?;
+    let maps = crate::proc::read_maps(std::process::id()).map_err(|e| e.to_string())?;
     let mapping = maps
         .iter()
         .find(|m| m.start <= address && address < m.end && m.path.is_some())

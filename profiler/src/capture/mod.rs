@@ -4,7 +4,6 @@
 
 pub mod config;
 mod counters;
-mod cpu_list;
 mod governed;
 mod libraries;
 mod mapping;
