@@ -16,7 +16,7 @@ mod process;
 pub(crate) mod test_support;
 
 pub use addresses::AddressResolver;
-pub use elf::build_id;
+pub use elf::{build_id, DynamicSymbols, ElfError, LoadSegments};
 pub use error::DiscoveryError;
 pub use interposers::process_interposers;
 pub(crate) use libraries::is_mpi_library_name;
