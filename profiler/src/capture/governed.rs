@@ -345,5 +345,5 @@ fn calibration_point() -> Result<(PathBuf, u64), String> {
     let code = unsafe { std::slice::from_raw_parts(address as *const u8, 32) };
     let path = mapping.path.clone().unwrap_or_default();
     let offset = address - mapping.start + mapping.offset;
-    Ok((path, offset + crate::discovery::probe_offset(code, 0)))
+    Ok((path, offset + super::probe_offset(code, 0)))
 }

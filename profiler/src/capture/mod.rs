@@ -8,6 +8,7 @@ mod governed;
 mod libraries;
 mod mapping;
 mod multi;
+mod placement;
 mod ring;
 mod threads;
 mod tracefs;
@@ -31,6 +32,7 @@ pub use counters::{online_cpus, CounterEvent, CounterSetup};
 use governed::GovernedLinks;
 pub use governed::{GovernorHandle, ProbeCost};
 pub use libraries::LibraryOpenEvent;
+pub(crate) use placement::probe_offset;
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, LibraryOpen,
     RankRegion, StormEvent, TaskThread, ThreadLife, ThreadState, NO_FUNC,
@@ -40,7 +42,7 @@ use config::CaptureConfig;
 use multi::ProbeKind;
 use ring::RecordRing;
 
-use crate::discovery::ProbePoint;
+use crate::model::ProbePoint;
 
 /// The BPF object profiler/build.rs built; empty when the build skipped it (AYA_BUILD_SKIP).
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));

@@ -9,8 +9,8 @@ use crate::{
         config::{FunctionClass, FunctionSpec},
         AttachPoint,
     },
-    discovery::{self, Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoint, ProbePoints},
-    model::{FINALIZE_FUNCTION, INIT_FUNCTIONS},
+    discovery::{self, Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoints},
+    model::{ProbePoint, FINALIZE_FUNCTION, INIT_FUNCTIONS},
 };
 
 /// What attaching a library takes from its file. For a library found at run time it is read off

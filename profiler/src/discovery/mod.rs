@@ -9,7 +9,6 @@ mod file_cache;
 mod interposers;
 mod ld_cache;
 mod libraries;
-mod placement;
 mod probes;
 mod process;
 #[cfg(test)]
@@ -23,7 +22,6 @@ pub(crate) use libraries::is_mpi_library_name;
 pub use libraries::{
     all_process_libraries, discover_libraries, process_libraries, Binding, MpiFlavor, MpiLibrary,
 };
-pub(crate) use placement::probe_offset;
-pub use probes::{openmpi_datatype_size_offset, probe_points, ProbePoint, ProbePoints};
+pub use probes::{openmpi_datatype_size_offset, probe_points, ProbePoints};
 pub(crate) use process::{cgroups_match, is_launcher, job_cgroup_of, LaunchEnv};
 pub use process::{hostname, identify, in_cgroup, IdentitySource, ProcessIdentity};
