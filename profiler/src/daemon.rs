@@ -341,7 +341,7 @@ impl Daemon {
                 ),
                 false,
             ),
-            Err(reason) => (reason.clone(), false),
+            Err(reason) => (reason.to_string(), false),
         };
         let functions = config.mpi.function_names();
         let property_config = config.properties.clone();

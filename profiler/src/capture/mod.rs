@@ -28,9 +28,9 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use counters::Counters;
-pub use counters::{online_cpus, CounterEvent, CounterSetup};
+pub use counters::{online_cpus, CounterEvent, CounterSetup, CountersOff};
 use governed::GovernedLinks;
-pub use governed::{GovernorHandle, ProbeCost};
+pub use governed::{GovernorHandle, ProbeCost, ProbeCostError};
 pub use libraries::LibraryOpenEvent;
 pub(crate) use placement::probe_offset;
 use profiler_common::{
@@ -264,7 +264,7 @@ pub struct Capture {
     /// The links of the polling functions, one per (library, function), once the governor runs.
     governed: Option<Arc<Mutex<GovernedLinks>>>,
     /// Names of the counter events when counters are on, or why they are off.
-    pub counters: Result<[CounterEvent; 2], String>,
+    pub counters: Result<[CounterEvent; 2], CountersOff>,
     /// The per-CPU counters in the BPF arrays; they count while open.
     open_counters: Option<Counters>,
     /// The kernel's BPF run-time statistics are on while this is open (`capture.bpf_stats`).
