@@ -14,7 +14,7 @@
 //! The probe cost of a configuration is its ns per call minus (c); the target is
 //! cost(b) ≤ 1.1 × cost(a). Configurations alternate over several rounds and medians are taken,
 //! so drift on the machine hits all three alike. Where the kernel would single-step a function's
-//! first instruction, the probes sit further in (discovery/placement.rs): the table shows where.
+//! first instruction, the probes sit further in (capture/placement.rs): the table shows where.
 //!
 //! Three more alternating rounds run with the kernel's BPF statistics on, and the medians of the
 //! run time and runs of the probe programs per call are printed, the floor's empty programs

@@ -9,8 +9,11 @@ use std::{net::SocketAddr, path::PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    analysis::{groups::GroupParams, online::OnlineParams},
-    capture::config::{CaptureConfig, GovernorConfig, MpiConfig},
+    analysis::{
+        groups::{GroupParams, InvalidGroupParams},
+        online::{OnlineError, OnlineParams},
+    },
+    capture::config::{CaptureConfig, GovernorConfig, InvalidSetting, MpiConfig},
     properties::PropertyConfig,
 };
 
@@ -27,7 +30,24 @@ pub enum ConfigError {
         source: toml::de::Error,
     },
     #[error("invalid configuration: {0}")]
-    Invalid(String),
+    Daemon(#[from] InvalidDaemonSetting),
+    #[error("invalid configuration: {0}")]
+    Capture(#[from] InvalidSetting),
+    #[error("invalid configuration: analysis: {0}")]
+    Analysis(#[from] OnlineError),
+    #[error("invalid configuration: groups: {0}")]
+    Groups(#[from] InvalidGroupParams),
+}
+
+/// A `[daemon]` setting the file format accepts but the daemon cannot use.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum InvalidDaemonSetting {
+    #[error("daemon.cgroup = {0:?}: write the path as /proc/PID/cgroup shows it, starting with /")]
+    Cgroup(String),
+    #[error("daemon.{name} = {seconds}: write a number of seconds, 0 or more")]
+    Seconds { name: &'static str, seconds: f64 },
+    #[error("daemon.max_jobs must be at least 1")]
+    NoJobs,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -107,36 +127,25 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.mpi.validate().map_err(ConfigError::Invalid)?;
-        self.governor.validate().map_err(ConfigError::Invalid)?;
+        self.mpi.validate()?;
+        self.governor.validate()?;
         if !self.daemon.cgroup.is_empty() && !self.daemon.cgroup.starts_with('/') {
-            return Err(ConfigError::Invalid(format!(
-                "daemon.cgroup = {:?}: write the path as /proc/PID/cgroup shows it, starting with /",
-                self.daemon.cgroup
-            )));
+            return Err(InvalidDaemonSetting::Cgroup(self.daemon.cgroup.clone()).into());
         }
         for (name, seconds) in [
             ("report_interval_s", self.daemon.report_interval_s),
             ("ended_job_grace_s", self.daemon.ended_job_grace_s),
         ] {
             if !(seconds.is_finite() && seconds >= 0.0) {
-                return Err(ConfigError::Invalid(format!(
-                    "daemon.{name} = {seconds}: write a number of seconds, 0 or more"
-                )));
+                return Err(InvalidDaemonSetting::Seconds { name, seconds }.into());
             }
         }
         if self.daemon.max_jobs == 0 {
-            return Err(ConfigError::Invalid(
-                "daemon.max_jobs must be at least 1".into(),
-            ));
+            return Err(InvalidDaemonSetting::NoJobs.into());
         }
-        self.capture.validate().map_err(ConfigError::Invalid)?;
-        self.analysis
-            .validate()
-            .map_err(|e| ConfigError::Invalid(format!("analysis: {e}")))?;
-        self.groups
-            .validate()
-            .map_err(|e| ConfigError::Invalid(format!("groups: {e}")))
+        self.capture.validate()?;
+        self.analysis.validate()?;
+        Ok(self.groups.validate()?)
     }
 
     pub fn node_name(&self) -> String {

@@ -41,6 +41,7 @@ use crate::{
         recording_sink::RecordingSink,
     },
     model::{unix_now_ns, JobId},
+    proc,
     properties::{node::NodeProperties, LiveProperties},
     store::{
         clock::Clock,
@@ -515,7 +516,7 @@ impl Daemon {
                 Err(_) => "none".into(),
             },
             hardware_counters: startup::counters_in_use(&self.capture).1,
-            process: usage::read_process(std::process::id()).ok(),
+            process: proc::read_process(std::process::id()).ok(),
             governor: governor.unwrap_or_default(),
         })
     }

@@ -7,11 +7,11 @@ use std::path::Path;
 
 use crate::{
     analysis::{analyse, AnalysisParams},
-    capture::usage,
     config::Config,
     discovery::{self, LaunchEnv},
     export::{bottlenecks::Bottlenecks, phases, recording::Recording, report::JobReport},
     model::Burst,
+    proc,
     properties::PropertyConfig,
 };
 
@@ -54,7 +54,7 @@ pub fn config(data: &[u8]) {
 
 /// A /proc/PID/maps file, and the MPI libraries among its mappings.
 pub fn proc_maps(data: &[u8]) {
-    if let Ok(maps) = discovery::parse_maps(data) {
+    if let Ok(maps) = proc::parse_maps(data) {
         for path in maps.iter().filter_map(|m| m.path.as_deref()) {
             discovery::is_mpi_library_name(path);
         }
@@ -76,13 +76,13 @@ pub fn proc_stat(data: &[u8]) {
     let stat = parts.next().unwrap_or_default();
     let mut text = || String::from_utf8_lossy(parts.next().unwrap_or_default());
     let (statm, status, meminfo) = (text(), text(), text());
-    if let Ok(process) = discovery::parse_stat(stat) {
+    if let Ok(process) = proc::parse_stat(stat) {
         discovery::is_launcher(&process.comm);
     }
     let tick_ns = 10_000_000;
-    let _ = usage::parse_start_time_ns(stat, tick_ns);
-    let _ = usage::parse_process(stat, &statm, &status, tick_ns, 4096);
-    let _ = usage::parse_mem_total(&meminfo);
+    let _ = proc::parse_start_time_ns(stat, tick_ns);
+    let _ = proc::parse_process(stat, &statm, &status, tick_ns, 4096);
+    let _ = proc::parse_mem_total(&meminfo);
 }
 
 /// A /proc/PID/cgroup file after a first line naming a Slurm job id and a cgroup scope
@@ -94,7 +94,7 @@ pub fn proc_cgroup(data: &[u8]) {
     };
     let first = String::from_utf8_lossy(first);
     let (job, scope) = first.split_once(' ').unwrap_or((&first, ""));
-    if let Ok(cgroups) = discovery::parse_cgroups(file) {
+    if let Ok(cgroups) = proc::parse_cgroups(file) {
         discovery::job_cgroup_of(&cgroups, job);
         discovery::cgroups_match(&cgroups, scope);
     }

@@ -226,6 +226,28 @@ impl std::fmt::Display for JobId {
     }
 }
 
+/// Where one MPI function starts in a library file: made by discovery, attached to by capture.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbePoint {
+    /// Canonical C name, e.g. `MPI_Send`, whichever binding the code belongs to.
+    pub function: String,
+    /// The exported symbol the offset was taken from, e.g. `mpi_send_` or `MPI_Send`.
+    pub symbol: String,
+    /// File offset of the entry point.
+    pub file_offset: u64,
+    /// File offset where the entry and return probes go: the entry point, or a later
+    /// instruction of the entry block the kernel emulates instead of single-stepping
+    /// (capture/placement.rs).
+    pub probe_offset: u64,
+    /// Open MPI's C library: the distance in bytes from the probe point to the library's global
+    /// offset table slot of `ompi_mpi_comm_world`, the object MPI_COMM_WORLD points at. The
+    /// slot holds the object's address in the process, in the library or, when the executable
+    /// refers to MPI_COMM_WORLD itself, in the executable's copy of it; the distance is the same
+    /// in every process, since both move with the library.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_slot_distance: Option<i64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

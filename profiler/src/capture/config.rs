@@ -7,6 +7,51 @@ use std::{fmt::Write as _, path::PathBuf, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+/// A setting of `[capture]`, `[governor]` or `[mpi]` that the file format accepts but mpiburst
+/// cannot use; each message names the setting and what to write instead.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum InvalidSetting {
+    #[error(
+        "capture.drain_interval_ms = {drain_ms} and capture.stats_interval_ms = {stats_ms}: \
+         capture intervals must be at least 1 ms"
+    )]
+    Interval { drain_ms: u64, stats_ms: u64 },
+    #[error("capture.ring_buffer_mib = {0}: give a size within 1..=1024")]
+    RingBuffer(u32),
+    #[error("capture.min_burst_us = {0} is above {MAX_MIN_BURST_US} (one hour)")]
+    MinBurst(u64),
+    #[error("governor.budget_percent = {0} must be above 0 and at most 100")]
+    Budget(f64),
+    #[error(
+        "governor.sample_window_us = {window_us} must be within 100..=1000000 and shorter than \
+         governor.min_sample_period_ms = {period_ms}"
+    )]
+    SampleWindow { window_us: u64, period_ms: u64 },
+    #[error("governor.restore_after_s = {0} must be a number of seconds, 0 or more")]
+    RestoreAfter(f64),
+    #[error(
+        "mpi.library_read_timeout_ms is {0}: give 1 to {MAX_LIBRARY_READ_TIMEOUT_MS} ms \
+         (a held process waits that long at most)"
+    )]
+    LibraryReadTimeout(u64),
+    #[error("mpi.functions has more than 65535 entries")]
+    TooManyFunctions,
+    #[error("mpi.functions: {0:?} is not a C MPI name; write it as MPI_Xxx")]
+    NotCName(String),
+    #[error("mpi.functions lists {0} twice")]
+    Twice(String),
+    #[error(
+        "mpi.functions {0}: count_arg and datatype_arg go together and must be below 6 \
+         (register arguments)"
+    )]
+    ByteArguments(String),
+    #[error(
+        "mpi.functions {0}: peer_arg and comm_arg go together; peer_arg must be below 6 (a \
+         register argument) and comm_arg below 15"
+    )]
+    PeerArguments(String),
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CaptureConfig {
@@ -73,18 +118,18 @@ impl Default for CaptureConfig {
 
 impl CaptureConfig {
     /// Checks what the file format cannot express; the error says what to change.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
         if self.drain_interval_ms == 0 || self.stats_interval_ms == 0 {
-            return Err("capture intervals must be at least 1 ms".into());
+            return Err(InvalidSetting::Interval {
+                drain_ms: self.drain_interval_ms,
+                stats_ms: self.stats_interval_ms,
+            });
         }
         if !(1..=1024).contains(&self.ring_buffer_mib) {
-            return Err("capture.ring_buffer_mib must be within 1..=1024".into());
+            return Err(InvalidSetting::RingBuffer(self.ring_buffer_mib));
         }
         if self.min_burst_us > MAX_MIN_BURST_US {
-            return Err(format!(
-                "capture.min_burst_us = {} is above {MAX_MIN_BURST_US} (one hour)",
-                self.min_burst_us
-            ));
+            return Err(InvalidSetting::MinBurst(self.min_burst_us));
         }
         Ok(())
     }
@@ -179,30 +224,23 @@ impl Default for GovernorConfig {
 
 impl GovernorConfig {
     /// Checks what the file format cannot express; the error says what to change.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
         if !(self.budget_percent.is_finite()
             && self.budget_percent > 0.0
             && self.budget_percent <= 100.0)
         {
-            return Err(format!(
-                "governor.budget_percent = {} must be above 0 and at most 100",
-                self.budget_percent
-            ));
+            return Err(InvalidSetting::Budget(self.budget_percent));
         }
         if !(100..=1_000_000).contains(&self.sample_window_us)
             || self.sample_window_us >= self.min_sample_period_ms.saturating_mul(1000)
         {
-            return Err(format!(
-                "governor.sample_window_us = {} must be within 100..=1000000 and shorter than \
-                 governor.min_sample_period_ms = {}",
-                self.sample_window_us, self.min_sample_period_ms
-            ));
+            return Err(InvalidSetting::SampleWindow {
+                window_us: self.sample_window_us,
+                period_ms: self.min_sample_period_ms,
+            });
         }
         if !(self.restore_after_s.is_finite() && self.restore_after_s >= 0.0) {
-            return Err(format!(
-                "governor.restore_after_s = {} must be a number of seconds, 0 or more",
-                self.restore_after_s
-            ));
+            return Err(InvalidSetting::RestoreAfter(self.restore_after_s));
         }
         Ok(())
     }
@@ -446,49 +484,32 @@ impl MpiConfig {
     }
 
     /// Checks what the file format cannot express; the error says what to change.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
         if !(1..=MAX_LIBRARY_READ_TIMEOUT_MS).contains(&self.library_read_timeout_ms) {
-            return Err(format!(
-                "mpi.library_read_timeout_ms is {}: give 1 to {MAX_LIBRARY_READ_TIMEOUT_MS} ms \
-                 (a held process waits that long at most)",
-                self.library_read_timeout_ms
+            return Err(InvalidSetting::LibraryReadTimeout(
+                self.library_read_timeout_ms,
             ));
         }
         let mut seen = std::collections::BTreeSet::new();
         if self.functions.len() > u16::MAX as usize {
-            return Err("mpi.functions has more than 65535 entries".into());
+            return Err(InvalidSetting::TooManyFunctions);
         }
         for f in &self.functions {
             if !f.name.starts_with("MPI_") {
-                return Err(format!(
-                    "mpi.functions: {:?} is not a C MPI name; write it as MPI_Xxx",
-                    f.name
-                ));
+                return Err(InvalidSetting::NotCName(f.name.clone()));
             }
             if !seen.insert(f.name.as_str()) {
-                return Err(format!("mpi.functions lists {} twice", f.name));
+                return Err(InvalidSetting::Twice(f.name.clone()));
             }
             match (f.count_arg, f.datatype_arg) {
                 (None, None) => {}
                 (Some(c), Some(d)) if c < 6 && d < 6 => {}
-                _ => {
-                    return Err(format!(
-                        "mpi.functions {}: count_arg and datatype_arg go together and must be \
-                         below 6 (register arguments)",
-                        f.name
-                    ))
-                }
+                _ => return Err(InvalidSetting::ByteArguments(f.name.clone())),
             }
             match (f.peer_arg, f.comm_arg) {
                 (None, None) => {}
                 (Some(p), Some(c)) if p < 6 && c < 15 => {}
-                _ => {
-                    return Err(format!(
-                        "mpi.functions {}: peer_arg and comm_arg go together; peer_arg must be \
-                         below 6 (a register argument) and comm_arg below 15",
-                        f.name
-                    ))
-                }
+                _ => return Err(InvalidSetting::PeerArguments(f.name.clone())),
             }
         }
         Ok(())

@@ -13,7 +13,8 @@ use perf_event::{
     Builder, Counter,
 };
 
-use super::{config::CounterMode, cpu_list::parse_cpu_list, CaptureError};
+use super::{config::CounterMode, CaptureError};
+use crate::proc::parse_cpu_list;
 
 /// The perf event behind a counter slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,7 +124,22 @@ fn ran_throughout(counter: &mut Counter) -> bool {
 pub enum CounterSetup {
     Enabled(Counters),
     /// No counters; the reason is printed and exported.
-    Disabled(String),
+    Disabled(CountersOff),
+}
+
+/// Why the bursts carry no counters; the message is the note the daemon prints and exports.
+#[derive(Debug, thiserror::Error)]
+pub enum CountersOff {
+    #[error("counters are off in the configuration")]
+    Configured,
+    #[error(
+        "no hardware PMU (the {event} event: {source}); bursts carry wall and on-CPU time only"
+    )]
+    NoPmu {
+        event: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn open_on_all_cpus(event: CounterEvent, cpus: &[u32]) -> Result<Vec<Counter>, CaptureError> {
@@ -141,11 +157,7 @@ fn open_on_all_cpus(event: CounterEvent, cpus: &[u32]) -> Result<Vec<Counter>, C
 /// Opens the counters the mode asks for. `auto` falls back to no counters, with the reason.
 pub fn open(mode: CounterMode, cpus: &[u32]) -> Result<CounterSetup, CaptureError> {
     let events = match mode {
-        CounterMode::Off => {
-            return Ok(CounterSetup::Disabled(
-                "counters are off in the configuration".into(),
-            ))
-        }
+        CounterMode::Off => return Ok(CounterSetup::Disabled(CountersOff::Configured)),
         CounterMode::Software => [CPU_CLOCK, CPU_CLOCK],
         CounterMode::Auto | CounterMode::Hardware => [INSTRUCTIONS, CYCLES],
     };
@@ -158,9 +170,7 @@ pub fn open(mode: CounterMode, cpus: &[u32]) -> Result<CounterSetup, CaptureErro
             descheduled_logged: 0,
         })),
         (Err(CaptureError::PerfEvent { event, source, .. }), CounterMode::Auto) => {
-            Ok(CounterSetup::Disabled(format!(
-            "no hardware PMU (the {event} event: {source}); bursts carry wall and on-CPU time only"
-        )))
+            Ok(CounterSetup::Disabled(CountersOff::NoPmu { event, source }))
         }
         (Err(e), _) => Err(e),
     }

@@ -16,6 +16,20 @@ use aya::maps::{Array, HashMap, MapData, RingBuf};
 use profiler_common::{cookie, mode, Governance, Sample, StormEvent, ThreadFunc, GOVERNED_FUNCS};
 
 use super::{multi, multi::ProbeKind, read_record, CaptureError};
+use crate::proc::{self, ProcError};
+
+/// Why the cost of a probe hit could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeCostError {
+    #[error("cannot find the measured function in this process's maps: {0}")]
+    Maps(#[from] ProcError),
+    #[error("the measured function is in no file mapping of this process")]
+    Unmapped,
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error("the measuring thread panicked")]
+    Panicked,
+}
 
 /// One function's probe points in one library file, and its link while attached.
 struct FunctionLink {
@@ -236,7 +250,11 @@ impl GovernorHandle {
     /// and counted at entry only, against the function without probes. The median of `rounds`
     /// alternating rounds of `calls` calls each, on a thread of its own (whose state the kernel
     /// frees when it exits).
-    pub fn measure_probe_cost(&mut self, rounds: usize, calls: u64) -> Result<ProbeCost, String> {
+    pub fn measure_probe_cost(
+        &mut self,
+        rounds: usize,
+        calls: u64,
+    ) -> Result<ProbeCost, ProbeCostError> {
         let (path, offset) = calibration_point()?;
         let func = GOVERNED_FUNCS - 1;
         let cookie = cookie::encode(
@@ -254,7 +272,12 @@ impl GovernorHandle {
             &[cookie],
             std::process::id(),
         )
-        .map_err(|e| format!("attaching to {} for the measurement: {e}", path.display()))?;
+        .map_err(|source| CaptureError::Attach {
+            function: "mpiburst_probe_cost_target".into(),
+            path: path.clone(),
+            program: super::SESSION_PROGRAM,
+            source,
+        })?;
         let mut full = Vec::new();
         let mut count_only = Vec::new();
         for _ in 0..rounds {
@@ -265,8 +288,7 @@ impl GovernorHandle {
                         mode,
                         ..Governance::default()
                     },
-                )
-                .map_err(|e| e.to_string())?;
+                )?;
                 let (bare, probed) = std::thread::spawn(move || {
                     (
                         time_calls(mpiburst_probe_cost_bare, calls),
@@ -274,7 +296,7 @@ impl GovernorHandle {
                     )
                 })
                 .join()
-                .map_err(|_| "the measuring thread panicked".to_string())?;
+                .map_err(|_| ProbeCostError::Panicked)?;
                 into.push(probed.saturating_sub(bare) as f64 / calls as f64);
             }
         }
@@ -334,16 +356,16 @@ fn time_calls(f: extern "C" fn(u64) -> u64, calls: u64) -> u64 {
 
 /// This executable's file and the file offset of the probe on the target (its first instruction
 /// the kernel emulates).
-fn calibration_point() -> Result<(PathBuf, u64), String> {
+fn calibration_point() -> Result<(PathBuf, u64), ProbeCostError> {
     let address = mpiburst_probe_cost_target as *const () as u64;
-    let maps = crate::discovery::read_maps(std::process::id()).map_err(|e| e.to_string())?;
+    let maps = proc::read_maps(std::process::id())?;
     let mapping = maps
         .iter()
         .find(|m| m.start <= address && address < m.end && m.path.is_some())
-        .ok_or("the measured function is in no file mapping of this process")?;
+        .ok_or(ProbeCostError::Unmapped)?;
     // SAFETY: the function's first bytes are mapped executable code of this process.
     let code = unsafe { std::slice::from_raw_parts(address as *const u8, 32) };
     let path = mapping.path.clone().unwrap_or_default();
     let offset = address - mapping.start + mapping.offset;
-    Ok((path, offset + crate::discovery::probe_offset(code, 0)))
+    Ok((path, offset + super::probe_offset(code, 0)))
 }

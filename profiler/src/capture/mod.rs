@@ -4,13 +4,13 @@
 
 pub mod config;
 mod counters;
-mod cpu_list;
 mod governed;
 pub mod governor;
 mod libraries;
 mod mapping;
 mod multi;
 pub mod node_usage;
+mod placement;
 mod ring;
 mod threads;
 mod tracefs;
@@ -30,10 +30,11 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use counters::Counters;
-pub use counters::{online_cpus, CounterEvent, CounterSetup};
+pub use counters::{online_cpus, CounterEvent, CounterSetup, CountersOff};
 use governed::GovernedLinks;
-pub use governed::{GovernorHandle, ProbeCost};
+pub use governed::{GovernorHandle, ProbeCost, ProbeCostError};
 pub use libraries::{LibraryOpenEvent, LibraryOpenStats};
+pub(crate) use placement::probe_offset;
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, LibraryOpen,
     RankRegion, StormEvent, TaskThread, ThreadLife, ThreadState, NO_FUNC,
@@ -43,7 +44,7 @@ use config::CaptureConfig;
 use multi::ProbeKind;
 use ring::RecordRing;
 
-use crate::discovery::ProbePoint;
+use crate::model::ProbePoint;
 
 /// The BPF object profiler/build.rs built; empty when the build skipped it (AYA_BUILD_SKIP).
 static BPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -265,7 +266,7 @@ pub struct Capture {
     /// The links of the polling functions, one per (library, function), once the governor runs.
     governed: Option<Arc<Mutex<GovernedLinks>>>,
     /// Names of the counter events when counters are on, or why they are off.
-    pub counters: Result<[CounterEvent; 2], String>,
+    pub counters: Result<[CounterEvent; 2], CountersOff>,
     /// The per-CPU counters in the BPF arrays; they count while open.
     open_counters: Option<Counters>,
     /// The kernel's BPF run-time statistics are on while this is open (`capture.bpf_stats`).

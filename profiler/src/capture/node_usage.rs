@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, HashSet};
 use profiler_common::IoTotals;
 
 use crate::{
-    capture::usage::{self, JobUsage, UsageTotals},
+    capture::usage::{JobUsage, UsageTotals},
     model::JobId,
+    proc,
 };
 
 /// Each job's usage on this node.
@@ -44,7 +45,7 @@ impl NodeUsage {
             }
             if gone.contains(&pid) {
                 usage.ended(pid);
-            } else if let Ok(u) = usage::read_process(pid) {
+            } else if let Ok(u) = proc::read_process(pid) {
                 usage.update(pid, u);
             }
         }

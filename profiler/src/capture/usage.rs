@@ -1,60 +1,14 @@
 //! Kernel resource usage of the MPI processes (no PMU needed): CPU time in user and kernel mode,
-//! resident memory and the CPUs each process may run on, from procfs; file I/O from the syscall
-//! tracepoints ([`super::Capture::read_io`]). Summed per job by [`JobUsage`], which keeps the last
-//! reading of every process so that a rank that ended still counts with what it had at its last
-//! reading (its CPU time at most one stats interval short; its I/O exact, as the kernel entries
-//! are read once more before they are removed).
+//! resident memory and the CPUs each process may run on, read from /proc by
+//! [`crate::proc::read_process`]; file I/O from the syscall tracepoints
+//! ([`super::Capture::read_io`]). Summed per job by [`JobUsage`], which keeps the last reading of
+//! every process so that a rank that ended still counts with what it had at its last reading (its
+//! CPU time at most one stats interval short; its I/O exact, as the kernel entries are read once
+//! more before they are removed). Also the clocks: the kernel's, and a process's start on it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::cpu_list::parse_cpu_list;
-use crate::discovery::StatFields;
-
-/// One process's usage at one instant.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ProcessUsage {
-    pub user_ns: u64,
-    pub system_ns: u64,
-    pub rss_bytes: u64,
-    pub cpus_allowed: BTreeSet<u32>,
-}
-
-/// `sysconf(name)`, or the POSIX default where this system does not know the name.
-fn sysconf(name: libc::c_int, default: u64) -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let v = unsafe { libc::sysconf(name) };
-    if v > 0 {
-        v as u64
-    } else {
-        default
-    }
-}
-
-/// The length of the kernel's clock tick (the unit of the times in /proc/PID/stat).
-fn ns_per_tick() -> u64 {
-    1_000_000_000 / sysconf(libc::_SC_CLK_TCK, 100)
-}
-
-fn invalid(what: impl Into<String>) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, what.into())
-}
-
-/// Field `n` (1-based, as in proc_pid_stat(5), n ≥ 3) of /proc/PID/stat, a time in clock ticks,
-/// in ns.
-fn stat_ticks_ns(stat: &StatFields, n: usize, tick_ns: u64) -> std::io::Result<u64> {
-    let ticks = stat
-        .number(n)
-        .map_err(|e| invalid(format!("/proc/PID/stat: {e}")))?;
-    ticks.checked_mul(tick_ns).ok_or_else(|| {
-        invalid(format!(
-            "/proc/PID/stat: field {n}, {ticks} ticks, overflows ns"
-        ))
-    })
-}
-
-fn stat_fields(stat: &[u8]) -> std::io::Result<StatFields<'_>> {
-    StatFields::parse(stat).map_err(|e| invalid(format!("/proc/PID/stat: {e}")))
-}
+use crate::proc::{self, ProcError, ProcessUsage};
 
 /// The time of `clock` now, in ns.
 pub fn clock_ns(clock: libc::clockid_t) -> u64 {
@@ -70,77 +24,11 @@ pub fn clock_ns(clock: libc::clockid_t) -> u64 {
 /// When the process started (its fork), in CLOCK_MONOTONIC ns, the clock of the BPF programs,
 /// to the kernel's clock-tick resolution. /proc counts it from boot in CLOCK_BOOTTIME, which
 /// also holds the time the machine was suspended.
-pub fn start_time_monotonic_ns(pid: u32) -> std::io::Result<u64> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat"))?;
+pub fn start_time_monotonic_ns(pid: u32) -> Result<u64, ProcError> {
+    let started_ns = proc::start_time_ns(pid)?;
     let suspended_ns =
         clock_ns(libc::CLOCK_BOOTTIME).saturating_sub(clock_ns(libc::CLOCK_MONOTONIC));
-    Ok(parse_start_time_ns(&stat, ns_per_tick())?.saturating_sub(suspended_ns))
-}
-
-/// The start time in the text of /proc/PID/stat, in ns since boot, given the clock tick.
-pub(crate) fn parse_start_time_ns(stat: &[u8], tick_ns: u64) -> std::io::Result<u64> {
-    stat_ticks_ns(&stat_fields(stat)?, 22, tick_ns)
-}
-
-/// Reads /proc/PID/{stat,statm,status}. Fails when the process is gone.
-pub fn read_process(pid: u32) -> std::io::Result<ProcessUsage> {
-    let read = |what: &str| std::fs::read(format!("/proc/{pid}/{what}"));
-    parse_process(
-        &read("stat")?,
-        &String::from_utf8_lossy(&read("statm")?),
-        &String::from_utf8_lossy(&read("status")?),
-        ns_per_tick(),
-        sysconf(libc::_SC_PAGESIZE, 4096),
-    )
-    .map_err(|e| invalid(format!("process {pid}: {e}")))
-}
-
-/// [`read_process`] from the texts of /proc/PID/{stat,statm,status}, the clock tick and the
-/// page size.
-pub(crate) fn parse_process(
-    stat: &[u8],
-    statm: &str,
-    status: &str,
-    tick_ns: u64,
-    page_bytes: u64,
-) -> std::io::Result<ProcessUsage> {
-    let fields = stat_fields(stat)?;
-    let resident_pages: u64 = statm
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| invalid("/proc/PID/statm: field 2 (resident) is not a number"))?;
-    let cpus_allowed = match status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-    {
-        Some(list) => parse_cpu_list(list)
-            .map_err(|e| invalid(format!("/proc/PID/status: Cpus_allowed_list: {e}")))?,
-        None => BTreeSet::new(),
-    };
-    Ok(ProcessUsage {
-        user_ns: stat_ticks_ns(&fields, 14, tick_ns)?,
-        system_ns: stat_ticks_ns(&fields, 15, tick_ns)?,
-        rss_bytes: resident_pages
-            .checked_mul(page_bytes)
-            .ok_or_else(|| invalid("/proc/PID/statm: the resident size overflows bytes"))?,
-        cpus_allowed,
-    })
-}
-
-/// Physical memory of the node (MemTotal), in bytes.
-pub fn node_memory_bytes() -> std::io::Result<u64> {
-    parse_mem_total(&std::fs::read_to_string("/proc/meminfo")?)
-}
-
-/// [`node_memory_bytes`] from the text of /proc/meminfo.
-pub(crate) fn parse_mem_total(meminfo: &str) -> std::io::Result<u64> {
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .and_then(|kib| kib.checked_mul(1024))
-        .ok_or_else(|| invalid("/proc/meminfo: no MemTotal line with a size in kB"))
+    Ok(started_ns.saturating_sub(suspended_ns))
 }
 
 /// File I/O counts of a process or a job's processes from the syscall tracepoints
@@ -271,64 +159,7 @@ impl JobUsage {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A /proc/PID/stat text with utime, stime and starttime (fields 14, 15 and 22) as given.
-    fn stat_text(utime: &str, stime: &str, starttime: &str) -> Vec<u8> {
-        format!("99 (a) b) R 1 99 99 0 -1 0 0 0 0 0 {utime} {stime} 0 0 20 0 1 0 {starttime} 0 0\n")
-            .into_bytes()
-    }
-
-    #[test]
-    fn parses_the_stat_statm_and_status_texts() {
-        let usage = parse_process(
-            &stat_text("3", "4", "5"),
-            "100 25 0 0 0 0 0\n",
-            "Name:\ta\nCpus_allowed_list:\t0-1,3\n",
-            10_000_000,
-            4096,
-        )
-        .unwrap();
-        assert_eq!(
-            usage,
-            ProcessUsage {
-                user_ns: 30_000_000,
-                system_ns: 40_000_000,
-                rss_bytes: 25 * 4096,
-                cpus_allowed: [0, 1, 3].into(),
-            }
-        );
-        let start = parse_start_time_ns(&stat_text("0", "0", "5"), 10_000_000).unwrap();
-        assert_eq!(start, 50_000_000);
-        assert_eq!(parse_mem_total("MemTotal:  2048 kB\n").unwrap(), 2 << 20);
-    }
-
-    #[test]
-    fn values_beyond_u64_nanoseconds_or_bytes_are_errors() {
-        let huge = u64::MAX.to_string();
-        let error = |r: std::io::Result<_>| r.map(|_: u64| ()).unwrap_err().to_string();
-        assert!(
-            error(parse_start_time_ns(&stat_text("0", "0", &huge), 10_000_000))
-                .contains("field 22")
-        );
-        assert!(error(parse_mem_total(&format!("MemTotal: {huge} kB"))).contains("MemTotal"));
-        let status = "Cpus_allowed_list:\t0\n";
-        let usage = |stat: &[u8], statm: &str| {
-            parse_process(stat, statm, status, 10_000_000, 4096)
-                .unwrap_err()
-                .to_string()
-        };
-        assert!(usage(&stat_text(&huge, "0", "0"), "1 1").contains("field 14"));
-        assert!(usage(&stat_text("0", "0", "0"), &format!("1 {huge}")).contains("statm"));
-        assert!(usage(b"no command name", "1 1").contains("no '('"));
-        let bad_cpus = parse_process(
-            &stat_text("0", "0", "0"),
-            "1 1",
-            "Cpus_allowed_list:\t0-4294967295\n",
-            1,
-            1,
-        );
-        assert!(bad_cpus.unwrap_err().to_string().contains("above 65535"));
-    }
+    use crate::proc::{node_memory_bytes, read_process};
 
     #[test]
     fn reads_this_process() {

@@ -12,8 +12,8 @@ use crate::{
         config::{FunctionClass, FunctionSpec},
         AttachPoint, Capture,
     },
-    discovery::{Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoint},
-    model::{FINALIZE_FUNCTION, INIT_FUNCTIONS},
+    discovery::{Binding, DiscoveryError, MpiFlavor, MpiLibrary},
+    model::{ProbePoint, FINALIZE_FUNCTION, INIT_FUNCTIONS},
 };
 
 /// Attaches MPI libraries: the probes of every configured function a library has, each with the

@@ -12,8 +12,7 @@ use super::{
 };
 use crate::{
     capture::{
-        config::FunctionClass, governor::Governor, node_usage::NodeUsage, usage, Capture,
-        CaptureError,
+        config::FunctionClass, governor::Governor, node_usage::NodeUsage, Capture, CaptureError,
     },
     config::Config,
     discovery::{self, Binding, MpiLibrary},
@@ -25,6 +24,7 @@ use crate::{
         recording_sink::RecordingSink,
     },
     model::unix_now_ns,
+    proc,
     properties::node::NodeProperties,
     store::{
         clock::Clock,
@@ -89,7 +89,7 @@ impl Daemon {
         // Before any library is attached: the governed functions get links of their own.
         let governor = start_governor(&config, &mut capture);
         let clock = Clock::read();
-        let memory_available_bytes = usage::node_memory_bytes().unwrap_or_else(|e| {
+        let memory_available_bytes = proc::node_memory_bytes().unwrap_or_else(|e| {
             tracing::warn!("node memory unknown ({e}): memory_used_share is not evaluated");
             0
         });
@@ -217,7 +217,7 @@ pub(super) fn counters_in_use(capture: &Capture) -> (String, bool) {
             ),
             false,
         ),
-        Err(reason) => (reason.clone(), false),
+        Err(reason) => (reason.to_string(), false),
     }
 }
 

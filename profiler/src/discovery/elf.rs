@@ -1,5 +1,5 @@
-//! ELF reading: a file's GNU build-id, and its dynamic symbols with the loadable segments that
-//! turn a symbol's address into a file offset.
+//! ELF reading, for discovery and symbolization alike: a file's GNU build-id, and its dynamic
+//! symbols with the loadable segments that turn a symbol's address into a file offset and back.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -16,28 +16,53 @@ use object::{
 use super::error::DiscoveryError;
 use super::file_cache::{FileCache, FILES_CACHED};
 
+/// A file that could not be read as ELF. Discovery names the config entry to fix
+/// ([`DiscoveryError`]); symbolization shows the message as the reason a site has no name.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a readable ELF file: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: object::Error,
+    },
+}
+
+impl From<ElfError> for DiscoveryError {
+    fn from(error: ElfError) -> Self {
+        match error {
+            ElfError::Read { path, source } => DiscoveryError::Read { path, source },
+            ElfError::Parse { path, source } => DiscoveryError::Elf { path, source },
+        }
+    }
+}
+
 /// The GNU build-id of an ELF file in hex, or `None` if it has none. Read once per version of
 /// the file (device, inode and modification time), whatever path reaches it.
-pub fn build_id(path: &Path) -> Result<Option<String>, DiscoveryError> {
+pub fn build_id(path: &Path) -> Result<Option<String>, ElfError> {
     static BUILD_IDS: FileCache<Option<String>> = FileCache::new(FILES_CACHED);
-    let meta = std::fs::metadata(path).map_err(|source| DiscoveryError::Read {
+    let meta = std::fs::metadata(path).map_err(|source| ElfError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    BUILD_IDS.get_or_read(&meta, || {
-        with_elf(path, |elf| {
-            Ok(elf
-                .build_id()?
-                .map(|bytes| bytes.iter().map(|b| format!("{b:02x}")).collect()))
-        })
-    })
+    BUILD_IDS.get_or_read(&meta, || with_elf(path, |elf| Ok(elf.build_id()?.map(hex))))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn with_elf<T>(
     path: &Path,
     read: impl FnOnce(&object::File<'_, &ReadCache<WindowedFile>>) -> Result<T, object::Error>,
-) -> Result<T, DiscoveryError> {
-    let file = File::open(path).map_err(|source| DiscoveryError::Read {
+) -> Result<T, ElfError> {
+    let file = File::open(path).map_err(|source| ElfError::Read {
         path: path.to_path_buf(),
         source,
     })?;
@@ -46,7 +71,7 @@ fn with_elf<T>(
     let cache = ReadCache::new(WindowedFile::new(file));
     object::File::parse(&cache)
         .and_then(|elf| read(&elf))
-        .map_err(|source| DiscoveryError::Elf {
+        .map_err(|source| ElfError::Parse {
             path: path.to_path_buf(),
             source,
         })
@@ -123,13 +148,16 @@ impl Seek for WindowedFile {
     }
 }
 
-/// The dynamic symbol table of a library (stripped libraries keep only this one) and its loadable
-/// segments, which turn a symbol's address into a file offset.
-pub(crate) struct DynamicSymbols {
+/// The dynamic symbol table of an ELF file (stripped libraries keep only this one), its loadable
+/// segments, which turn a symbol's address into a file offset, and what finds its debug
+/// information: its build-id and whether it names a separate debug file.
+pub struct DynamicSymbols {
     path: PathBuf,
+    build_id: Option<String>,
+    debug_link: bool,
     defined: HashMap<String, DefinedSymbol>,
     imported: HashSet<String>,
-    segments: Vec<LoadSegment>,
+    segments: LoadSegments,
     /// Symbol name → address of its global offset table slot (R_X86_64_GLOB_DAT), which the
     /// loader fills with the symbol's address in the process, wherever the definition ended up.
     got_slots: HashMap<String, u64>,
@@ -147,8 +175,29 @@ struct LoadSegment {
     file_size: u64,
 }
 
+/// The loadable segments of an ELF file: which file bytes are mapped at which address, as linked.
+pub struct LoadSegments(Vec<LoadSegment>);
+
+impl LoadSegments {
+    /// The file offset of the `size` bytes at `address`, if one segment holds them all.
+    fn file_offset(&self, address: u64, size: u64) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|s| s.address <= address && address + size <= s.address + s.file_size)
+            .map(|s| address - s.address + s.file_offset)
+    }
+
+    /// The address, as linked, of the byte at `file_offset`, if a segment maps it.
+    pub fn address(&self, file_offset: u64) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|s| s.file_offset <= file_offset && file_offset < s.file_offset + s.file_size)
+            .map(|s| file_offset - s.file_offset + s.address)
+    }
+}
+
 impl DynamicSymbols {
-    pub(crate) fn read(path: &Path) -> Result<Self, DiscoveryError> {
+    pub fn read(path: &Path) -> Result<Self, ElfError> {
         with_elf(path, |elf| {
             let mut defined = HashMap::new();
             let mut imported = HashSet::new();
@@ -166,17 +215,18 @@ impl DynamicSymbols {
                     defined.insert(name.to_string(), entry);
                 }
             }
-            let segments = elf
-                .segments()
-                .map(|s| {
-                    let (file_offset, file_size) = s.file_range();
-                    LoadSegment {
-                        address: s.address(),
-                        file_offset,
-                        file_size,
-                    }
-                })
-                .collect();
+            let segments = LoadSegments(
+                elf.segments()
+                    .map(|s| {
+                        let (file_offset, file_size) = s.file_range();
+                        LoadSegment {
+                            address: s.address(),
+                            file_offset,
+                            file_size,
+                        }
+                    })
+                    .collect(),
+            );
             let mut got_slots = HashMap::new();
             if let (Some(relocations), Some(table)) =
                 (elf.dynamic_relocations(), elf.dynamic_symbol_table())
@@ -203,6 +253,8 @@ impl DynamicSymbols {
             }
             Ok(DynamicSymbols {
                 path: path.to_path_buf(),
+                build_id: elf.build_id()?.map(hex),
+                debug_link: elf.section_by_name(".gnu_debuglink").is_some(),
                 defined,
                 imported,
                 segments,
@@ -226,13 +278,33 @@ impl DynamicSymbols {
         self.imported.iter().any(|name| name.starts_with(prefix))
     }
 
+    /// Whether the file defines or uses any symbol whose name starts with `prefix`.
+    pub fn mentions_any(&self, prefix: &str) -> bool {
+        self.imports_any(prefix) || self.defined.keys().any(|name| name.starts_with(prefix))
+    }
+
+    /// The file's GNU build-id in hex, or `None` if it has none.
+    pub fn build_id(&self) -> Option<&str> {
+        self.build_id.as_deref()
+    }
+
+    /// Whether the file names its separate debug file (a `.gnu_debuglink` section).
+    pub fn has_debug_link(&self) -> bool {
+        self.debug_link
+    }
+
+    /// The file's loadable segments.
+    pub fn into_segments(self) -> LoadSegments {
+        self.segments
+    }
+
     /// File offset of a defined function: its address minus the start of the loadable segment
     /// that contains it, plus that segment's offset in the file.
     pub(crate) fn function_offset(&self, name: &str) -> Option<u64> {
         self.defined
             .get(name)
             .filter(|s| s.function)
-            .and_then(|s| self.file_offset(s.address, 1))
+            .and_then(|s| self.segments.file_offset(s.address, 1))
     }
 
     /// The address of a defined symbol of any kind, as linked (before the library is moved).
@@ -246,13 +318,6 @@ impl DynamicSymbols {
         self.got_slots.get(name).copied()
     }
 
-    fn file_offset(&self, address: u64, size: u64) -> Option<u64> {
-        self.segments
-            .iter()
-            .find(|s| s.address <= address && address + size <= s.address + s.file_size)
-            .map(|s| address - s.address + s.file_offset)
-    }
-
     /// The initial contents of a defined data object, as stored in the file.
     pub(crate) fn data(&self, name: &str) -> Result<Vec<u8>, DiscoveryError> {
         let symbol = self
@@ -263,6 +328,7 @@ impl DynamicSymbols {
                 symbol: name.to_string(),
             })?;
         let offset = self
+            .segments
             .file_offset(symbol.address, symbol.size)
             .ok_or_else(|| DiscoveryError::SymbolNotInFile {
                 path: self.path.clone(),

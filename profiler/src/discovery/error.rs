@@ -1,6 +1,8 @@
+//! The errors of discovery.
+
 use std::path::PathBuf;
 
-use procfs::{process::Process, ProcError};
+use crate::proc::ProcError;
 
 /// Everything that can go wrong while finding MPI libraries, their probe points and the identity
 /// of MPI processes. Each message names the cause and what the operator can do about it.
@@ -68,22 +70,8 @@ pub enum DiscoveryError {
     )]
     DatatypeLayout { path: PathBuf },
 
-    #[error("process {pid} exited before discovery could read {path}")]
-    ProcessGone { pid: u32, path: PathBuf },
-
-    #[error(
-        "cannot read {path} of process {pid}: {source}; run mpiburst as root (or with \
-         CAP_SYS_PTRACE) so it can read other users' processes"
-    )]
-    ProcRead {
-        pid: u32,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-
-    #[error("unexpected content in {path}: {detail}; is /proc a Linux procfs?")]
-    ProcFormat { path: PathBuf, detail: String },
+    #[error(transparent)]
+    Proc(#[from] ProcError),
 
     #[error(
         "process {pid} has no MPI rank in its environment and maps no MPI library, so it is not \
@@ -93,48 +81,4 @@ pub enum DiscoveryError {
 
     #[error("cannot read the host name: {0}; set `daemon.node` in the config")]
     Hostname(#[source] std::io::Error),
-}
-
-impl DiscoveryError {
-    /// Classifies a failed read of `path` (a file of process `pid` under /proc). ENOENT or ESRCH
-    /// mean the process has gone, a normal race for a profiler, unlike a permission problem the
-    /// operator must fix.
-    pub(crate) fn proc_read(pid: u32, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        let path = path.into();
-        if source.kind() == std::io::ErrorKind::NotFound
-            || source.raw_os_error() == Some(libc::ESRCH)
-        {
-            DiscoveryError::ProcessGone { pid, path }
-        } else {
-            DiscoveryError::ProcRead { pid, path, source }
-        }
-    }
-
-    /// Classifies a failed read of `path` through procfs, as [`DiscoveryError::proc_read`] does
-    /// a direct one.
-    pub(crate) fn procfs(pid: u32, path: impl Into<PathBuf>, error: ProcError) -> Self {
-        let path = path.into();
-        match error {
-            ProcError::NotFound(_) => DiscoveryError::ProcessGone { pid, path },
-            ProcError::PermissionDenied(_) => DiscoveryError::ProcRead {
-                pid,
-                path,
-                source: std::io::ErrorKind::PermissionDenied.into(),
-            },
-            ProcError::Io(source, _) => DiscoveryError::ProcRead { pid, path, source },
-            // procfs reports a read that fails midway as incomplete data, as when the process
-            // is reaped meanwhile.
-            ProcError::Incomplete(_)
-                if matches!(Process::new(pid as i32), Err(ProcError::NotFound(_))) =>
-            {
-                DiscoveryError::ProcessGone { pid, path }
-            }
-            ProcError::Incomplete(_) | ProcError::Other(_) | ProcError::InternalError(_) => {
-                DiscoveryError::ProcFormat {
-                    path,
-                    detail: error.to_string(),
-                }
-            }
-        }
-    }
 }

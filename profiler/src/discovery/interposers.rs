@@ -12,9 +12,10 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use crate::proc::{self, read_maps};
+
 use super::elf::{build_id, DynamicSymbols};
-use super::libraries::{in_process_root, is_mpi_library_name, Binding, MpiFlavor, MpiLibrary};
-use super::maps::read_maps;
+use super::libraries::{is_mpi_library_name, Binding, MpiFlavor, MpiLibrary};
 use super::DiscoveryError;
 
 /// The interposers process `pid` maps, for an MPI library of `flavor`: the mapped files, other
@@ -42,7 +43,7 @@ pub fn process_interposers(
             continue;
         }
         // The host's path when it is the mapped file, else the one in the process's root.
-        let access = [path.clone(), in_process_root(pid, &path)]
+        let access = [path.clone(), proc::in_root(pid, &path)]
             .into_iter()
             .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == mapping.inode));
         let Some(access) = access else { continue };

@@ -11,7 +11,7 @@ use super::elf::{build_id, DynamicSymbols};
 use super::error::DiscoveryError;
 use super::file_cache::{FileCache, FILES_CACHED};
 use super::ld_cache::{self, LD_CACHE};
-use super::maps::read_maps;
+use crate::proc::{self, read_maps};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MpiFlavor {
@@ -234,7 +234,7 @@ pub fn process_libraries(
             .ok()
             .filter(|lib| lib.inode == mapping.inode)
             .map(Ok)
-            .unwrap_or_else(|| MpiLibrary::open_as(&in_process_root(pid, &path), &path));
+            .unwrap_or_else(|| MpiLibrary::open_as(&proc::in_root(pid, &path), &path));
         match opened {
             Ok(lib) if lib.inode == mapping.inode => libraries.push(lib),
             Ok(_) => {
@@ -246,22 +246,15 @@ pub fn process_libraries(
     Ok(libraries)
 }
 
-/// Where the daemon reaches `path` as process `pid` sees it: through the process's root
-/// directory, which is the process's own in a container.
-pub fn in_process_root(pid: u32, path: &Path) -> PathBuf {
-    let relative = path.strip_prefix("/").unwrap_or(path);
-    Path::new(&format!("/proc/{pid}/root")).join(relative)
-}
-
 /// The MPI libraries mapped by any running process, each file once. Processes that exit or
 /// cannot be read during the scan are skipped.
 pub fn all_process_libraries() -> Vec<MpiLibrary> {
-    let Ok(processes) = procfs::process::all_processes() else {
+    let Ok(pids) = proc::pids() else {
         return Vec::new();
     };
     let mut seen = HashSet::new();
     let mut libraries = Vec::new();
-    for pid in processes.flatten().map(|p| p.pid as u32) {
+    for pid in pids {
         match process_libraries(pid, &|_| true) {
             Ok(libs) => {
                 libraries.extend(libs.into_iter().filter(|l| seen.insert((l.dev, l.inode))))
@@ -361,7 +354,7 @@ mod tests {
         // Kept as given: resolving /proc/PID/fd or /proc/PID/root would leave the process's
         // mount namespace.
         assert_eq!(lib.path, by_fd);
-        let root = in_process_root(std::process::id(), Path::new(MPICH_C));
+        let root = proc::in_root(std::process::id(), Path::new(MPICH_C));
         assert!(root.starts_with(format!("/proc/{}/root/usr", std::process::id())));
         let lib = MpiLibrary::open_as(&root, &root).unwrap();
         assert_eq!((lib.dev, lib.inode), (real.dev, real.inode));

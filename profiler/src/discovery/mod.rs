@@ -2,33 +2,26 @@
 //! points capture attaches to), which job, rank and node a traced process is, and which code
 //! location (module build-id or path, file offset) a traced address is.
 
+mod addresses;
 mod elf;
 mod error;
 mod file_cache;
 mod interposers;
 mod ld_cache;
 mod libraries;
-mod maps;
-mod placement;
 mod probes;
 mod process;
-mod stat;
 #[cfg(test)]
 pub(crate) mod test_support;
 
-pub use elf::build_id;
+pub use addresses::AddressResolver;
+pub use elf::{build_id, DynamicSymbols, ElfError, LoadSegments};
 pub use error::DiscoveryError;
 pub use interposers::process_interposers;
 pub(crate) use libraries::is_mpi_library_name;
 pub use libraries::{
-    all_process_libraries, discover_libraries, in_process_root, process_libraries, Binding,
-    MpiFlavor, MpiLibrary,
+    all_process_libraries, discover_libraries, process_libraries, Binding, MpiFlavor, MpiLibrary,
 };
-pub use maps::{parse_maps, read_maps, AddressResolver, Mapping};
-pub(crate) use placement::probe_offset;
-pub use probes::{openmpi_datatype_size_offset, probe_points, ProbePoint, ProbePoints};
-pub(crate) use process::{
-    cgroups_match, is_launcher, job_cgroup_of, parse_cgroups, parse_stat, LaunchEnv,
-};
+pub use probes::{openmpi_datatype_size_offset, probe_points, ProbePoints};
+pub(crate) use process::{cgroups_match, is_launcher, job_cgroup_of, LaunchEnv};
 pub use process::{hostname, identify, in_cgroup, IdentitySource, ProcessIdentity};
-pub(crate) use stat::StatFields;

@@ -3,34 +3,11 @@
 
 use std::collections::HashSet;
 
-use serde::{Deserialize, Serialize};
-
 use super::elf::DynamicSymbols;
 use super::error::DiscoveryError;
 use super::libraries::{Binding, MpiLibrary};
-use super::placement::probe_offset;
-
-/// Where one MPI function starts in a library file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProbePoint {
-    /// Canonical C name, e.g. `MPI_Send`, whichever binding the code belongs to.
-    pub function: String,
-    /// The exported symbol the offset was taken from, e.g. `mpi_send_` or `MPI_Send`.
-    pub symbol: String,
-    /// File offset of the entry point.
-    pub file_offset: u64,
-    /// File offset where the entry and return probes go: the entry point, or a later
-    /// instruction of the entry block the kernel emulates instead of single-stepping
-    /// (discovery/placement.rs).
-    pub probe_offset: u64,
-    /// Open MPI's C library: the distance in bytes from the probe point to the library's global
-    /// offset table slot of `ompi_mpi_comm_world`, the object MPI_COMM_WORLD points at. The
-    /// slot holds the object's address in the process, in the library or, when the executable
-    /// refers to MPI_COMM_WORLD itself, in the executable's copy of it; the distance is the same
-    /// in every process, since both move with the library.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub world_slot_distance: Option<i64>,
-}
+use crate::capture::probe_offset;
+use crate::model::ProbePoint;
 
 /// The probe points of one library, and the requested functions it does not have.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -282,5 +259,54 @@ mod tests {
         assert_eq!(openmpi_datatype_size_offset(&open(OPENMPI_C)).unwrap(), 24);
         let err = openmpi_datatype_size_offset(&open(MPICH_C)).unwrap_err();
         assert!(matches!(err, DiscoveryError::MissingSymbol { .. }), "{err}");
+    }
+
+    /// The file offset of the first instruction objdump shows as push, a relative branch or
+    /// nop in the function at `offset` (the libraries' code segments start at the same file
+    /// offset and address).
+    fn objdump_first_emulated(path: &str, offset: u64) -> u64 {
+        let out = tool(
+            "objdump",
+            &[
+                "-d",
+                "--no-show-raw-insn",
+                &format!("--start-address={offset:#x}"),
+                &format!("--stop-address={:#x}", offset + 64),
+                path,
+            ],
+        );
+        out.lines()
+            .filter_map(|l| {
+                let (addr, rest) = l.trim_start().split_once(":\t")?;
+                Some((u64::from_str_radix(addr, 16).ok()?, rest.trim()))
+            })
+            .find(|(_, insn)| {
+                let mnemonic = insn.split_whitespace().next().unwrap_or("");
+                ["push", "nop", "call"].contains(&mnemonic) || mnemonic.starts_with('j')
+            })
+            .map(|(addr, _)| addr)
+            .expect("an emulated instruction within 64 bytes")
+    }
+
+    #[test]
+    fn probes_sit_on_the_first_emulated_instruction_objdump_shows() {
+        let functions: Vec<String> = ["MPI_Test", "MPI_Iprobe", "MPI_Waitall", "MPI_Finalize"]
+            .map(String::from)
+            .to_vec();
+        let mut moved = Vec::new();
+        for path in [OPENMPI_C, MPICH_C] {
+            let lib = open(path);
+            let real = std::fs::canonicalize(path).unwrap();
+            for point in probe_points(&lib, &functions).unwrap().points {
+                let expected = objdump_first_emulated(real.to_str().unwrap(), point.file_offset);
+                assert_eq!(point.probe_offset, expected, "{path} {}", point.function);
+                if point.probe_offset != point.file_offset {
+                    moved.push(format!("{path} {}", point.function));
+                }
+            }
+        }
+        // Open MPI's MPI_Test, MPI_Waitall and MPI_Finalize and MPICH's MPI_Finalize start with
+        // a RIP-relative instruction.
+        assert_eq!(moved.len(), 4, "{moved:?}");
     }
 }

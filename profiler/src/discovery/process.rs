@@ -3,16 +3,14 @@
 
 use std::collections::HashMap;
 
-use procfs::process::{all_processes, Process};
-use procfs::{FromBufRead, ProcessCGroups};
+use procfs::ProcessCGroups;
 use serde::{Deserialize, Serialize};
 
 use crate::model::JobId;
+use crate::proc::{self, read_maps, read_stat, ProcError, ProcStat};
 
 use super::error::DiscoveryError;
 use super::libraries::is_mpi_library_name;
-use super::maps::read_maps;
-use super::stat::StatFields;
 
 /// Where the rank of a [`ProcessIdentity`] came from. The job id's prefix (`slurm:`, `pmix:` or a
 /// launcher name) says where the job came from.
@@ -109,9 +107,7 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
 /// first when both have one, as it is the one cgroup v2 tools show.
 fn slurm_job_cgroup(pid: u32, job: &str) -> Option<String> {
     // The cgroup is extra: a process whose file cannot be read is still identified, without it.
-    let cgroups = Process::new(pid as i32)
-        .and_then(|process| process.cgroups())
-        .ok()?;
+    let cgroups = proc::cgroups(pid).ok()?;
     job_cgroup_of(&cgroups, job)
 }
 
@@ -129,9 +125,7 @@ pub(crate) fn job_cgroup_of(cgroups: &ProcessCGroups, job: &str) -> Option<Strin
 /// True when one of the process's cgroups (any hierarchy of /proc/PID/cgroup) is `scope` or
 /// below it. A process that is gone is in no cgroup.
 pub fn in_cgroup(pid: u32, scope: &str) -> bool {
-    Process::new(pid as i32)
-        .and_then(|process| process.cgroups())
-        .is_ok_and(|cgroups| cgroups_match(&cgroups, scope))
+    proc::cgroups(pid).is_ok_and(|cgroups| cgroups_match(&cgroups, scope))
 }
 
 pub(crate) fn cgroups_match(cgroups: &ProcessCGroups, scope: &str) -> bool {
@@ -178,9 +172,7 @@ pub(crate) struct LaunchEnv {
 
 impl LaunchEnv {
     fn read(pid: u32) -> Result<Self, DiscoveryError> {
-        let path = format!("/proc/{pid}/environ");
-        let environ = std::fs::read(&path).map_err(|e| DiscoveryError::proc_read(pid, path, e))?;
-        Ok(LaunchEnv::parse(&environ))
+        Ok(LaunchEnv::parse(&proc::environ(pid)?))
     }
 
     /// The launcher variables of an environment as /proc/PID/environ holds it: `NAME=value`
@@ -285,43 +277,6 @@ pub(crate) fn is_launcher(comm: &str) -> bool {
     })
 }
 
-#[derive(Clone, Debug)]
-pub(crate) struct ProcStat {
-    pub(crate) pid: u32,
-    pub(crate) comm: String,
-    pub(crate) ppid: u32,
-    /// Clock ticks after boot; with the pid it names a process uniquely across pid reuse.
-    pub(crate) start_time: u64,
-}
-
-fn read_stat(pid: u32) -> Result<ProcStat, DiscoveryError> {
-    let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read(&path).map_err(|e| DiscoveryError::proc_read(pid, &path, e))?;
-    parse_stat(&text).map_err(|detail| DiscoveryError::ProcFormat {
-        path: path.into(),
-        detail,
-    })
-}
-
-/// Parses the text of a /proc/PID/stat file as [`read_stat`] does.
-pub(crate) fn parse_stat(text: &[u8]) -> Result<ProcStat, String> {
-    let stat = StatFields::parse(text)?;
-    Ok(ProcStat {
-        pid: stat.pid,
-        ppid: u32::try_from(stat.number(4)?).map_err(|_| "field 4 (ppid) is out of range")?,
-        start_time: stat.number(22)?,
-        comm: stat.comm,
-    })
-}
-
-/// Parses the text of a /proc/PID/cgroup file as the cgroup checks read it.
-pub(crate) fn parse_cgroups(text: &[u8]) -> Result<ProcessCGroups, DiscoveryError> {
-    ProcessCGroups::from_buf_read(text).map_err(|e| DiscoveryError::ProcFormat {
-        path: "/proc/PID/cgroup".into(),
-        detail: e.to_string(),
-    })
-}
-
 /// The outermost known launcher above a process: on the launching node that is mpirun or
 /// mpiexec rather than the per-node proxy below it, so all local ranks of a job share it.
 fn outermost_launcher(process: &ProcStat) -> Result<Option<ProcStat>, DiscoveryError> {
@@ -331,8 +286,8 @@ fn outermost_launcher(process: &ProcStat) -> Result<Option<ProcStat>, DiscoveryE
         let parent = match read_stat(ppid) {
             Ok(parent) => parent,
             // A parent that exited leaves the child to a reaper; the chain above is gone.
-            Err(DiscoveryError::ProcessGone { .. }) => break,
-            Err(e) => return Err(e),
+            Err(ProcError::ProcessGone { .. }) => break,
+            Err(e) => return Err(e.into()),
         };
         ppid = parent.ppid;
         if is_launcher(&parent.comm) {
@@ -359,11 +314,9 @@ fn job_members(root: &ProcStat) -> Result<Vec<ProcStat>, DiscoveryError> {
         members.push(root.clone());
     } else {
         let mut children: HashMap<u32, Vec<ProcStat>> = HashMap::new();
-        let processes =
-            all_processes().map_err(|e| DiscoveryError::procfs(root.pid, "/proc", e))?;
-        for stat in processes
-            .flatten()
-            .filter_map(|p| read_stat(p.pid as u32).ok())
+        for stat in proc::pids()?
+            .into_iter()
+            .filter_map(|pid| read_stat(pid).ok())
         {
             children.entry(stat.ppid).or_default().push(stat);
         }
@@ -391,15 +344,15 @@ mod tests {
 
     /// Whether the cgroups listed in `text` (a /proc/PID/cgroup file) include `scope`.
     fn cgroup_lines_match(text: &str, scope: &str) -> bool {
-        cgroups_match(&parse_cgroups(text.as_bytes()).unwrap(), scope)
+        cgroups_match(&proc::parse_cgroups(text.as_bytes()).unwrap(), scope)
     }
 
     /// The processes named `comm` below `root`.
     fn descendants(root: u32, comm: &str) -> Vec<u32> {
-        let mut all: Vec<ProcStat> = all_processes()
+        let mut all: Vec<ProcStat> = proc::pids()
             .unwrap()
-            .flatten()
-            .filter_map(|p| read_stat(p.pid as u32).ok())
+            .into_iter()
+            .filter_map(|pid| read_stat(pid).ok())
             .collect();
         let mut tree = BTreeSet::from([root]);
         loop {
@@ -422,9 +375,7 @@ mod tests {
     /// new environment, and a process read in between looks as if it had none.
     fn started(pid: u32, comm: &str) -> bool {
         read_stat(pid).is_ok_and(|s| s.comm == comm)
-            && Process::new(pid as i32)
-                .and_then(|p| p.environ())
-                .is_ok_and(|e| !e.is_empty())
+            && proc::environ(pid).is_ok_and(|e| !e.is_empty())
     }
 
     fn wait_for_ranks(launch: &Spawned, comm: &str, n: usize) -> Vec<u32> {
@@ -631,21 +582,10 @@ mod tests {
     }
 
     #[test]
-    fn stat_and_cgroup_files_that_are_not_procfs_are_errors() {
-        let stat = parse_stat(
-            b"7 (mpirun.openmpi) S 1 7 7 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 \
-            4242 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-        )
-        .unwrap();
-        assert_eq!((stat.pid, stat.ppid, stat.start_time), (7, 1, 4242));
-        assert!(is_launcher(&stat.comm));
-        assert_eq!(
-            parse_stat(b"7 (x) S").unwrap_err(),
-            "field 4 is not a number"
-        );
+    fn cgroup_files_that_are_not_procfs_are_errors() {
         assert!(matches!(
-            parse_cgroups(b"no colon here\n"),
-            Err(DiscoveryError::ProcFormat { .. })
+            proc::parse_cgroups(b"no colon here\n"),
+            Err(ProcError::Format { .. })
         ));
     }
 
@@ -674,7 +614,7 @@ mod tests {
         child.wait().unwrap();
         assert!(matches!(
             identify(pid, "n"),
-            Err(DiscoveryError::ProcessGone { .. })
+            Err(DiscoveryError::Proc(ProcError::ProcessGone { .. }))
         ));
         let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
         assert_eq!(hostname().unwrap(), kernel.trim());
@@ -696,8 +636,9 @@ mod tests {
 
     #[test]
     fn slurm_job_cgroup_is_the_job_directory_above_the_step() {
-        let of =
-            |text: &str, job: &str| job_cgroup_of(&parse_cgroups(text.as_bytes()).unwrap(), job);
+        let of = |text: &str, job: &str| {
+            job_cgroup_of(&proc::parse_cgroups(text.as_bytes()).unwrap(), job)
+        };
         let v1 = "6:freezer:/slurm_vm/uid_0/job_12/step_0\n4:memory:/other\n0::/\n";
         assert_eq!(of(v1, "12").as_deref(), Some("/slurm_vm/uid_0/job_12"));
         assert_eq!(of(v1, "1"), None);

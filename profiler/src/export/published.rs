@@ -49,6 +49,6 @@ pub struct SelfStats {
     pub counter_events: String,
     pub hardware_counters: bool,
     /// The daemon's own CPU time and memory (None if procfs could not be read).
-    pub process: Option<crate::capture::usage::ProcessUsage>,
+    pub process: Option<crate::proc::ProcessUsage>,
     pub governor: GovernorStats,
 }

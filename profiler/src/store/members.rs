@@ -6,7 +6,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    path::Path,
     sync::Arc,
     time::Duration,
 };
@@ -15,6 +14,7 @@ use crate::{
     capture::usage,
     discovery,
     model::{unix_now_ns, JobId},
+    proc,
     store::{clock::Clock, JobMeta, RankRecord, RankTotals},
 };
 
@@ -95,7 +95,7 @@ impl Members {
             .keys()
             .chain(&self.outside)
             .copied()
-            .filter(|&pid| !Path::new(&format!("/proc/{pid}")).exists())
+            .filter(|&pid| !proc::is_alive(pid))
             .collect()
     }
 
@@ -149,7 +149,6 @@ impl Members {
     /// The job of `pid` and its rank, as discovery finds them; a process that left before it
     /// could be identified keeps its data, in a job of its own.
     fn job_of(&self, pid: u32, first_seen_ns: u64) -> (JobMeta, u32) {
-        let exe = format!("/proc/{pid}/exe");
         match discovery::identify(pid, &self.node) {
             Ok(id) => (
                 JobMeta {
@@ -157,10 +156,12 @@ impl Members {
                     node: self.node.clone(),
                     size: id.size,
                     source: format!("{:?}", id.source),
-                    executable: std::fs::read_link(&exe)
+                    executable: proc::executable(pid)
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
-                    build_id: discovery::build_id(Path::new(&exe)).ok().flatten(),
+                    build_id: discovery::build_id(&proc::executable_file(pid))
+                        .ok()
+                        .flatten(),
                     cgroup: id.cgroup.clone(),
                     modules: Default::default(),
                     first_seen_ns,

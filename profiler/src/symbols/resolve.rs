@@ -3,20 +3,18 @@
 //! against the build-id of the call site before it is read.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::names::function_name;
+use super::{short_module_name, Frame, NameSource, SiteName, SiteNames};
+use crate::discovery::{DynamicSymbols, LoadSegments};
+use crate::model::{CallSite, Name};
 use blazesym::symbolize::{
     source::{Elf, Source},
     Input, Sym, Symbolized, Symbolizer,
 };
-use object::{Object, ObjectSegment, ObjectSymbol};
-
-use super::names::function_name;
-use super::{short_module_name, Frame, NameSource, SiteName, SiteNames};
-use crate::model::{CallSite, Name};
 
 /// Upper bound on names kept; a job shows a few hundred call sites at most, and the bound keeps a
 /// long-running daemon's memory independent of how many jobs it has served.
@@ -31,14 +29,6 @@ fn file_key(path: &Path) -> std::io::Result<FileKey> {
     Ok((meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec()))
 }
 
-/// A loadable segment: `size` bytes from file offset `offset` are mapped at `address`.
-#[derive(Clone, Copy)]
-struct Segment {
-    offset: u64,
-    size: u64,
-    address: u64,
-}
-
 /// What a module's file gave when it was last checked.
 #[derive(Clone)]
 enum ModuleFile {
@@ -49,7 +39,7 @@ enum ModuleFile {
         key: FileKey,
         fortran: bool,
         debug_link: bool,
-        segments: Arc<[Segment]>,
+        segments: Arc<LoadSegments>,
     },
     /// Why the file cannot name the module's sites.
     Unusable(String),
@@ -213,18 +203,12 @@ impl SiteResolver {
         let Ok(key) = file_key(&path) else {
             return;
         };
-        if !matches!(read_elf(&path), Ok(elf) if elf.build_id.as_deref() == Some(module)) {
+        if !matches!(DynamicSymbols::read(&path), Ok(elf) if elf.build_id() == Some(module)) {
             return;
         }
         let addresses: Option<Vec<u64>> = missing
             .iter()
-            .map(|&i| {
-                let offset = sites[i].offset.saturating_sub(1);
-                segments
-                    .iter()
-                    .find(|s| s.offset <= offset && offset < s.offset + s.size)
-                    .map(|s| offset - s.offset + s.address)
-            })
+            .map(|&i| segments.address(sites[i].offset.saturating_sub(1)))
             .collect();
         let Some(addresses) = addresses else {
             return;
@@ -290,58 +274,17 @@ fn unknown_file_reason(module: &str) -> String {
     }
 }
 
-/// What symbolization needs to know of an ELF file besides its symbols.
-struct ElfFacts {
-    build_id: Option<String>,
-    /// It uses the GNU Fortran runtime.
-    fortran: bool,
-    debug_link: bool,
-    segments: Arc<[Segment]>,
-}
-
-fn read_elf(path: &Path) -> Result<ElfFacts, String> {
-    let file = File::open(path).map_err(|e| e.to_string())?;
-    let cache = object::read::ReadCache::new(file);
-    let elf = object::File::parse(&cache).map_err(|e| e.to_string())?;
-    let build_id = elf
-        .build_id()
-        .map_err(|e| e.to_string())?
-        .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
-    let fortran = elf
-        .dynamic_symbols()
-        .any(|s| s.name().is_ok_and(|n| n.starts_with("_gfortran_")));
-    let segments = elf
-        .segments()
-        .map(|s| {
-            let (offset, size) = s.file_range();
-            Segment {
-                offset,
-                size,
-                address: s.address(),
-            }
-        })
-        .collect();
-    Ok(ElfFacts {
-        build_id,
-        fortran,
-        debug_link: elf.section_by_name(".gnu_debuglink").is_some(),
-        segments,
-    })
-}
-
 /// Whether the file at `path` carries the build-id `module`, and what symbolization needs of it.
 fn check_file(module: &str, path: &Path, key: FileKey) -> ModuleFile {
-    match read_elf(path) {
-        Err(e) => ModuleFile::Unusable(format!("cannot read {}: {e}", path.display())),
-        Ok(elf) if elf.build_id.as_deref() == Some(module) => ModuleFile::Usable {
+    match DynamicSymbols::read(path) {
+        Err(e) => ModuleFile::Unusable(e.to_string()),
+        Ok(elf) if elf.build_id() == Some(module) => ModuleFile::Usable {
             key,
-            fortran: elf.fortran,
-            debug_link: elf.debug_link,
-            segments: elf.segments,
+            fortran: elf.mentions_any("_gfortran_"),
+            debug_link: elf.has_debug_link(),
+            segments: Arc::new(elf.into_segments()),
         },
-        Ok(ElfFacts {
-            build_id: Some(_), ..
-        }) => ModuleFile::Unusable(format!(
+        Ok(elf) if elf.build_id().is_some() => ModuleFile::Unusable(format!(
             "{} was rebuilt or replaced since the job ran (another build-id)",
             path.display()
         )),

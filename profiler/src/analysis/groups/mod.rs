@@ -69,16 +69,22 @@ impl Default for GroupParams {
     }
 }
 
+/// A rank group parameter out of its range; the message says the range.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum InvalidGroupParams {
+    #[error("k must be at least 1")]
+    NoGroups,
+    #[error("count_tolerance = {0} must be at least 0 and below 1")]
+    CountTolerance(f64),
+}
+
 impl GroupParams {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidGroupParams> {
         if self.k == 0 {
-            return Err("k must be at least 1".into());
+            return Err(InvalidGroupParams::NoGroups);
         }
         if !(0.0..1.0).contains(&self.count_tolerance) {
-            return Err(format!(
-                "count_tolerance = {} must be at least 0 and below 1",
-                self.count_tolerance
-            ));
+            return Err(InvalidGroupParams::CountTolerance(self.count_tolerance));
         }
         Ok(())
     }
