@@ -20,7 +20,7 @@
 //! Method. Each round runs every code once without the daemon, once under the floor and once
 //! with the daemon. The floor is loaded by the bench itself (`Capture::load` with the default
 //! settings, then `Capture::attach_floor`, as in `cargo xtask bench overhead`) on the C
-//! libraries of both MPIs, at the probe places the daemon picks (discovery/placement.rs); it has
+//! libraries of both MPIs, at the probe places the daemon picks (capture/placement.rs); it has
 //! no thread of its own. The daemon is the release binary as its systemd unit runs it
 //! (`mpiburst run`, default settings) with its own loopback port and lock file in a temporary
 //! directory; it is started once per round (when it answers, its probes are attached), runs
