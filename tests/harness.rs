@@ -15,6 +15,7 @@ use std::{
 };
 
 use mpiburst::{
+    config::Config,
     export::{client::DaemonClient, recording::Recording},
     model::is_lifecycle_function,
     store::Job,
@@ -401,7 +402,7 @@ pub fn unix_minus_monotonic_ns() -> i128 {
 
 /// A client for the HTTP server at `addr` (HOST:PORT): the daemon's own, with its timeouts.
 fn client(addr: &str) -> DaemonClient {
-    DaemonClient::parse(addr)
+    DaemonClient::parse(addr, Config::default().daemon.listen.port())
         .ok()
         .flatten()
         .unwrap_or_else(|| panic!("{addr} is not a HOST:PORT address"))

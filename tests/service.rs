@@ -18,6 +18,7 @@ use std::{
 };
 
 use mpiburst::{
+    config::Config,
     daemon::privileges::REQUIRED,
     export::{
         client::{ClientError, DaemonClient},
@@ -161,7 +162,9 @@ impl Drop for TestUser {
 
 /// The status of GET /healthz, or `None` while nothing listens.
 fn healthz(addr: &str) -> Option<u16> {
-    let client = DaemonClient::parse(addr).unwrap().unwrap();
+    let client = DaemonClient::parse(addr, Config::default().daemon.listen.port())
+        .unwrap()
+        .unwrap();
     match client.get("/healthz") {
         Ok(_) => Some(200),
         Err(ClientError::Status { status, .. }) => Some(status),

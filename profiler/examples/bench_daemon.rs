@@ -28,7 +28,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use mpiburst::export::client::DaemonClient;
+use mpiburst::{config::Config, export::client::DaemonClient};
 
 /// The storm at the target's rate: 60 s of 10⁵ bursts/s, two of the default 30 s analysis windows.
 const PACED_CALLS: u64 = 6_000_000;
@@ -84,7 +84,8 @@ impl Daemon {
             let _ = child.wait();
             bail!("the daemon did not become ready within 60 s");
         }
-        let client = DaemonClient::parse(&addr)?.context("the daemon's address")?;
+        let client = DaemonClient::parse(&addr, Config::default().daemon.listen.port())?
+            .context("the daemon's address")?;
         Ok(Daemon {
             child,
             client,

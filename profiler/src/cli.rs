@@ -169,14 +169,15 @@ pub enum ReportTarget {
 }
 
 impl ReportTarget {
-    /// An existing file is a recording, whatever its name. Otherwise `http://HOST[:PORT]` or
-    /// `HOST:PORT` is a daemon, and anything else a recording path (which then fails to open with
-    /// its own error).
+    /// An existing file is a recording, whatever its name. Otherwise `http://HOST[:PORT]` (the
+    /// port of the default configuration when omitted) or `HOST:PORT` is a daemon, and anything
+    /// else a recording path (which then fails to open with its own error).
     pub fn parse(arg: &str) -> Result<Self, ClientError> {
         if Path::new(arg).exists() {
             return Ok(ReportTarget::Recording(arg.into()));
         }
-        Ok(match DaemonClient::parse(arg)? {
+        let default_port = Config::default().daemon.listen.port();
+        Ok(match DaemonClient::parse(arg, default_port)? {
             Some(daemon) => ReportTarget::Daemon(daemon),
             None => ReportTarget::Recording(arg.into()),
         })
@@ -384,7 +385,7 @@ mod tests {
             };
             Ok::<_, String>(a.target)
         };
-        let daemon = |s: &str| ReportTarget::Daemon(DaemonClient::parse(s).unwrap().unwrap());
+        let daemon = |s: &str| ReportTarget::Daemon(DaemonClient::parse(s, 9464).unwrap().unwrap());
         assert_eq!(
             target("http://127.0.0.1:9464"),
             Ok(daemon("127.0.0.1:9464"))
@@ -392,6 +393,11 @@ mod tests {
         assert_eq!(
             target("127.0.0.1:9464"),
             Ok(daemon("http://127.0.0.1:9464/"))
+        );
+        assert_eq!(
+            target("http://n1"),
+            Ok(daemon("n1:9464")),
+            "the daemon's default port"
         );
         assert_eq!(
             target("job.jsonl"),

@@ -20,29 +20,14 @@ const CARGO_FUZZ_VERSION: &str = "0.13.2";
 const TEST_SECONDS: u32 = 4;
 
 /// Seconds each target runs in `cargo xtask fuzz` without `--seconds`.
-const DEFAULT_SECONDS: u32 = 60;
+pub const DEFAULT_SECONDS: u32 = 60;
 
 /// Seconds one input may take before libFuzzer reports it as a hang.
 const INPUT_TIMEOUT_SECONDS: u32 = 10;
 
-/// `cargo xtask fuzz [TARGET...] [--seconds N]`: runs the named targets (all without names) one
-/// after another, each for N seconds; fails at the first target that crashes.
-pub fn fuzz(args: &[String]) -> Result<()> {
-    let mut seconds = DEFAULT_SECONDS;
-    let mut chosen = Vec::new();
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        if arg == "--seconds" {
-            seconds = args
-                .next()
-                .and_then(|v| v.parse().ok())
-                .context("--seconds needs a whole number of seconds")?;
-        } else if arg.starts_with('-') {
-            bail!("unknown fuzz option {arg:?}; usage: cargo xtask fuzz [TARGET...] [--seconds N]");
-        } else {
-            chosen.push(arg.clone());
-        }
-    }
+/// `cargo xtask fuzz [TARGET...] [--seconds N]`: runs the `chosen` targets (all when none is
+/// named) one after another, each for `seconds`; fails at the first target that crashes.
+pub fn fuzz(chosen: &[String], seconds: u32) -> Result<()> {
     let all = targets()?;
     if let Some(unknown) = chosen.iter().find(|t| !all.contains(t)) {
         bail!(
@@ -50,7 +35,11 @@ pub fn fuzz(args: &[String]) -> Result<()> {
             all.join(", ")
         );
     }
-    let chosen = if chosen.is_empty() { all } else { chosen };
+    let chosen = if chosen.is_empty() {
+        all
+    } else {
+        chosen.to_vec()
+    };
     let toolchain = prepare()?;
     build(&toolchain, Build::Search)?;
     for target in &chosen {

@@ -11,6 +11,7 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
+use clap::{value_parser, Args, Parser, Subcommand};
 
 mod fuzz;
 mod install;
@@ -41,66 +42,141 @@ const APT_PACKAGES: &[&str] = &[
     "fuse3",
 ];
 
-const USAGE: &str = "usage: cargo xtask <command>
-  build [--debug]         build the BPF object and the daemon (release by default)
-  run [--debug] -- ARGS   build, then run `mpiburst ARGS` (as root)
-  demo [--ranks N] [--seconds S]
-                          run the bundled MPI demo under the daemon and print its reports
-  test [--under-load] [-- CARGO TEST ARGS [-- TEST BINARY ARGS]]
-                          run every test binary (unit tests, static checks, and as root the
-                          BPF + MPI tests; without root those are reported skipped), each
-                          even when another fails, and each fuzz target for a few seconds;
-                          --under-load runs the test binaries while one busy loop per online
-                          CPU competes for every core. The whole suite is
-                          gated by `cargo fmt --check`, clippy and rustdoc with warnings
-                          as errors
-  bench overhead|cluster|daemon|apps [ROUNDS]
-                          measure probe cost per call, the system call tax on processes the
-                          daemon does not track, and application slowdown; clustering speed;
-                          the daemon's own cost under a burst storm; or the slowdown of real
-                          MPI codes (halo exchange, CG solver, MPI_Test polling, LAMMPS)
-                          without the daemon, under the floor (empty probes where it probes)
-                          and with it, both MPIs, in ROUNDS (6) rotating rounds
-  fuzz [TARGET...] [--seconds N]
-                          run the cargo-fuzz targets of fuzz/ (all without names) for N s
-                          each (60 by default), with the pinned nightly; installs cargo-fuzz
-  install                 build the release daemon and install it with its systemd unit, sysusers.d
-                          entry, default config and docs/deploy.md; honours PREFIX (/usr/local)
-                          and DESTDIR
-  install-deps            only install the system packages and toolchain pieces";
+/// `cargo xtask`'s command line.
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Set-up, build, run, demo, test and benchmarks for mpiburst"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand, Debug, PartialEq)]
+enum Task {
+    /// Build the BPF object and the daemon (release by default)
+    Build {
+        #[command(flatten)]
+        profile: ProfileArg,
+    },
+    /// Build, then run `mpiburst ARGS` (as root)
+    Run {
+        #[command(flatten)]
+        profile: ProfileArg,
+        /// The daemon's arguments, after `--`: `cargo xtask run -- record -o job.jsonl`
+        #[arg(last = true, value_name = "ARGS")]
+        args: Vec<String>,
+    },
+    /// Run the bundled MPI demo under the daemon and print its reports
+    Demo {
+        /// MPI ranks of the demo, 2 to 4
+        #[arg(long, value_name = "N", default_value_t = 2, value_parser = value_parser!(u32).range(2..=4))]
+        ranks: u32,
+        /// How long the demo runs, in seconds
+        #[arg(long, value_name = "S", default_value_t = 20)]
+        seconds: u32,
+    },
+    /// Run every test binary, each fuzz target for a few seconds, and the lint gate
+    ///
+    /// Runs every test binary (unit tests, static checks, and as root the BPF + MPI tests;
+    /// without root those are reported skipped), each even when another fails, and each fuzz
+    /// target for a few seconds. The whole suite is gated by `cargo fmt --check`, clippy and
+    /// rustdoc with warnings as errors; a run with cargo test arguments runs only the tests they
+    /// choose, without the fuzz targets and the lint gate.
+    Test {
+        /// Run the test binaries while one busy loop per online CPU competes for every core
+        #[arg(long)]
+        under_load: bool,
+        /// Arguments of `cargo test`, after `--`; after a second `--`, arguments of the test
+        /// binaries
+        #[arg(last = true, value_name = "CARGO TEST ARGS [-- TEST BINARY ARGS]")]
+        args: Vec<String>,
+    },
+    /// Measure probe cost, clustering speed, the daemon's own cost, or application slowdown
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+    /// Run the cargo-fuzz targets of fuzz/ with the pinned nightly; installs cargo-fuzz
+    Fuzz {
+        /// Targets to run, one after another (all of them when none is named)
+        #[arg(value_name = "TARGET")]
+        targets: Vec<String>,
+        /// How long each target runs
+        #[arg(long, value_name = "N", default_value_t = fuzz::DEFAULT_SECONDS)]
+        seconds: u32,
+    },
+    /// Build the release daemon and install it with its systemd unit, sysusers.d entry, default
+    /// config and docs/deploy.md; honours PREFIX (/usr/local) and DESTDIR
+    Install,
+    /// Only install the system packages and toolchain pieces
+    InstallDeps,
+    /// Internal: spin on one CPU until killed (one of the busy loops of `test --under-load`)
+    BusyLoop,
+}
+
+#[derive(Subcommand, Debug, PartialEq)]
+enum Bench {
+    /// Probe cost per call vs a bare uprobe, for one function of each probe class on both MPIs,
+    /// each BPF program's run time per call, the system call tax on processes the daemon does not
+    /// track, and the demo's slowdown
+    Overhead,
+    /// Clustering speed
+    Cluster,
+    /// The daemon under a burst storm: CPU per 10⁵ bursts/s, losses, peak memory, /metrics
+    /// latency while windows are clustered
+    Daemon,
+    /// The slowdown of real MPI codes (halo exchange, CG solver, MPI_Test polling, LAMMPS)
+    /// without the daemon, under the floor (empty probes where it probes) and with it, both MPIs
+    Apps {
+        /// Rotating rounds (6 by default)
+        #[arg(value_parser = value_parser!(u32).range(1..))]
+        rounds: Option<u32>,
+    },
+}
+
+/// `--debug` of `build` and `run`.
+#[derive(Args, Debug, PartialEq)]
+struct ProfileArg {
+    /// Build the debug profile instead of the release one
+    #[arg(long)]
+    debug: bool,
+}
+
+impl ProfileArg {
+    fn profile(&self) -> Profile {
+        if self.debug {
+            Profile::Debug
+        } else {
+            Profile::Release
+        }
+    }
+}
 
 fn main() -> Result<()> {
-    let args: Vec<String> = env::args().skip(1).collect();
-    let Some(command) = args.first() else {
-        eprintln!("{USAGE}");
-        bail!("no command given");
-    };
-    let rest = &args[1..];
-    match command.as_str() {
-        "build" => build(profile(rest)).map(|_| ()),
-        "run" => run(rest),
-        "demo" => demo(rest),
-        "test" => match test(rest)? {
+    match Cli::parse().task {
+        Task::Build { profile } => build(profile.profile()).map(|_| ()),
+        Task::Run { profile, args } => run(profile.profile(), &args),
+        Task::Demo { ranks, seconds } => demo(ranks, seconds),
+        Task::Test { under_load, args } => match test(under_load, &args)? {
             // The summary and cargo's result lines are already out; nothing may follow them.
             Outcome::Passed => Ok(()),
             Outcome::Failed => std::process::exit(1),
         },
-        // Internal: one of the busy loops of `test --under-load`.
-        "busy-loop" => loop {
+        Task::BusyLoop => loop {
             std::hint::spin_loop();
         },
-        "bench" => bench(rest),
-        "fuzz" => fuzz::fuzz(rest),
-        "install" => install::install(&build(Profile::Release)?),
-        "install-deps" => install_deps(),
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        other => {
-            eprintln!("{USAGE}");
-            bail!("unknown command {other:?}")
-        }
+        Task::Bench { bench } => match bench {
+            Bench::Overhead => bench_overhead(),
+            Bench::Cluster => status(&mut example("bench_cluster")),
+            Bench::Daemon => bench_daemon(),
+            Bench::Apps { rounds } => bench_apps(rounds),
+        },
+        Task::Fuzz { targets, seconds } => fuzz::fuzz(&targets, seconds),
+        Task::Install => install::install(&build(Profile::Release)?),
+        Task::InstallDeps => install_deps(),
     }
 }
 
@@ -115,14 +191,6 @@ fn root() -> PathBuf {
 enum Profile {
     Debug,
     Release,
-}
-
-fn profile(args: &[String]) -> Profile {
-    if args.iter().any(|a| a == "--debug") {
-        Profile::Debug
-    } else {
-        Profile::Release
-    }
 }
 
 fn status(cmd: &mut Command) -> Result<()> {
@@ -281,13 +349,11 @@ fn bin_dir(profile: Profile) -> PathBuf {
     })
 }
 
-fn run(args: &[String]) -> Result<()> {
-    let split = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    let bin = build(profile(&args[..split]))?;
+fn run(profile: Profile, daemon_args: &[String]) -> Result<()> {
+    let bin = build(profile)?;
     if !is_root() {
         bail!("mpiburst loads BPF programs and must run as root: run `sudo -E cargo xtask run -- ...`");
     }
-    let daemon_args = args.get(split + 1..).unwrap_or_default();
     status(Command::new(bin).args(daemon_args))
 }
 
@@ -312,12 +378,6 @@ fn build_mpi_programs() -> Result<PathBuf> {
         out.display()
     );
     Ok(out)
-}
-
-fn flag_value(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
 }
 
 /// A started daemon, stopped with SIGTERM (a SIGINT that arrives while the daemon drains is
@@ -401,19 +461,8 @@ fn openmpi_run(ranks: u32) -> Command {
     cmd
 }
 
-fn demo(args: &[String]) -> Result<()> {
+fn demo(ranks: u32, seconds: u32) -> Result<()> {
     install_deps()?;
-    let ranks: u32 = flag_value(args, "--ranks")
-        .map(|v| v.parse())
-        .transpose()?
-        .unwrap_or(2);
-    let seconds: u32 = flag_value(args, "--seconds")
-        .map(|v| v.parse())
-        .transpose()?
-        .unwrap_or(20);
-    if !(2..=4).contains(&ranks) {
-        bail!("the demo runs with 2 to 4 ranks");
-    }
     let bin = build(Profile::Release)?;
     if !is_root() {
         bail!("the demo loads BPF programs and must run as root");
@@ -460,12 +509,12 @@ enum Outcome {
     Failed,
 }
 
-fn test(args: &[String]) -> Result<Outcome> {
-    let (own, cargo_args, harness_args) = split_test_args(args);
-    let under_load = match own {
-        [] => false,
-        [flag] if flag == "--under-load" => true,
-        other => bail!("unknown test options {other:?}\n{USAGE}"),
+/// `args` are what follows `--`: `cargo test`'s arguments, then after another `--` the test
+/// binaries'.
+fn test(under_load: bool, args: &[String]) -> Result<Outcome> {
+    let (cargo_args, harness_args) = match args.iter().position(|a| a == "--") {
+        Some(split) => (&args[..split], &args[split + 1..]),
+        None => (args, &[][..]),
     };
     install_deps()?;
     let bin = build(Profile::Release)?;
@@ -565,18 +614,6 @@ fn lint() -> Result<Vec<String>> {
         }
     }
     Ok(failed)
-}
-
-/// Splits `[OWN...] [-- CARGO ARGS [-- HARNESS ARGS]]`.
-fn split_test_args(args: &[String]) -> (&[String], &[String], &[String]) {
-    let Some(first) = args.iter().position(|a| a == "--") else {
-        return (args, &[], &[]);
-    };
-    let (own, rest) = (&args[..first], &args[first + 1..]);
-    match rest.iter().position(|a| a == "--") {
-        Some(second) => (own, &rest[..second], &rest[second + 1..]),
-        None => (own, rest, &[]),
-    }
 }
 
 /// What `cargo test` printed: the per-binary result lines and the tests that failed or were
@@ -809,16 +846,6 @@ impl Drop for BusyLoops {
     }
 }
 
-fn bench(args: &[String]) -> Result<()> {
-    match args.first().map(String::as_str) {
-        Some("overhead") => bench_overhead(),
-        Some("cluster") => status(&mut example("bench_cluster")),
-        Some("daemon") => bench_daemon(),
-        Some("apps") => bench_apps(&args[1..]),
-        _ => bail!("usage: cargo xtask bench overhead|cluster|daemon|apps"),
-    }
-}
-
 /// The daemon's own cost under a burst storm: CPU per 10⁵ bursts/s, losses, peak memory and the
 /// latency of /metrics while windows are clustered (profiler/examples/bench_daemon.rs).
 fn bench_daemon() -> Result<()> {
@@ -833,7 +860,7 @@ fn bench_daemon() -> Result<()> {
 /// The slowdown of real MPI codes under the daemon (tests/bench_apps.rs). LAMMPS, one of the
 /// codes, is installed here (Debian package lammps, about 70 MB) and only here: without it the
 /// benchmark says LAMMPS was skipped and why.
-fn bench_apps(args: &[String]) -> Result<()> {
+fn bench_apps(rounds: Option<u32>) -> Result<()> {
     let (bin, programs) = bpf_bench_setup("apps")?;
     if let Err(e) = install_apt(&["lammps"]) {
         eprintln!("xtask: the Debian package lammps is not installed ({e:#}); the benchmark runs without LAMMPS");
@@ -842,7 +869,7 @@ fn bench_apps(args: &[String]) -> Result<()> {
         example_of("mpiburst-tests", "bench_apps")
             .env("MPIBURST_BIN", &bin)
             .env("MPIBURST_MPI_PROGRAMS", &programs)
-            .args(args),
+            .args(rounds.map(|r| r.to_string())),
     )
 }
 
@@ -909,6 +936,109 @@ fn bench_overhead() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parsed(args: &str) -> Result<Task, String> {
+        Cli::try_parse_from(std::iter::once("xtask").chain(args.split_whitespace()))
+            .map(|cli| cli.task)
+            .map_err(|e| e.to_string())
+    }
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn the_commands_of_the_readme_parse() {
+        let release = ProfileArg { debug: false };
+        assert_eq!(parsed("build"), Ok(Task::Build { profile: release }));
+        assert_eq!(
+            parsed("build --debug"),
+            Ok(Task::Build {
+                profile: ProfileArg { debug: true }
+            })
+        );
+        assert_eq!(
+            parsed("run --debug -- record -o job.jsonl"),
+            Ok(Task::Run {
+                profile: ProfileArg { debug: true },
+                args: strings(&["record", "-o", "job.jsonl"]),
+            })
+        );
+        assert_eq!(
+            parsed("demo"),
+            Ok(Task::Demo {
+                ranks: 2,
+                seconds: 20
+            })
+        );
+        assert_eq!(
+            parsed("demo --ranks 4 --seconds 5"),
+            Ok(Task::Demo {
+                ranks: 4,
+                seconds: 5
+            })
+        );
+        assert_eq!(
+            parsed("test"),
+            Ok(Task::Test {
+                under_load: false,
+                args: Vec::new()
+            })
+        );
+        assert_eq!(
+            parsed("test --under-load -- -p profiler --lib -- --nocapture"),
+            Ok(Task::Test {
+                under_load: true,
+                args: strings(&["-p", "profiler", "--lib", "--", "--nocapture"]),
+            })
+        );
+        for (name, bench) in [
+            ("overhead", Bench::Overhead),
+            ("cluster", Bench::Cluster),
+            ("daemon", Bench::Daemon),
+            ("apps", Bench::Apps { rounds: None }),
+        ] {
+            assert_eq!(parsed(&format!("bench {name}")), Ok(Task::Bench { bench }));
+        }
+        assert_eq!(
+            parsed("bench apps 9"),
+            Ok(Task::Bench {
+                bench: Bench::Apps { rounds: Some(9) }
+            })
+        );
+        assert_eq!(
+            parsed("fuzz"),
+            Ok(Task::Fuzz {
+                targets: Vec::new(),
+                seconds: fuzz::DEFAULT_SECONDS
+            })
+        );
+        assert_eq!(
+            parsed("fuzz proc_stat --seconds 600"),
+            Ok(Task::Fuzz {
+                targets: strings(&["proc_stat"]),
+                seconds: 600
+            })
+        );
+        assert_eq!(parsed("install"), Ok(Task::Install));
+        assert_eq!(parsed("install-deps"), Ok(Task::InstallDeps));
+        assert_eq!(parsed("busy-loop"), Ok(Task::BusyLoop));
+    }
+
+    #[test]
+    fn unusable_arguments_are_refused() {
+        for args in [
+            "",
+            "demo --ranks 5",
+            "test --bogus",
+            "bench",
+            "bench apps 0",
+            "fuzz --seconds x",
+            "run record",
+        ] {
+            assert!(parsed(args).is_err(), "{args:?}");
+        }
+    }
 
     #[test]
     fn a_test_run_reads_failed_and_skipped_tests_from_cargo_output() {

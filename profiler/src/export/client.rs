@@ -1,25 +1,31 @@
-//! Client of a running daemon's JSON API, for `mpiburst report http://HOST:PORT`: one blocking
-//! HTTP/1.0 GET per connection over a TCP stream. The daemon's answers are small JSON documents on
-//! a local or cluster network, so this is all the HTTP the CLI needs, without an HTTP client
-//! library in the daemon's build.
+//! Client of a running daemon's JSON API, for `mpiburst report http://HOST:PORT`: one HTTP/1.1
+//! GET per connection, with hyper. The connection is opened here rather than by hyper-util's
+//! pooled client, so that a refused connection, a failed name lookup and a timeout each keep
+//! their own advice to the user. The CLI is synchronous, so each GET blocks on a current-thread
+//! tokio runtime of its own: a few system calls to set up, little beside a network round trip.
 
-use std::{
-    io::{ErrorKind, Read as _, Write as _},
-    net::{TcpStream, ToSocketAddrs as _},
-    time::Duration,
+use std::{error::Error as _, io::ErrorKind, net::SocketAddr, time::Duration};
+
+use http_body_util::{BodyExt as _, Empty};
+use hyper::{
+    body::Bytes,
+    header::{ACCEPT, CONTENT_LENGTH, HOST},
+    Request, StatusCode,
 };
-
+use hyper_util::rt::TokioIo;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{de::DeserializeOwned, Deserialize};
+use tokio::{net::TcpStream, time::timeout};
 
 use crate::{
     analysis::{groups::RankGroupsView, online::PhasesSnapshot},
-    config::Config,
     model::JobId,
     properties::JobProperties,
     store::{Job, JobMeta, RankRecord},
 };
 
-/// How long connecting, sending and each read may take.
+/// How long connecting, sending the request with reading the answer's header, and each read of
+/// the answer's body may take.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
@@ -135,11 +141,11 @@ fn authority(s: &str) -> Result<(&str, Option<u16>), &'static str> {
 }
 
 impl DaemonClient {
-    /// A daemon address given on the command line: `http://HOST[:PORT][/]` (port 9464, the
-    /// daemon's default, when omitted), or `HOST:PORT` without the scheme. `Ok(None)` when `arg`
-    /// is neither (then it names a recording); an error when it is meant as an address but is not
-    /// a usable one.
-    pub fn parse(arg: &str) -> Result<Option<DaemonClient>, ClientError> {
+    /// A daemon address given on the command line: `http://HOST[:PORT][/]` (`default_port`, the
+    /// port the daemon listens on by default, when omitted), or `HOST:PORT` without the scheme.
+    /// `Ok(None)` when `arg` is neither (then it names a recording); an error when it is meant as
+    /// an address but is not a usable one.
+    pub fn parse(arg: &str, default_port: u16) -> Result<Option<DaemonClient>, ClientError> {
         let bad = |why| ClientError::Address {
             arg: arg.to_string(),
             why,
@@ -159,10 +165,9 @@ impl DaemonClient {
                     ));
                 }
                 let (host, port) = authority(rest).map_err(bad)?;
-                let port = port.unwrap_or_else(|| Config::default().daemon.listen.port());
                 Ok(Some(DaemonClient {
                     host: host.to_string(),
-                    port,
+                    port: port.unwrap_or(default_port),
                 }))
             }
             Some(_) => Err(bad("the daemon speaks http://")),
@@ -177,88 +182,130 @@ impl DaemonClient {
         }
     }
 
-    /// The body of a successful GET of `path` (which must be percent-encoded already).
+    /// The body of a successful GET of `path` (which must be percent-encoded already). Blocks,
+    /// on a runtime of its own: not for async code, where tokio refuses to start one.
     pub fn get(&self, path: &str) -> Result<Vec<u8>, ClientError> {
-        let addr = self.to_string();
-        let io = |cause: std::io::Error| match cause.kind() {
-            ErrorKind::TimedOut | ErrorKind::WouldBlock => ClientError::Timeout {
-                addr: addr.clone(),
-                path: path.to_string(),
-            },
-            _ => ClientError::Io {
-                addr: addr.clone(),
-                path: path.to_string(),
-                cause,
-            },
-        };
-        let mut stream = self.connect()?;
-        stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
-        stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
-        let request =
-            format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n\r\n");
-        stream.write_all(request.as_bytes()).map_err(io)?;
-        // HTTP/1.0: the server closes the connection after the body.
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).map_err(io)?;
-        let not_http = |why: String| ClientError::NotHttp {
-            addr: addr.clone(),
-            path: path.to_string(),
-            why,
-        };
-        let split = response
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| not_http("no end of the header".into()))?;
-        let head = String::from_utf8_lossy(&response[..split]);
-        let body = &response[split + 4..];
-        let mut lines = head.lines();
-        let status = lines
-            .next()
-            .filter(|l| l.starts_with("HTTP/"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|code| code.parse::<u16>().ok())
-            .ok_or_else(|| {
-                not_http(format!(
-                    "status line {:?}",
-                    head.lines().next().unwrap_or("")
-                ))
-            })?;
-        let length = lines
-            .filter_map(|l| l.split_once(':'))
-            .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
-            .and_then(|(_, v)| v.trim().parse::<usize>().ok());
-        if let Some(length) = length.filter(|&l| l > body.len()) {
-            return Err(not_http(format!(
-                "the body was cut short at {} of {length} bytes",
-                body.len()
-            )));
-        }
-        if status != 200 {
-            return Err(ClientError::Status {
-                addr,
-                path: path.to_string(),
-                status,
-                body: String::from_utf8_lossy(body).trim().to_string(),
-            });
-        }
-        Ok(body.to_vec())
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|cause| self.io_error(path, cause))?;
+        runtime.block_on(self.fetch(path))
     }
 
-    fn connect(&self) -> Result<TcpStream, ClientError> {
+    async fn fetch(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        let request = Request::get(path)
+            .header(HOST, self.to_string())
+            .header(ACCEPT, "application/json")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| self.io_error(path, std::io::Error::new(ErrorKind::InvalidInput, e)))?;
+        let stream = self.connect().await?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.http_error(path, e))?;
+        // The connection reads and writes the socket; its errors reach the request's future too,
+        // and it ends with the runtime.
+        tokio::spawn(connection);
+        let response = timeout(TIMEOUT, sender.send_request(request))
+            .await
+            .map_err(|_| self.timeout_error(path))?
+            .map_err(|e| self.http_error(path, e))?;
+        let status = response.status();
+        let length = response
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
+        let mut body = response.into_body();
+        let mut received = Vec::new();
+        while let Some(frame) = timeout(TIMEOUT, body.frame())
+            .await
+            .map_err(|_| self.timeout_error(path))?
+        {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        received.extend_from_slice(data);
+                    }
+                }
+                Err(e) => {
+                    return Err(match length.filter(|&l| l > received.len()) {
+                        Some(length) => ClientError::NotHttp {
+                            addr: self.to_string(),
+                            path: path.to_string(),
+                            why: format!(
+                                "the body was cut short at {} of {length} bytes",
+                                received.len()
+                            ),
+                        },
+                        None => self.http_error(path, e),
+                    })
+                }
+            }
+        }
+        if status != StatusCode::OK {
+            return Err(ClientError::Status {
+                addr: self.to_string(),
+                path: path.to_string(),
+                status: status.as_u16(),
+                body: String::from_utf8_lossy(&received).trim().to_string(),
+            });
+        }
+        Ok(received)
+    }
+
+    fn io_error(&self, path: &str, cause: std::io::Error) -> ClientError {
+        ClientError::Io {
+            addr: self.to_string(),
+            path: path.to_string(),
+            cause,
+        }
+    }
+
+    fn timeout_error(&self, path: &str) -> ClientError {
+        ClientError::Timeout {
+            addr: self.to_string(),
+            path: path.to_string(),
+        }
+    }
+
+    /// An answer hyper could not read as HTTP is not from a daemon; any other failure of the
+    /// exchange is an I/O error.
+    fn http_error(&self, path: &str, error: hyper::Error) -> ClientError {
+        // hyper's message leaves its causes (an I/O error, say) to `source`.
+        let mut why = error.to_string();
+        let mut cause = error.source();
+        while let Some(c) = cause {
+            why = format!("{why}: {c}");
+            cause = c.source();
+        }
+        if error.is_parse() || error.is_incomplete_message() {
+            ClientError::NotHttp {
+                addr: self.to_string(),
+                path: path.to_string(),
+                why,
+            }
+        } else {
+            self.io_error(path, std::io::Error::other(why))
+        }
+    }
+
+    /// A connection to the first of the host's addresses that accepts one within [`TIMEOUT`].
+    async fn connect(&self) -> Result<TcpStream, ClientError> {
         let addr = self.to_string();
         let host = self.host.trim_start_matches('[').trim_end_matches(']');
-        let candidates: Vec<_> = (host, self.port)
-            .to_socket_addrs()
+        let candidates: Vec<SocketAddr> = tokio::net::lookup_host((host, self.port))
+            .await
             .map_err(|cause| ClientError::Resolve {
                 host: self.host.clone(),
                 cause,
             })?
             .collect();
         let mut last = None;
-        for candidate in &candidates {
-            match TcpStream::connect_timeout(candidate, TIMEOUT) {
-                Ok(stream) => return Ok(stream),
-                Err(e) => last = Some(e),
+        for candidate in candidates {
+            match timeout(TIMEOUT, TcpStream::connect(candidate)).await {
+                Ok(Ok(stream)) => return Ok(stream),
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => last = Some(ErrorKind::TimedOut.into()),
             }
         }
         Err(match last {
@@ -374,28 +421,36 @@ fn counters_note(metrics: &str) -> String {
     }
 }
 
+/// Everything but RFC 3986's unreserved characters.
+const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// Percent-encodes one path segment: everything but RFC 3986's unreserved characters, so job ids
 /// such as `pmix:prterun-host-1234@1` reach the daemon intact.
 pub fn encode_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(s, PATH_SEGMENT).to_string()
 }
 
 #[cfg(test)]
 mod tests {
-    use std::{io::BufRead as _, net::TcpListener, thread};
+    use std::{
+        io::{BufRead as _, Write as _},
+        net::TcpListener,
+        thread,
+    };
 
     use super::*;
 
+    /// The port `mpiburst report` passes: the daemon's default.
+    const DEFAULT_PORT: u16 = 9464;
+
     fn parsed(arg: &str) -> Option<String> {
-        DaemonClient::parse(arg).unwrap().map(|d| d.to_string())
+        DaemonClient::parse(arg, DEFAULT_PORT)
+            .unwrap()
+            .map(|d| d.to_string())
     }
 
     #[test]
@@ -431,26 +486,28 @@ mod tests {
 
     #[test]
     fn unusable_addresses_say_what_to_pass() {
-        let e = DaemonClient::parse("https://n:9464")
+        let e = DaemonClient::parse("https://n:9464", DEFAULT_PORT)
             .unwrap_err()
             .to_string();
         assert!(e.contains("plain HTTP; pass http://n:9464"), "{e}");
-        let e = DaemonClient::parse("http://n:9464/api/jobs")
+        let e = DaemonClient::parse("http://n:9464/api/jobs", DEFAULT_PORT)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("has a path") && e.contains("http://HOST:PORT"),
             "{e}"
         );
-        let e = DaemonClient::parse("http://n:99999")
+        let e = DaemonClient::parse("http://n:99999", DEFAULT_PORT)
             .unwrap_err()
             .to_string();
         assert!(e.contains("from 1 to 65535"), "{e}");
-        let e = DaemonClient::parse("http://::1:9464")
+        let e = DaemonClient::parse("http://::1:9464", DEFAULT_PORT)
             .unwrap_err()
             .to_string();
         assert!(e.contains("brackets"), "{e}");
-        let e = DaemonClient::parse("ftp://n").unwrap_err().to_string();
+        let e = DaemonClient::parse("ftp://n", DEFAULT_PORT)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("http://"), "{e}");
     }
 
@@ -493,7 +550,7 @@ mod tests {
     fn a_get_returns_the_body_and_sends_the_encoded_path() {
         let (client, server) = serve("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n[]");
         assert!(client.jobs().unwrap().is_empty());
-        assert_eq!(server.join().unwrap(), "GET /api/jobs HTTP/1.0\r\n");
+        assert_eq!(server.join().unwrap(), "GET /api/jobs HTTP/1.1\r\n");
         let (client, server) = serve("HTTP/1.0 404 Not Found\r\n\r\nno phase analysis yet");
         assert_eq!(
             client.phases(&JobId("pmix:a@1".into())).unwrap(),
@@ -502,7 +559,7 @@ mod tests {
         );
         assert_eq!(
             server.join().unwrap(),
-            "GET /api/jobs/pmix%3Aa%401/phases HTTP/1.0\r\n"
+            "GET /api/jobs/pmix%3Aa%401/phases HTTP/1.1\r\n"
         );
     }
 
@@ -581,7 +638,7 @@ mod tests {
         );
         assert_eq!(
             server.join().unwrap(),
-            "GET /api/jobs/pmix%3Aa%401/properties HTTP/1.0\r\n"
+            "GET /api/jobs/pmix%3Aa%401/properties HTTP/1.1\r\n"
         );
         let (client, _s) = serve("HTTP/1.0 404 Not Found\r\n\r\nno properties yet");
         assert_eq!(client.properties(&job.meta.id).unwrap(), None);
@@ -593,6 +650,9 @@ mod tests {
         let e = client.get("/api/jobs").unwrap_err().to_string();
         assert!(e.contains("status 500: boom"), "{e}");
         let (client, _s) = serve("SSH-2.0-OpenSSH\r\n\r\n");
+        let e = client.get("/api/jobs").unwrap_err().to_string();
+        assert!(e.contains("something other than HTTP"), "{e}");
+        let (client, _s) = serve("");
         let e = client.get("/api/jobs").unwrap_err().to_string();
         assert!(e.contains("something other than HTTP"), "{e}");
         let (client, _s) = serve("HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\n[");

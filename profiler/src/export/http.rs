@@ -249,7 +249,9 @@ mod tests {
     fn healthz_answers_200_only_once_the_probes_are_attached() {
         let publisher = watch::Sender::new(Arc::new(Published::default()));
         let (addr, server) = serve("127.0.0.1:0".parse().unwrap(), publisher.subscribe()).unwrap();
-        let client = DaemonClient::parse(&addr.to_string()).unwrap().unwrap();
+        let client = DaemonClient::parse(&addr.to_string(), addr.port())
+            .unwrap()
+            .unwrap();
         match client.get("/healthz") {
             Err(ClientError::Status { status, .. }) => assert_eq!(status, 503),
             other => panic!("before the probes are attached: {other:?}"),

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use jiff::{civil::DateTime, tz::Offset, Timestamp};
 use serde::Serialize;
 
 use crate::{
@@ -299,44 +300,38 @@ pub fn render_phases(job_id: &JobId, analysis: &Analysis, names: &SiteNames) -> 
     out
 }
 
+/// Unix nanoseconds as a date and time of day in UTC.
+fn civil(ns: u64) -> DateTime {
+    let timestamp = Timestamp::from_nanosecond(i128::from(ns))
+        .expect("u64 nanoseconds end in 2554, within jiff's range");
+    Offset::UTC.to_datetime(timestamp)
+}
+
 /// Unix nanoseconds as `YYYY-MM-DD HH:MM:SS` in UTC, with milliseconds when not a whole second.
 pub fn utc(ns: u64) -> String {
-    let secs = ns / 1_000_000_000;
-    let days = secs / 86_400;
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm, for dates after 1970).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {}", clock(ns))
+    format!("{} {}", civil(ns).date(), clock(ns))
 }
 
 /// The time of day of Unix nanoseconds, `HH:MM:SS` UTC, with milliseconds when not a whole
 /// second.
 fn clock(ns: u64) -> String {
-    let s = ns / 1_000_000_000 % 86_400;
-    let ms = ns % 1_000_000_000 / 1_000_000;
-    let hms = format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60);
-    if ns.is_multiple_of(1_000_000_000) {
-        hms
+    let format = if ns.is_multiple_of(1_000_000_000) {
+        "%H:%M:%S"
     } else {
-        format!("{hms}.{ms:03}")
-    }
+        "%H:%M:%S%.3f"
+    };
+    civil(ns).strftime(format).to_string()
 }
 
 /// A stretch of Unix time: `2026-11-22 12:20:00–12:20:30 UTC` (the date repeated when the end
 /// falls on another day).
 pub fn utc_span(start_ns: u64, end_ns: u64) -> String {
-    let (start, end) = (utc(start_ns), utc(end_ns));
-    match (start.split_once(' '), end.split_once(' ')) {
-        (Some((d0, _)), Some((d1, time))) if d0 == d1 => format!("{start}–{time} UTC"),
-        _ => format!("{start}–{end} UTC"),
-    }
+    let end = if civil(start_ns).date() == civil(end_ns).date() {
+        clock(end_ns)
+    } else {
+        utc(end_ns)
+    };
+    format!("{}–{end} UTC", utc(start_ns))
 }
 
 /// A wait or an age, rounded for reading: "under a second", "12 s", "14 min", "3.5 h".
@@ -759,6 +754,11 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01 00:00:00");
         assert_eq!(utc(T0), "2023-11-14 22:13:20");
         assert_eq!(utc(T0 + 500_000_000), "2023-11-14 22:13:20.500");
+        assert_eq!(
+            utc(T0 + 1),
+            "2023-11-14 22:13:20.000",
+            "milliseconds truncated"
+        );
         assert_eq!(
             utc(1_709_164_800_000_000_000),
             "2024-02-29 00:00:00",
