@@ -152,9 +152,7 @@ impl Config {
         if !self.daemon.node.is_empty() {
             return self.daemon.node.clone();
         }
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "localhost".into())
+        crate::proc::kernel_setting("hostname").unwrap_or_else(|_| "localhost".into())
     }
 
     /// The complete default file, with each field's documentation as comments.

@@ -46,7 +46,7 @@ impl FunctionLink {
     /// The path the kernel resolves to the file attached first.
     fn attach_path(&self) -> PathBuf {
         match &self.file {
-            Some(f) => PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+            Some(f) => crate::proc::own_open_file(f.as_raw_fd()),
             None => self.path.clone(),
         }
     }

@@ -764,8 +764,7 @@ impl Capture {
     pub fn program_stats(&self) -> Vec<ProgramStats> {
         // On while the daemon holds its statistics fd, or for the whole node by sysctl.
         let stats_on = self.stats_fd.is_some()
-            || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
-                .is_ok_and(|v| v.trim() == "1");
+            || crate::proc::kernel_setting("bpf_stats_enabled").is_ok_and(|v| v == "1");
         // The probe programs attached to MPI libraries: the session program or the pair.
         let probes: Vec<(&'static str, BorrowedFd<'_>)> = match &self.session_program {
             Some(fd) => vec![(SESSION_PROGRAM, fd.as_fd())],

@@ -12,7 +12,10 @@ use std::{
 };
 
 use super::file_reads::ReadProgress;
-use crate::discovery::{self, Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoints};
+use crate::{
+    discovery::{self, Binding, DiscoveryError, MpiFlavor, MpiLibrary, ProbePoints},
+    proc,
+};
 
 /// What attaching a library takes from its file. For a library found at run time it is read off
 /// the daemon's loop: the file may be on a file system that does not answer.
@@ -154,7 +157,7 @@ pub(super) fn read_opened(
 ) -> OpenedRead {
     let (pid, fd) = held[0];
     progress.reading(pid, Path::new(path));
-    let access = PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
+    let access = proc::open_file(pid, fd);
     let name = std::fs::read_link(&access).unwrap_or_else(|_| path.into());
     let opened = match std::fs::metadata(&access) {
         Ok(meta) if meta.is_file() && files.is_attached((meta.dev(), meta.ino())) => {
@@ -217,7 +220,7 @@ pub(super) fn scan_processes(
         .map(|&pid| {
             // Reading the maps waits for the process's memory map lock, which a page fault on a
             // hung file holds.
-            progress.reading(pid, Path::new(&format!("/proc/{pid}/maps")));
+            progress.reading(pid, &proc::maps_path(pid));
             let may_read = |path: &Path| files.may_read(progress, pid, path);
             let found = discovery::process_libraries(pid, &may_read).unwrap_or_default();
             let interposers = found

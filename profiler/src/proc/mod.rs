@@ -1,8 +1,9 @@
 //! Reading /proc, below capture and discovery, which both read it through this module. Of a
 //! process: whether it still runs, its executable, its stat line (command name, parent, start
 //! time, CPU time), its memory maps, its environment, its cgroups, its resident memory and the
-//! CPUs it may run on (statm and status), and the path of a file as it sees it (its root). Of the
-//! node: its processes and its memory (meminfo). Also the kernel's CPU list format, which
+//! CPUs it may run on (statm and status), and the path of a file as it sees it (its root) or as
+//! it has it open (its descriptors). Of this process: its status (capabilities). Of the node: its
+//! processes, its memory (meminfo) and the kernel's settings (/proc/sys/kernel). Also the kernel's CPU list format, which
 //! /proc/PID/status shares with /sys. The parsers take the files' text, so that tests and the
 //! fuzz targets drive them without a live process; the readers fail with a [`ProcError`] that
 //! tells a process that has exited (a normal race for a profiler) from a file mpiburst may not
@@ -98,6 +99,32 @@ pub fn is_alive(pid: u32) -> bool {
 pub fn executable(pid: u32) -> Result<PathBuf, ProcError> {
     let path = format!("/proc/{pid}/exe");
     std::fs::read_link(&path).map_err(|e| ProcError::process_read(pid, path, e))
+}
+
+/// A path that reaches the file process `pid` has open as descriptor `fd`, even where the
+/// process sees it under another path (a container) or it was deleted.
+pub fn open_file(pid: u32, fd: u32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/fd/{fd}"))
+}
+
+/// The same for a descriptor of this process.
+pub fn own_open_file(fd: i32) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{fd}"))
+}
+
+/// The path of process `pid`'s memory maps (what a read of them waits on, for its progress).
+pub fn maps_path(pid: u32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/maps"))
+}
+
+/// This process's status (its capabilities among them).
+pub fn own_status() -> std::io::Result<String> {
+    std::fs::read_to_string("/proc/self/status")
+}
+
+/// A kernel setting under /proc/sys/kernel, trimmed: `hostname`, `bpf_stats_enabled`, ….
+pub fn kernel_setting(name: &str) -> std::io::Result<String> {
+    std::fs::read_to_string(format!("/proc/sys/kernel/{name}")).map(|v| v.trim().to_string())
 }
 
 /// A path that reaches the file process `pid` executes even where the process's mount namespace
