@@ -15,3 +15,5 @@ pub mod model;
 pub mod properties;
 pub mod store;
 pub mod symbols;
+#[doc(hidden)]
+pub mod test_support;

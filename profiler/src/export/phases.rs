@@ -1019,19 +1019,11 @@ mod tests {
 
     #[test]
     fn kernel_filter_line_and_node_ranks() {
-        use crate::store::{JobMeta, RankRecord, RankTotals};
-        let mut job = Job::new(JobMeta {
-            id: JobId("j".into()),
-            node: "n".into(),
-            size: 64,
-            source: "t".into(),
-            executable: "x".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 0,
-            ended_ns: None,
-        });
+        use crate::{
+            store::{RankRecord, RankTotals},
+            test_support::JobMetaBuilder,
+        };
+        let mut job = Job::new(JobMetaBuilder::new("j").size(64).build());
         assert_eq!(render_kernel_filter(&job, Some(100_000)), "");
         assert_eq!(node_ranks(&job), 0);
         let mut burst = job_bursts_one();

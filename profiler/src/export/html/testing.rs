@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use crate::{
     analysis::synthetic::{Phase, SyntheticJob},
-    model::JobId,
     store::JobMeta,
+    test_support::JobMetaBuilder,
 };
 
 /// A parsed XML element: just enough XML to check well-formedness and count things.
@@ -197,19 +197,15 @@ pub(super) fn svgs(html: &str) -> Vec<Element> {
     out
 }
 
-pub(super) fn meta(size: u32) -> JobMeta {
-    JobMeta {
-        id: JobId("pmix:<a&b>".into()),
-        node: "node\"1\"".into(),
-        size,
-        source: "test".into(),
-        executable: "/bin/app <x>".into(),
-        build_id: None,
-        cgroup: None,
-        modules: Default::default(),
-        first_seen_ns: 1_700_000_000_000_000_000 - 500_000_000,
-        ended_ns: None,
-    }
+/// A job of `size` ranks whose id, node and executable the page must escape, first seen half a
+/// second before the synthetic job's first burst.
+pub(super) fn meta_needing_escapes(size: u32) -> JobMeta {
+    JobMetaBuilder::new("pmix:<a&b>")
+        .node("node\"1\"")
+        .size(size)
+        .executable("/bin/app <x>")
+        .first_seen_ns(1_700_000_000_000_000_000 - 500_000_000)
+        .build()
 }
 
 pub(super) fn synthetic(counters: bool, iterations: u32) -> SyntheticJob {
