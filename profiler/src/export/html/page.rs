@@ -214,10 +214,10 @@ mod tests {
         },
         *,
     };
-    use crate::analysis::{analyse, AnalysisParams};
+    use crate::analysis::{analyse, synthetic::SyntheticJob, AnalysisParams};
 
     fn check_page(counters: bool) {
-        let job = synthetic(counters, 12);
+        let job = SyntheticJob::three_phases(4, 12, counters);
         let mut bursts = job.bursts();
         if !counters {
             // Bursts the kernel never saw on a CPU: drawn at 0, left of the log axis.
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn large_jobs_are_subsampled_and_binned() {
-        let job = synthetic(true, 40);
+        let job = SyntheticJob::three_phases(4, 40, true);
         let bursts = job.bursts();
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
         let analysed = analysis.labels.iter().filter(|l| l.is_some()).count();
@@ -413,7 +413,7 @@ mod tests {
     #[test]
     fn timeline_rows_go_group_by_group() {
         use crate::analysis::groups::{cluster::GroupSignature, RankGroup, RankGroupsView};
-        let job = synthetic(false, 12);
+        let job = SyntheticJob::three_phases(4, 12, false);
         let bursts = job.bursts();
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
         let group = |id, members: Vec<u32>| RankGroup {
