@@ -351,9 +351,7 @@ fn without_holding_a_containers_library_is_attached_through_the_process_root() {
     if let Err(reason) = mount_namespaces_work() {
         return skip_at_run_time(TEST, &reason);
     }
-    let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), "[mpi]\nhold_new_libraries = false\n").unwrap();
-    let daemon = Daemon::start(&["--config", config.path().to_str().unwrap()]);
+    let daemon = Daemon::with_config("[mpi]\nhold_new_libraries = false\n", &[]);
     let run = run_counts_in_mount_namespace(Mpi::OpenMpi);
     let held = metric(&daemon.addr, "mpiburst_library_opens_held_total");
     let log = daemon.log_text();
@@ -657,13 +655,10 @@ fn a_library_on_a_hung_file_system_neither_stops_the_daemon_nor_keeps_its_proces
         Err(reason) => return skip_at_run_time(TEST, &reason),
     };
     let (opened_file, mapped_file) = (hung.file("libmpi.so.40"), hung.file("libmpich.so.12"));
-    let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        config.path(),
-        format!("[mpi]\nlibrary_read_timeout_ms = {READ_TIMEOUT_MS}\n"),
-    )
-    .unwrap();
-    let daemon = Daemon::start(&["--config", config.path().to_str().unwrap()]);
+    let daemon = Daemon::with_config(
+        &format!("[mpi]\nlibrary_read_timeout_ms = {READ_TIMEOUT_MS}\n"),
+        &[],
+    );
     let mut opener = Started::piped(
         Command::new(FUSE_PYTHON)
             .args(["-c", TIMED_OPEN])

@@ -140,15 +140,8 @@ fn exact_call_counts_with_an_entry_and_a_return_probe_per_call() {
 /// Runs counts (C and Fortran, both MPIs) under a daemon with this configuration and checks
 /// every call count.
 fn exact_call_counts(config: &str) {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), config).unwrap();
     // No duration filter: every burst is shipped, so any record per polling call would show.
-    let daemon = Daemon::start(&[
-        "--min-burst-us",
-        "0",
-        "--config",
-        file.path().to_str().unwrap(),
-    ]);
+    let daemon = Daemon::with_config(config, &["--min-burst-us", "0"]);
     let mut runs = Vec::new();
     for mpi in Mpi::ALL {
         for name in ["counts", "counts_f90"] {
@@ -507,9 +500,7 @@ fn a_thread_whose_state_slot_is_held_keeps_exact_counts_and_bursts() {
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
     // The daemon reads its maps ten times a second, so map system calls run beside the probes.
-    let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), "[capture]\nstats_interval_ms = 100\n").unwrap();
-    let daemon = Daemon::start(&["--config", config.path().to_str().unwrap()]);
+    let daemon = Daemon::with_config("[capture]\nstats_interval_ms = 100\n", &[]);
     let program = |mpi| program("oncpu", mpi);
     let steal_before = steal_ticks();
     // Two ranks per CPU are descheduled mid-burst; every third burst also sleeps.
@@ -852,9 +843,7 @@ fn paced_rank(mpi: Mpi, program: &Path, args: &[&str]) -> Command {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_rank_that_ran_while_a_function_was_sampled_has_it_marked_even_unseen() {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), "[governor]\nrestore_after_s = 60\n").unwrap();
-    let daemon = Daemon::start_governed(&["--config", file.path().to_str().unwrap()]);
+    let daemon = Daemon::governed_with_config("[governor]\nrestore_after_s = 60\n", &[]);
     // One MPI_Test a microsecond for 8 s: demoted to sampled within its first 20 ms.
     let mut storm = paced_rank(
         Mpi::OpenMpi,
@@ -924,9 +913,7 @@ fn governor_limits(daemon: &Daemon) -> (u64, u64) {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_polling_rate_between_the_limits_stays_counted_at_entry_only_while_it_lasts() {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), "[governor]\nrestore_after_s = 2\n").unwrap();
-    let daemon = Daemon::start_governed(&["--config", file.path().to_str().unwrap()]);
+    let daemon = Daemon::governed_with_config("[governor]\nrestore_after_s = 2\n", &[]);
     let (full_limit, entry_limit) = governor_limits(&daemon);
     assert!(
         entry_limit > full_limit + 8,
@@ -999,9 +986,7 @@ fn a_polling_rate_between_the_limits_stays_counted_at_entry_only_while_it_lasts(
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), "[governor]\nrestore_after_s = 0.5\n").unwrap();
-    let daemon = Daemon::start_governed(&["--config", file.path().to_str().unwrap()]);
+    let daemon = Daemon::governed_with_config("[governor]\nrestore_after_s = 0.5\n", &[]);
     let mut runs = Vec::new();
     for mpi in Mpi::ALL {
         for (class, function) in [("test", "MPI_Test"), ("iprobe", "MPI_Iprobe")] {

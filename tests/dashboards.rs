@@ -826,14 +826,10 @@ impl Drop for BackgroundJob {
 fn every_panel_variable_and_rule_query_has_data_from_a_live_daemon() {
     // 5 s analysis windows instead of 30 s, so window and phase metrics come within seconds;
     // the BPF statistics on, so the health dashboard's run-time panels have data.
-    let config_dir = tempfile::tempdir().unwrap();
-    let config = config_dir.path().join("mpiburst.toml");
-    std::fs::write(
-        &config,
+    let daemon = Daemon::with_config(
         "[capture]\nbpf_stats = true\n\n[analysis]\nwindow_s = 5.0\nlateness_s = 1.0\n",
-    )
-    .unwrap();
-    let daemon = Daemon::start(&["--config", config.to_str().unwrap()]);
+        &[],
+    );
     let prometheus = Prometheus::start(&[&daemon.addr]);
     // Runs until stopped below; 240 s only bounds it if the test dies without stopping it.
     let mut job = BackgroundJob::start(240);

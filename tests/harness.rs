@@ -169,15 +169,21 @@ impl Daemon {
     /// [`Daemon::start`] through a command that execs the daemon as its last argument (such as
     /// `unshare -m sh -c '... exec "$0" "$@"'`), so that the pid it starts is the daemon's.
     pub fn start_under(wrapper: &[&str], extra: &[&str]) -> Daemon {
-        Self::launch(wrapper, &[&["--no-governor"], extra].concat())
+        Self::launch(wrapper, None, &[&["--no-governor"], extra].concat())
     }
 
-    /// [`Daemon::start`] with the probe governor on, as the daemon runs by default.
-    pub fn start_governed(extra: &[&str]) -> Daemon {
-        Self::launch(&[], extra)
+    /// [`Daemon::start`] with the configuration file `config` (TOML text), which lives in the
+    /// daemon's temporary folder for as long as the daemon.
+    pub fn with_config(config: &str, extra: &[&str]) -> Daemon {
+        Self::launch(&[], Some(config), &[&["--no-governor"], extra].concat())
     }
 
-    fn launch(wrapper: &[&str], extra: &[&str]) -> Daemon {
+    /// [`Daemon::with_config`] with the probe governor on, as the daemon runs by default.
+    pub fn governed_with_config(config: &str, extra: &[&str]) -> Daemon {
+        Self::launch(&[], Some(config), extra)
+    }
+
+    fn launch(wrapper: &[&str], config: Option<&str>, extra: &[&str]) -> Daemon {
         require_root();
         let dir = tempfile::tempdir().unwrap();
         let recording = dir.path().join("recording.jsonl");
@@ -191,11 +197,14 @@ impl Daemon {
             }
             None => Command::new(&bin),
         };
-        command
-            .args(["record", "-o"])
-            .arg(&recording)
-            .args(["--listen", &addr, "--report-interval", "0"])
-            .args(extra);
+        command.args(["record", "-o"]).arg(&recording);
+        command.args(["--listen", &addr, "--report-interval", "0"]);
+        if let Some(config) = config {
+            let path = dir.path().join("mpiburst.toml");
+            std::fs::write(&path, config).expect("write the daemon's configuration file");
+            command.arg("--config").arg(path);
+        }
+        command.args(extra);
         let (child, log) = spawn_daemon(command);
         Daemon {
             child,

@@ -454,14 +454,10 @@ fn a_phase_change_keeps_the_other_ids_and_is_one_tracking_event() {
     // beside the ranks (`cargo xtask test --under-load`) the same work runs up to about 1.4×
     // longer on a CPU for a window (an unchanged 2 ms phase was seen to move by ln 1.37 and
     // back), while the change is 1.6×.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("mpiburst.toml");
-    std::fs::write(
-        &config,
+    let daemon = Daemon::with_config(
         "[analysis]\nwindow_s = 3.0\nlateness_s = 0.5\n[analysis.tracking]\nmove_threshold = 0.3716\n",
-    )
-    .unwrap();
-    let daemon = Daemon::start(&["--config", config.to_str().unwrap()]);
+        &[],
+    );
     let program = program("phases", Mpi::OpenMpi);
     run_mpi(
         Mpi::OpenMpi,

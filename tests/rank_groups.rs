@@ -185,10 +185,7 @@ fn stencils_on_3x3_and_4x4_ranks_give_corner_edge_and_interior_groups() {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn with_split_by_peers_a_3x3_stencil_has_nine_groups_with_their_exact_relative_peers() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("mpiburst.toml");
-    std::fs::write(&config, "[groups]\nsplit_by_peers = true\n").unwrap();
-    let daemon = Daemon::start(&["--config", config.to_str().unwrap()]);
+    let daemon = Daemon::with_config("[groups]\nsplit_by_peers = true\n", &[]);
     let mut seen = Vec::new();
     for mpi in [Mpi::OpenMpi, Mpi::Mpich] {
         let program = program("stencil", mpi);
@@ -243,9 +240,7 @@ fn with_split_by_peers_a_3x3_stencil_has_nine_groups_with_their_exact_relative_p
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn ranks_that_switch_roles_half_way_are_one_behaviour_change() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("mpiburst.toml");
-    std::fs::write(&config, "[analysis]\nwindow_s = 2.0\nlateness_s = 0.5\n").unwrap();
-    let daemon = Daemon::start(&["--config", config.to_str().unwrap()]);
+    let daemon = Daemon::with_config("[analysis]\nwindow_s = 2.0\nlateness_s = 0.5\n", &[]);
     let program = program("role_switch", Mpi::OpenMpi);
     let out = dir.path().to_str().unwrap();
     run_mpi(Mpi::OpenMpi, 4, &program, &[out, "7", "2"]);

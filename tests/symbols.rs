@@ -123,10 +123,8 @@ fn sites_with_functions(job: &Job) -> BTreeMap<CallSite, BTreeSet<String>> {
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn call_sites_of_a_real_job_are_named_by_function_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("mpiburst.toml");
     // Short windows, so that the daemon's API has clustered one by the time the job ends.
-    std::fs::write(&config, "[analysis]\nwindow_s = 1.0\nlateness_s = 0.5\n").unwrap();
-    let daemon = Daemon::start(&["--config", config.to_str().unwrap()]);
+    let daemon = Daemon::with_config("[analysis]\nwindow_s = 1.0\nlateness_s = 0.5\n", &[]);
     let program = program("phases", Mpi::OpenMpi);
     run_mpi(Mpi::OpenMpi, 2, &program, &["iters=150", "ms=2,6,12"]);
     // A copy of the program that is replaced by another binary once its job has run.

@@ -37,3 +37,5 @@ pub mod proc;
 pub mod properties;
 pub mod store;
 pub mod symbols;
+#[doc(hidden)]
+pub mod test_support;

@@ -7,8 +7,7 @@ use std::{path::Path, process::Command};
 use mpiburst::{
     analysis::synthetic::{Phase, SyntheticJob},
     export::recording::{write_synthetic, RecordingEnd, RecordingHeader, FORMAT_VERSION},
-    model::JobId,
-    store::JobMeta,
+    test_support::JobMetaBuilder,
 };
 use serde_json::Value;
 
@@ -49,18 +48,14 @@ fn record_iterations(path: &Path, id: &str, ms: f64, iterations: u32) {
             functions: vec!["MPI_Allreduce".into(), "MPI_Isend".into()],
             rank_groups: None,
         },
-        &JobMeta {
-            id: JobId(id.into()),
-            node: "node7".into(),
-            size: 2,
-            source: "synthetic".into(),
-            executable: "/opt/app".into(),
-            build_id: Some("ab12".into()),
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: first,
-            ended_ns: Some(last),
-        },
+        &JobMetaBuilder::new(id)
+            .node("node7")
+            .source("synthetic")
+            .executable("/opt/app")
+            .build_id("ab12")
+            .first_seen_ns(first)
+            .ended_ns(Some(last))
+            .build(),
         &bursts,
         RecordingEnd {
             ended_ns: last,

@@ -87,6 +87,26 @@ impl SplitMix64 {
 }
 
 impl SyntheticJob {
+    /// The loop of experiment E1 in González García (2013), the job most tests draw, cluster or
+    /// track: three phases of 10⁶, 5·10⁶ and 2·10⁷ instructions at IPC 2.0, 0.6 and 1.2 (0.2, 3.3
+    /// and 6.7 ms), 3 % jitter, two tiny bursts after each phase, no outliers, seed 7. A test
+    /// that needs more changes the fields it names.
+    pub fn three_phases(ranks: u32, iterations: u32, counters: bool) -> Self {
+        SyntheticJob {
+            ranks,
+            iterations,
+            phases: vec![
+                Phase::new(1e6, 2.0, 0.03),
+                Phase::new(5e6, 0.6, 0.03),
+                Phase::new(2e7, 1.2, 0.03),
+            ],
+            tiny_bursts_per_phase: 2,
+            outlier_share: 0.0,
+            counters,
+            seed: 7,
+        }
+    }
+
     /// All bursts, rank by rank in time order.
     pub fn bursts(&self) -> Vec<Burst> {
         let mut random = SplitMix64(self.seed);

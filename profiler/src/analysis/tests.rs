@@ -6,21 +6,13 @@
 use super::synthetic::{Phase, SyntheticJob};
 use super::*;
 
-/// E1's loop: three phases of 10⁶, 5·10⁶ and 2·10⁷ instructions at IPC 2.0, 0.6 and 1.2
-/// (0.2, 3.3 and 6.7 ms), 3 % jitter, 50 iterations, with tiny bursts after each phase.
+/// E1's loop ([`SyntheticJob::three_phases`]) for 50 iterations, with three tiny bursts after
+/// each phase and a seed of its own for each number of ranks.
 fn e1_job(ranks: u32, counters: bool) -> SyntheticJob {
     SyntheticJob {
-        ranks,
-        iterations: 50,
-        phases: vec![
-            Phase::new(1e6, 2.0, 0.03),
-            Phase::new(5e6, 0.6, 0.03),
-            Phase::new(2e7, 1.2, 0.03),
-        ],
         tiny_bursts_per_phase: 3,
-        outlier_share: 0.0,
-        counters,
         seed: 0x5eed ^ u64::from(ranks),
+        ..SyntheticJob::three_phases(ranks, 50, counters)
     }
 }
 

@@ -568,19 +568,14 @@ mod tests {
         use crate::{
             properties::{evaluate_job, JobInput, PropertyConfig},
             store::{CallStats, RankTotals, RegionMarks},
+            test_support::JobMetaBuilder,
         };
-        let mut job = Job::new(JobMeta {
-            id: JobId("pmix:a@1".into()),
-            node: "n1".into(),
-            size: 2,
-            source: "test".into(),
-            executable: "/bin/app".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 0,
-            ended_ns: Some(4_000_000_000),
-        });
+        let mut job = Job::new(
+            JobMetaBuilder::new("pmix:a@1")
+                .node("n1")
+                .ended_ns(Some(4_000_000_000))
+                .build(),
+        );
         for (rank, mpi_ns) in [(0, 1_000_000_000), (1, 3_000_000_000)] {
             job.ranks.insert(
                 rank,

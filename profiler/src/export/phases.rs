@@ -690,30 +690,19 @@ pub fn render_run_match(
     out
 }
 
-/// The snapshot a daemon would serve for a synthetic 4-rank job of 3 phases (10 ms per iteration,
-/// hardware counters) that started at 2023-11-14 22:13:20 UTC, with 1 s windows, as read back
-/// from its JSON, after the daemon's last tick at `now_ns`. 250 iterations fill windows 0 and 1
-/// and part of 2.
+/// The snapshot a daemon would serve for [`SyntheticJob::three_phases`] on 4 ranks (10 ms per
+/// iteration, hardware counters), which started at 2023-11-14 22:13:20 UTC, with 1 s windows, as
+/// read back from its JSON, after the daemon's last tick at `now_ns`. 250 iterations fill windows
+/// 0 and 1 and part of 2.
+///
+/// [`SyntheticJob::three_phases`]: crate::analysis::synthetic::SyntheticJob::three_phases
 #[cfg(test)]
 pub(crate) fn synthetic_snapshot(iterations: u32, now_ns: u64) -> PhasesSnapshot {
     use crate::analysis::{
         online::{JobPhases, OnlineParams},
-        synthetic::{Phase, SyntheticJob},
+        synthetic::SyntheticJob,
     };
-    let bursts = SyntheticJob {
-        ranks: 4,
-        iterations,
-        phases: vec![
-            Phase::new(1e6, 2.0, 0.03),
-            Phase::new(5e6, 0.6, 0.03),
-            Phase::new(2e7, 1.2, 0.03),
-        ],
-        tiny_bursts_per_phase: 2,
-        outlier_share: 0.0,
-        counters: true,
-        seed: 7,
-    }
-    .bursts();
+    let bursts = SyntheticJob::three_phases(4, iterations, true).bursts();
     let params = OnlineParams {
         window_s: 1.0,
         lateness_s: 0.0,
@@ -730,11 +719,7 @@ pub(crate) fn synthetic_snapshot(iterations: u32, now_ns: u64) -> PhasesSnapshot
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::{
-        analyse,
-        synthetic::{Phase, SyntheticJob},
-        AnalysisParams,
-    };
+    use crate::analysis::{analyse, synthetic::SyntheticJob, AnalysisParams};
 
     /// Start of the synthetic jobs: 2023-11-14 22:13:20 UTC.
     const T0: u64 = 1_700_000_000_000_000_000;
@@ -870,20 +855,9 @@ mod tests {
         );
     }
 
+    /// The job of the one-shot tables: 20 iterations on 4 ranks.
     fn job(counters: bool) -> SyntheticJob {
-        SyntheticJob {
-            ranks: 4,
-            iterations: 20,
-            phases: vec![
-                Phase::new(1e6, 2.0, 0.03),
-                Phase::new(5e6, 0.6, 0.03),
-                Phase::new(2e7, 1.2, 0.03),
-            ],
-            tiny_bursts_per_phase: 2,
-            outlier_share: 0.0,
-            counters,
-            seed: 7,
-        }
+        SyntheticJob::three_phases(4, 20, counters)
     }
 
     fn table(counters: bool) -> (Analysis, String) {
@@ -1005,19 +979,11 @@ mod tests {
 
     #[test]
     fn kernel_filter_line_and_node_ranks() {
-        use crate::store::{JobMeta, RankRecord, RankTotals};
-        let mut job = Job::new(JobMeta {
-            id: JobId("j".into()),
-            node: "n".into(),
-            size: 64,
-            source: "t".into(),
-            executable: "x".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 0,
-            ended_ns: None,
-        });
+        use crate::{
+            store::{RankRecord, RankTotals},
+            test_support::JobMetaBuilder,
+        };
+        let mut job = Job::new(JobMetaBuilder::new("j").size(64).build());
         assert_eq!(render_kernel_filter(&job, Some(100_000)), "");
         assert_eq!(job.node_ranks(), 0);
         let mut burst = job_bursts_one();

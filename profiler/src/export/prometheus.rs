@@ -869,8 +869,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        model::JobId,
-        store::{CallStats, Job, JobMeta, RankTotals, RegionMarks},
+        store::{CallStats, Job, RankTotals, RegionMarks},
+        test_support::JobMetaBuilder,
     };
 
     /// What `/metrics` serves for `shared`, with the regions of running ranks ending at `now_ns()`.
@@ -923,18 +923,14 @@ mod tests {
 
     #[test]
     fn rank_aggregates_are_mergeable_sums_minima_and_maxima() {
-        let mut job = Job::new(JobMeta {
-            id: JobId("slurm:7.0".into()),
-            node: "n\"1".into(),
-            size: 4,
-            source: "SlurmEnv".into(),
-            executable: "/bin/x".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 0,
-            ended_ns: None,
-        });
+        let mut job = Job::new(
+            JobMetaBuilder::new("slurm:7.0")
+                .node("n\"1")
+                .size(4)
+                .source("SlurmEnv")
+                .executable("/bin/x")
+                .build(),
+        );
         // Regions of 10 s and 20 s, useful 2 s and 6 s.
         job.ranks.insert(0, rank(0, 8, 0, Some(10)));
         job.ranks.insert(1, rank(1, 14, 1, None));
@@ -986,19 +982,12 @@ mod tests {
         // Through a recording, as a replayed job would come.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("synthetic.jsonl");
-        let id = JobId("slurm:42.0".into());
-        let meta = JobMeta {
-            id: id.clone(),
-            node: "n1".into(),
-            size: job_ranks,
-            source: "SlurmEnv".into(),
-            executable: "/bin/app".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 0,
-            ended_ns: None,
-        };
+        let meta = JobMetaBuilder::new("slurm:42.0")
+            .node("n1")
+            .size(job_ranks)
+            .source("SlurmEnv")
+            .build();
+        let id = meta.id.clone();
         let header = RecordingHeader {
             version: FORMAT_VERSION,
             node: "n1".into(),

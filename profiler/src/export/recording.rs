@@ -372,7 +372,7 @@ impl Recording {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{model::CallSite, store::RankTotals};
+    use crate::{model::CallSite, store::RankTotals, test_support::JobMetaBuilder};
 
     fn header() -> RecordingHeader {
         RecordingHeader {
@@ -387,27 +387,13 @@ mod tests {
         }
     }
 
-    fn meta() -> JobMeta {
-        JobMeta {
-            id: JobId("j".into()),
-            node: "n".into(),
-            size: 1,
-            source: "test".into(),
-            executable: "x".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 0,
-            ended_ns: None,
-        }
-    }
-
     #[test]
     fn round_trip_and_cut_short() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.jsonl");
         let mut w = RecordingWriter::create(&path, header()).unwrap();
-        w.job(&meta()).unwrap();
+        let meta = JobMetaBuilder::new("j").size(1).build();
+        w.job(&meta).unwrap();
         let burst = Burst {
             pid: 1,
             tid: 1,
@@ -428,7 +414,7 @@ mod tests {
             },
         };
         w.burst(RecordedBurst {
-            job: meta().id,
+            job: meta.id.clone(),
             burst: burst.clone(),
             event_counts: Some([3, 4]),
         })
@@ -447,7 +433,7 @@ mod tests {
             functions: BTreeMap::new(),
             region: Default::default(),
         };
-        w.rank(&meta().id, &record).unwrap();
+        w.rank(&meta.id, &record).unwrap();
         w.flush().unwrap();
         let cut = Recording::read(&path).unwrap();
         assert!(cut.end.is_none());
@@ -459,10 +445,10 @@ mod tests {
 
         let r = Recording::read(&path).unwrap();
         assert_eq!(r.header, header());
-        let job = &r.jobs[&meta().id];
+        let job = &r.jobs[&meta.id];
         assert_eq!(job.bursts[0], burst);
         assert_eq!(job.ranks[&0], record);
-        assert_eq!(r.event_counts[&meta().id], vec![Some([3, 4])]);
+        assert_eq!(r.event_counts[&meta.id], vec![Some([3, 4])]);
         assert_eq!(r.end.unwrap().ended_ns, 10);
     }
 

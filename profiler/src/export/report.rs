@@ -338,22 +338,15 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{model::JobId, store::RegionMarks};
+    use crate::{store::RegionMarks, test_support::JobMetaBuilder};
 
     #[test]
     fn report_shows_ranks_and_functions() {
-        let mut job = Job::new(JobMeta {
-            id: JobId("pmix:x".into()),
-            node: "n1".into(),
-            size: 2,
-            source: "OMPI environment".into(),
-            executable: "/bin/app".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 0,
-            ended_ns: Some(2_000_000_000),
-        });
+        let mut job = Job::new(
+            JobMetaBuilder::new("pmix:x")
+                .ended_ns(Some(2_000_000_000))
+                .build(),
+        );
         let mut functions = std::collections::BTreeMap::new();
         functions.insert(
             "MPI_Send".to_string(),

@@ -291,7 +291,7 @@ mod tests {
         },
         model::JobId,
         properties::PropertyConfig,
-        store::JobMeta,
+        test_support::JobMetaBuilder,
     };
 
     /// 2023-11-14 22:13:20 UTC, where the synthetic jobs start.
@@ -339,18 +339,13 @@ mod tests {
                 functions: vec!["MPI_Allreduce".into(), "MPI_Isend".into()],
                 rank_groups: None,
             },
-            &JobMeta {
-                id: JobId(format!("pmix:{name}")),
-                node: "n1".into(),
-                size: job.ranks,
-                source: "test".into(),
-                executable: "/bin/synthetic".into(),
-                build_id: None,
-                cgroup: None,
-                modules: Default::default(),
-                first_seen_ns: T0,
-                ended_ns: Some(end),
-            },
+            &JobMetaBuilder::new(format!("pmix:{name}"))
+                .node("n1")
+                .size(job.ranks)
+                .executable("/bin/synthetic")
+                .first_seen_ns(T0)
+                .ended_ns(Some(end))
+                .build(),
             &bursts,
             RecordingEnd {
                 ended_ns: end + 1_000_000,

@@ -251,8 +251,8 @@ impl LiveEvaluator {
 mod tests {
     use super::*;
     use crate::{
-        model::JobId,
-        store::{CallStats, JobMeta, RankTotals, RegionMarks},
+        store::{CallStats, RankTotals, RegionMarks},
+        test_support::JobMetaBuilder,
     };
 
     const S: u64 = 1_000_000_000;
@@ -261,18 +261,7 @@ mod tests {
     /// Two ranks that returned from MPI_Init at 100 W and spent `mpi` in MPI since: their useful
     /// time is the rest of their region of interest. `useful` is their burst time.
     fn job(useful: [u64; 2], mpi: [u64; 2]) -> Job {
-        let mut job = Job::new(JobMeta {
-            id: JobId("j".into()),
-            node: "n".into(),
-            size: 2,
-            source: "test".into(),
-            executable: "/bin/x".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 100 * W,
-            ended_ns: None,
-        });
+        let mut job = Job::new(JobMetaBuilder::new("j").first_seen_ns(100 * W).build());
         for rank in 0..2 {
             let mut functions = BTreeMap::new();
             functions.insert(

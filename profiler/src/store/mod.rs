@@ -396,28 +396,15 @@ impl JobStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn meta(ended: Option<u64>) -> JobMeta {
-        JobMeta {
-            id: JobId("j".into()),
-            node: "n".into(),
-            size: 2,
-            source: "test".into(),
-            executable: "x".into(),
-            build_id: None,
-            cgroup: None,
-            modules: Default::default(),
-            first_seen_ns: 0,
-            ended_ns: ended,
-        }
-    }
+    use crate::test_support::JobMetaBuilder;
 
     #[test]
     fn ended_jobs_are_evicted_after_the_grace_period_only() {
         let mut store = JobStore::default();
-        store
-            .jobs
-            .insert(JobId("j".into()), Job::new(meta(Some(100))));
+        store.jobs.insert(
+            JobId("j".into()),
+            Job::new(JobMetaBuilder::new("j").ended_ns(Some(100)).build()),
+        );
         assert!(store.evict_ended(150, 100, 10).is_empty());
         assert_eq!(store.evict_ended(201, 100, 10), vec![JobId("j".into())]);
         assert!(store.jobs.is_empty());
@@ -435,10 +422,7 @@ mod tests {
         ] {
             store.jobs.insert(
                 JobId(id.into()),
-                Job::new(JobMeta {
-                    id: JobId(id.into()),
-                    ..meta(ended)
-                }),
+                Job::new(JobMetaBuilder::new(id).ended_ns(ended).build()),
             );
         }
         // Five jobs, at most three: the two that ended first go, whatever the grace period.
@@ -469,7 +453,10 @@ mod tests {
         let (storm, quiet) = (JobId("storm".into()), JobId("quiet".into()));
         let mut store = JobStore::default();
         for id in [&storm, &quiet] {
-            store.jobs.insert(id.clone(), Job::new(meta(None)));
+            store.jobs.insert(
+                id.clone(),
+                Job::new(JobMetaBuilder::new(id.0.as_str()).build()),
+            );
         }
         let at = |start_ns| Burst {
             start_ns,

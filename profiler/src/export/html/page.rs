@@ -214,10 +214,10 @@ mod tests {
         },
         *,
     };
-    use crate::analysis::{analyse, AnalysisParams};
+    use crate::analysis::{analyse, synthetic::SyntheticJob, AnalysisParams};
 
     fn check_page(counters: bool) {
-        let job = synthetic(counters, 12);
+        let job = SyntheticJob::three_phases(4, 12, counters);
         let mut bursts = job.bursts();
         if !counters {
             // Bursts the kernel never saw on a CPU: drawn at 0, left of the log axis.
@@ -227,7 +227,7 @@ mod tests {
         }
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
         let html = render_html(
-            &crate::store::Job::new(meta(8)),
+            &crate::store::Job::new(meta_needing_escapes(8)),
             &bursts,
             &analysis,
             &SiteNames::default(),
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn large_jobs_are_subsampled_and_binned() {
-        let job = synthetic(true, 40);
+        let job = SyntheticJob::three_phases(4, 40, true);
         let bursts = job.bursts();
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
         let analysed = analysis.labels.iter().filter(|l| l.is_some()).count();
@@ -341,7 +341,7 @@ mod tests {
         };
         assert!(analysed > options.max_points && bursts.len() > options.max_bars);
         let html = render_html_with(
-            &crate::store::Job::new(meta(4)),
+            &crate::store::Job::new(meta_needing_escapes(4)),
             &bursts,
             &analysis,
             &SiteNames::default(),
@@ -400,7 +400,7 @@ mod tests {
         assert_eq!(
             html,
             render_html_with(
-                &crate::store::Job::new(meta(4)),
+                &crate::store::Job::new(meta_needing_escapes(4)),
                 &bursts,
                 &analysis,
                 &SiteNames::default(),
@@ -413,7 +413,7 @@ mod tests {
     #[test]
     fn timeline_rows_go_group_by_group() {
         use crate::analysis::groups::{cluster::GroupSignature, RankGroup, RankGroupsView};
-        let job = synthetic(false, 12);
+        let job = SyntheticJob::three_phases(4, 12, false);
         let bursts = job.bursts();
         let analysis = analyse(&bursts, 4, &AnalysisParams::default()).unwrap();
         let group = |id, members: Vec<u32>| RankGroup {
@@ -431,7 +431,7 @@ mod tests {
             groups: vec![group(1, vec![1, 3]), group(2, vec![0, 2])],
             ..RankGroupsView::default()
         };
-        let job = crate::store::Job::new(meta(4));
+        let job = crate::store::Job::new(meta_needing_escapes(4));
         let html = render_html(&job, &bursts, &analysis, &SiteNames::default(), Some(&view));
         let rows: Vec<usize> = (0..4)
             .map(|r| html.find(&format!(">rank {r}</text>")).unwrap())
@@ -456,7 +456,7 @@ mod tests {
             &names,
         );
         let html = render_live_html(
-            &crate::store::Job::new(meta(4)),
+            &crate::store::Job::new(meta_needing_escapes(4)),
             &snapshot,
             &tables,
             "127.0.0.1:9464",

@@ -1,13 +1,9 @@
 //! What the view tests share: just enough of an XML parser to check that the SVG is well formed
-//! and to count what it draws, and the synthetic job they draw.
+//! and to count what it draws, and the job whose strings the page must escape.
 
 use std::collections::BTreeMap;
 
-use crate::{
-    analysis::synthetic::{Phase, SyntheticJob},
-    model::JobId,
-    store::JobMeta,
-};
+use crate::{store::JobMeta, test_support::JobMetaBuilder};
 
 /// A parsed XML element: just enough XML to check well-formedness and count things.
 #[derive(Debug)]
@@ -197,35 +193,15 @@ pub(super) fn svgs(html: &str) -> Vec<Element> {
     out
 }
 
-pub(super) fn meta(size: u32) -> JobMeta {
-    JobMeta {
-        id: JobId("pmix:<a&b>".into()),
-        node: "node\"1\"".into(),
-        size,
-        source: "test".into(),
-        executable: "/bin/app <x>".into(),
-        build_id: None,
-        cgroup: None,
-        modules: Default::default(),
-        first_seen_ns: 1_700_000_000_000_000_000 - 500_000_000,
-        ended_ns: None,
-    }
-}
-
-pub(super) fn synthetic(counters: bool, iterations: u32) -> SyntheticJob {
-    SyntheticJob {
-        ranks: 4,
-        iterations,
-        phases: vec![
-            Phase::new(1e6, 2.0, 0.03),
-            Phase::new(5e6, 0.6, 0.03),
-            Phase::new(2e7, 1.2, 0.03),
-        ],
-        tiny_bursts_per_phase: 2,
-        outlier_share: 0.02,
-        counters,
-        seed: 11,
-    }
+/// A job of `size` ranks whose id, node and executable the page must escape, first seen half a
+/// second before the synthetic job's first burst.
+pub(super) fn meta_needing_escapes(size: u32) -> JobMeta {
+    JobMetaBuilder::new("pmix:<a&b>")
+        .node("node\"1\"")
+        .size(size)
+        .executable("/bin/app <x>")
+        .first_seen_ns(1_700_000_000_000_000_000 - 500_000_000)
+        .build()
 }
 
 /// Fill per cluster id (or "filtered") of the groups in the points or bursts group of an SVG,

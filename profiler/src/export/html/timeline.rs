@@ -325,6 +325,7 @@ pub(super) fn timeline(
 #[cfg(test)]
 mod tests {
     use super::{super::testing::*, *};
+    use crate::analysis::synthetic::SyntheticJob;
 
     /// Bars of each paint as (x, y, width, height), from the fragments `bin_timeline` wrote.
     fn binned_rects(bar_h: f64) -> (Binning, BTreeMap<Paint, Vec<[f64; 4]>>) {
@@ -332,7 +333,7 @@ mod tests {
             rank,
             start_ns,
             duration_ns,
-            ..synthetic(false, 1).bursts()[0].clone()
+            ..SyntheticJob::three_phases(1, 1, false).bursts()[0].clone()
         };
         // Row 0: cluster 1 for 300 ns, then cluster 2 for 700; row 1: cluster 1 for 50 ns.
         let bursts = [burst(0, 0, 300), burst(0, 300, 700), burst(1, 0, 50)];

@@ -7,7 +7,8 @@ use crate::properties::config::PropertyConfig;
 use crate::properties::engine::Outcome;
 use crate::properties::inputs::PmuCounters;
 use crate::properties::pop::Aggregate;
-use crate::store::{CallStats, Job, JobMeta, RankRecord, RankTotals};
+use crate::store::{CallStats, Job, RankRecord, RankTotals};
+use crate::test_support::JobMetaBuilder;
 
 const S: u64 = 1_000_000_000;
 
@@ -17,21 +18,6 @@ fn default_setting(id: &str) -> Setting {
         .find(|i| i.id == id)
         .and_then(|i| i.default)
         .unwrap()
-}
-
-fn meta() -> JobMeta {
-    JobMeta {
-        id: JobId("job-1".into()),
-        node: "node-a".into(),
-        size: 2,
-        source: "test".into(),
-        executable: "/bin/ats".into(),
-        build_id: None,
-        cgroup: None,
-        modules: Default::default(),
-        first_seen_ns: 0,
-        ended_ns: None,
-    }
 }
 
 fn rank_record(rank: u32, burst_ns: u64, mpi_ns: u64) -> RankRecord {
@@ -66,7 +52,7 @@ fn rank_record(rank: u32, burst_ns: u64, mpi_ns: u64) -> RankRecord {
 /// The intra-node imbalance experiment of Guillén (2015), §7.6.5 (APART Test Suite), on two ranks:
 /// rank 0 does 10 % of rank 1's work, then both meet in MPI_Barrier; 10 s of run time.
 fn ats_job() -> Job {
-    let mut job = Job::new(meta());
+    let mut job = Job::new(JobMetaBuilder::new("job-1").build());
     job.ranks.insert(0, rank_record(0, S, 9 * S));
     job.ranks.insert(1, rank_record(1, 10 * S, 0));
     job
@@ -238,7 +224,7 @@ fn two_ranks_one_doing_a_tenth_of_the_work() {
 
 #[test]
 fn balanced_job_gates_the_imbalance_refinement() {
-    let mut job = Job::new(meta());
+    let mut job = Job::new(JobMetaBuilder::new("job-1").build());
     job.ranks.insert(0, rank_record(0, 9 * S, S));
     job.ranks.insert(1, rank_record(1, 9 * S, S));
     let props = evaluate_job(
@@ -693,7 +679,7 @@ fn phases_of_a_real_analysis() {
     let analysis = synthetic_analysis(true);
     assert!(analysis.clusters.len() >= 2);
 
-    let mut job = Job::new(JobMeta { size: 4, ..meta() });
+    let mut job = Job::new(JobMetaBuilder::new("job-1").size(4).build());
     for rank in 0..4 {
         job.ranks.insert(rank, rank_record(rank, 5 * S, 5 * S));
     }

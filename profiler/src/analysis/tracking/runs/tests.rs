@@ -3,7 +3,7 @@ use crate::analysis::synthetic::{Phase, SyntheticJob};
 use crate::analysis::tracking::EdgeSource;
 use crate::analysis::{analyse, AnalysisParams};
 
-/// E1's loop (`e1_job` of the analysis tests): 10⁶, 5·10⁶ and 2·10⁷ instructions at IPC 2.0,
+/// E1's loop ([`SyntheticJob::three_phases`]): 10⁶, 5·10⁶ and 2·10⁷ instructions at IPC 2.0,
 /// 0.6, 1.2.
 fn job(ranks: u32, phases: &[(f64, f64)], seed: u64) -> SyntheticJob {
     SyntheticJob {
