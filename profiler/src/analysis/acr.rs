@@ -185,65 +185,21 @@ pub fn acr(
         sequences.points(),
         "one rank position per point"
     );
-    let mut eps_list: Vec<f64> = epsilon_steps(
-        &k_distances_sample(
-            points,
-            kdist_neighbours(min_points, points.len()),
-            KDIST_QUERIES,
-        ),
-        steps,
-    )
-    .into_iter()
-    .map(|eps| eps.max(min_eps))
-    .collect();
-    eps_list.dedup();
-    let n = points.len();
-    let mut labels = vec![NOISE; n];
-    let mut frozen: BTreeSet<ClusterId> = BTreeSet::new();
-    let mut next_id: ClusterId = 1;
-    let mut reports = Vec::new();
-    let mut absorbed = vec![false; n];
-    // Every step scores its own labels; the all-noise start is only scored when no step runs.
-    let mut score: Option<SequenceScore> = None;
-    let mut region_variants_merged = 0;
-    for &eps in &eps_list {
-        let subset: Vec<usize> = (0..n).filter(|&i| !frozen.contains(&labels[i])).collect();
-        if subset.is_empty() {
+    let mut refinement = Refinement::new(points.len());
+    for eps in eps_list(points, steps, min_points, min_eps) {
+        if !refinement.step(points, sequences, eps, min_points) {
             break;
         }
-        let sub_labels = dbscan(&points.subset(&subset), eps, min_points);
-        let fresh = sub_labels.iter().copied().max().unwrap_or(NOISE);
-        for (&i, &label) in subset.iter().zip(&sub_labels) {
-            labels[i] = if label == NOISE {
-                NOISE
-            } else {
-                next_id + label - 1
-            };
-            absorbed[i] = false;
-        }
-        next_id += fresh;
-        let merged = merge_region_variants(
-            points,
-            &labels,
-            sequences,
-            eps,
-            |id| frozen.contains(&id),
-            |labels| sequence_score(labels, sequences),
-        );
-        region_variants_merged += cluster_count(&labels) - cluster_count(&merged.0);
-        let mut step_score;
-        (labels, step_score) = merged;
-        if absorb_into_column_majority(&mut labels, &mut absorbed, sequences, &step_score) > 0 {
-            step_score = step_score.relabelled(&labels, sequences);
-        }
-        frozen.extend(
-            step_score
-                .symbols()
-                .filter(|&id| id != NOISE && step_score.is_perfect(id)),
-        );
-        reports.push(step_report(eps, &labels, &step_score));
-        score = Some(step_score);
     }
+    let Refinement {
+        mut labels,
+        frozen,
+        reports,
+        mut absorbed,
+        score,
+        region_variants_merged,
+        ..
+    } = refinement;
     let score = score.unwrap_or_else(|| sequence_score(&labels, sequences));
 
     let merged_into = sequence_merge(&score, &frozen);
@@ -271,8 +227,126 @@ pub fn acr(
     let absorbed_by_column = absorbed.iter().filter(|&&a| a).count();
     let (labels, final_id) = number_by_time(&labels, sequences.durations());
     let score = sequence_score(&labels, sequences);
-    // A merged cluster may since have joined a frequent host as its rare variant, or lost all its
-    // bursts to column majorities: its parts count for the cluster they are in now, if any.
+    ClusteringOutcome {
+        labels,
+        score,
+        report: ClusteringReport {
+            min_points,
+            steps: reports,
+            sequence_merges: sequence_merges(parts, &hosts, &final_id),
+            absorbed_by_column,
+            region_variants_merged,
+            rare_clusters_joined: hosts.len(),
+        },
+    }
+}
+
+/// The Eps values ACR runs, increasing: up to `steps` from the k-dist curve, none below
+/// `min_eps`, each once.
+fn eps_list(points: &PointSet, steps: usize, min_points: usize, min_eps: f64) -> Vec<f64> {
+    let mut eps_list: Vec<f64> = epsilon_steps(
+        &k_distances_sample(
+            points,
+            kdist_neighbours(min_points, points.len()),
+            KDIST_QUERIES,
+        ),
+        steps,
+    )
+    .into_iter()
+    .map(|eps| eps.max(min_eps))
+    .collect();
+    eps_list.dedup();
+    eps_list
+}
+
+/// The state of ACR's refinement across its Eps steps: each step clusters the points not yet in
+/// a frozen (perfectly SPMD) cluster.
+struct Refinement {
+    labels: Vec<ClusterId>,
+    frozen: BTreeSet<ClusterId>,
+    next_id: ClusterId,
+    reports: Vec<StepReport>,
+    /// Points moved to their column's majority cluster.
+    absorbed: Vec<bool>,
+    /// Every step scores its own labels; the all-noise start is only scored when no step runs.
+    score: Option<SequenceScore>,
+    region_variants_merged: usize,
+}
+
+impl Refinement {
+    fn new(n: usize) -> Self {
+        Refinement {
+            labels: vec![NOISE; n],
+            frozen: BTreeSet::new(),
+            next_id: 1,
+            reports: Vec::new(),
+            absorbed: vec![false; n],
+            score: None,
+            region_variants_merged: 0,
+        }
+    }
+
+    /// Runs DBSCAN with `eps` on the points outside frozen clusters, merges region variants,
+    /// absorbs into column majorities and freezes the clusters that became perfect. `false`
+    /// when every point is frozen already (nothing left to refine).
+    fn step(
+        &mut self,
+        points: &PointSet,
+        sequences: &RankSequences,
+        eps: f64,
+        min_points: usize,
+    ) -> bool {
+        let (labels, frozen) = (&mut self.labels, &mut self.frozen);
+        let subset: Vec<usize> = (0..labels.len())
+            .filter(|&i| !frozen.contains(&labels[i]))
+            .collect();
+        if subset.is_empty() {
+            return false;
+        }
+        let sub_labels = dbscan(&points.subset(&subset), eps, min_points);
+        let fresh = sub_labels.iter().copied().max().unwrap_or(NOISE);
+        for (&i, &label) in subset.iter().zip(&sub_labels) {
+            labels[i] = if label == NOISE {
+                NOISE
+            } else {
+                self.next_id + label - 1
+            };
+            self.absorbed[i] = false;
+        }
+        self.next_id += fresh;
+        let merged = merge_region_variants(
+            points,
+            labels,
+            sequences,
+            eps,
+            |id| frozen.contains(&id),
+            |labels| sequence_score(labels, sequences),
+        );
+        self.region_variants_merged += cluster_count(labels) - cluster_count(&merged.0);
+        let mut step_score;
+        (*labels, step_score) = merged;
+        if absorb_into_column_majority(labels, &mut self.absorbed, sequences, &step_score) > 0 {
+            step_score = step_score.relabelled(labels, sequences);
+        }
+        frozen.extend(
+            step_score
+                .symbols()
+                .filter(|&id| id != NOISE && step_score.is_perfect(id)),
+        );
+        self.reports.push(step_report(eps, labels, &step_score));
+        self.score = Some(step_score);
+        true
+    }
+}
+
+/// The sequence merges by final cluster. A merged cluster may since have joined a frequent host
+/// as its rare variant, or lost all its bursts to column majorities: its `parts` count for the
+/// cluster they are in now (through `hosts`, then `final_id`), if any.
+fn sequence_merges(
+    parts: BTreeMap<ClusterId, usize>,
+    hosts: &BTreeMap<ClusterId, ClusterId>,
+    final_id: &BTreeMap<ClusterId, ClusterId>,
+) -> Vec<SequenceMerge> {
     let mut merged_parts: BTreeMap<ClusterId, usize> = BTreeMap::new();
     for (id, parts) in parts {
         let now = hosts.get(&id).copied().unwrap_or(id);
@@ -280,22 +354,10 @@ pub fn acr(
             *merged_parts.entry(cluster).or_default() += parts;
         }
     }
-    let sequence_merges = merged_parts
+    merged_parts
         .into_iter()
         .map(|(cluster, parts)| SequenceMerge { cluster, parts })
-        .collect();
-    ClusteringOutcome {
-        labels,
-        score,
-        report: ClusteringReport {
-            min_points,
-            steps: reports,
-            sequence_merges,
-            absorbed_by_column,
-            region_variants_merged,
-            rare_clusters_joined: hosts.len(),
-        },
-    }
+        .collect()
 }
 
 /// Plain DBSCAN with one Eps (González García (2013), chapters 4–5), scored and numbered like ACR.

@@ -27,14 +27,22 @@ pub fn dbscan(points: &PointSet, eps: f64, min_points: usize) -> Vec<ClusterId> 
         "Eps must be finite and non-negative, got {eps}"
     );
     assert!(min_points >= 1, "MinPoints must be at least 1");
-    let n = points.len();
     let eps2 = eps * eps;
     let mut grid = Grid::new(points, eps);
-    let cells = grid.cell_count();
+    let core = core_points(&grid, eps2, min_points);
+    let core_end = grid.partition_cells(&core);
+    let cores = CoreCells::new(&grid, core_end, eps2);
+    let mut components = cores.connect();
+    let mut labels = vec![NOISE; points.len()];
+    let id_of_component = cores.label_core_points(&mut components, &mut labels);
+    cores.attach_borders(&mut components, &id_of_component, &mut labels);
+    labels
+}
 
-    // Core points, by position in the grid's order.
-    let mut core = vec![false; n];
-    for c in 0..cells {
+/// Whether each point is a core point, by position in the grid's order.
+fn core_points(grid: &Grid, eps2: f64, min_points: usize) -> Vec<bool> {
+    let mut core = vec![false; grid.order.len()];
+    for c in 0..grid.cell_count() {
         let range = grid.cell(c);
         if range.len() >= min_points {
             core[range].fill(true);
@@ -55,100 +63,150 @@ pub fn dbscan(points: &PointSet, eps: f64, min_points: usize) -> Vec<ClusterId> 
             core[p] = count >= min_points;
         }
     }
-    let core_end = grid.partition_cells(&core);
-    let core_range = |c: usize| grid.cell_start[c] as usize..core_end[c] as usize;
+    core
+}
 
-    // Bounding boxes of each cell's core points, to settle most cell pairs without distances.
-    let mut lo = vec![[f64::INFINITY; MAX_DIMS]; cells];
-    let mut hi = vec![[f64::NEG_INFINITY; MAX_DIMS]; cells];
-    for c in 0..cells {
-        for p in core_range(c) {
-            for d in 0..MAX_DIMS {
-                lo[c][d] = lo[c][d].min(grid.coords[p][d]);
-                hi[c][d] = hi[c][d].max(grid.coords[p][d]);
+/// The core points of each grid cell (first in the cell once the grid is partitioned) and their
+/// bounding boxes, which settle most cell pairs without distances.
+struct CoreCells<'g> {
+    grid: &'g Grid,
+    /// Cell `c`'s core points are at positions `cell_start[c]..core_end[c]`.
+    core_end: Vec<u32>,
+    lo: Vec<Coords>,
+    hi: Vec<Coords>,
+    eps2: f64,
+}
+
+impl<'g> CoreCells<'g> {
+    fn new(grid: &'g Grid, core_end: Vec<u32>, eps2: f64) -> Self {
+        let cells = grid.cell_count();
+        let mut cores = CoreCells {
+            grid,
+            core_end,
+            lo: vec![[f64::INFINITY; MAX_DIMS]; cells],
+            hi: vec![[f64::NEG_INFINITY; MAX_DIMS]; cells],
+            eps2,
+        };
+        for c in 0..cells {
+            for p in cores.core_range(c) {
+                for d in 0..MAX_DIMS {
+                    cores.lo[c][d] = cores.lo[c][d].min(grid.coords[p][d]);
+                    cores.hi[c][d] = cores.hi[c][d].max(grid.coords[p][d]);
+                }
             }
+        }
+        cores
+    }
+
+    fn core_range(&self, c: usize) -> std::ops::Range<usize> {
+        self.grid.cell_start[c] as usize..self.core_end[c] as usize
+    }
+
+    /// Whether a core point of cell `a` is within Eps of one of cell `b`.
+    fn linked(&self, a: usize, b: usize) -> bool {
+        let (lo, hi, eps2) = (&self.lo, &self.hi, self.eps2);
+        if boxes_distance2(&lo[a], &hi[a], &lo[b], &hi[b]) > eps2 {
+            false
+        } else if boxes_max_distance2(&lo[a], &hi[a], &lo[b], &hi[b]) <= eps2 {
+            true
+        } else {
+            self.core_range(a).any(|p| {
+                let pc = &self.grid.coords[p];
+                box_distance2(pc, &lo[b], &hi[b]) <= eps2
+                    && self
+                        .core_range(b)
+                        .any(|q| distance2(pc, &self.grid.coords[q]) <= eps2)
+            })
         }
     }
 
-    // Clusters are the connected components of core cells.
-    let mut components = UnionFind::new(cells);
-    for a in 0..cells {
-        if core_range(a).is_empty() {
-            continue;
-        }
-        for &b in grid.neighbours(a) {
-            let b = b as usize;
-            if b < a || core_range(b).is_empty() || components.find(a) == components.find(b) {
+    /// Clusters are the connected components of core cells.
+    fn connect(&self) -> UnionFind {
+        let mut components = UnionFind::new(self.grid.cell_count());
+        for a in 0..self.grid.cell_count() {
+            if self.core_range(a).is_empty() {
                 continue;
             }
-            let linked = if boxes_distance2(&lo[a], &hi[a], &lo[b], &hi[b]) > eps2 {
-                false
-            } else if boxes_max_distance2(&lo[a], &hi[a], &lo[b], &hi[b]) <= eps2 {
-                true
-            } else {
-                core_range(a).any(|p| {
-                    let pc = &grid.coords[p];
-                    box_distance2(pc, &lo[b], &hi[b]) <= eps2
-                        && core_range(b).any(|q| distance2(pc, &grid.coords[q]) <= eps2)
-                })
-            };
-            if linked {
-                components.union(a, b);
-            }
-        }
-    }
-
-    // Per point index: its cell and whether it is core.
-    let mut cell_of = vec![0u32; n];
-    let mut is_core = vec![false; n];
-    for c in 0..cells {
-        for p in grid.cell(c) {
-            cell_of[grid.order[p] as usize] = c as u32;
-        }
-        for p in core_range(c) {
-            is_core[grid.order[p] as usize] = true;
-        }
-    }
-
-    let mut id_of_component: Vec<ClusterId> = vec![NOISE; cells];
-    let mut next_id: ClusterId = 1;
-    let mut labels = vec![NOISE; n];
-    for i in 0..n {
-        if is_core[i] {
-            let root = components.find(cell_of[i] as usize);
-            if id_of_component[root] == NOISE {
-                id_of_component[root] = next_id;
-                next_id += 1;
-            }
-            labels[i] = id_of_component[root];
-        }
-    }
-
-    for (c, &border_start) in core_end.iter().enumerate() {
-        for p in border_start as usize..grid.cell_start[c + 1] as usize {
-            let pc = grid.coords[p];
-            let mut nearest: Option<(f64, u32, usize)> = None;
-            for cell in std::iter::once(c as u32).chain(grid.neighbours(c).iter().copied()) {
-                let cell = cell as usize;
-                if box_distance2(&pc, &lo[cell], &hi[cell]) > eps2 {
+            for &b in self.grid.neighbours(a) {
+                let b = b as usize;
+                if b < a
+                    || self.core_range(b).is_empty()
+                    || components.find(a) == components.find(b)
+                {
                     continue;
                 }
-                for q in core_range(cell) {
-                    let d2 = distance2(&pc, &grid.coords[q]);
-                    let candidate = (d2, grid.order[q], cell);
-                    if d2 <= eps2
-                        && nearest.is_none_or(|best| (candidate.0, candidate.1) < (best.0, best.1))
-                    {
-                        nearest = Some(candidate);
-                    }
+                if self.linked(a, b) {
+                    components.union(a, b);
                 }
             }
-            if let Some((_, _, cell)) = nearest {
-                labels[grid.order[p] as usize] = id_of_component[components.find(cell)];
+        }
+        components
+    }
+
+    /// Labels every core point with its component's cluster, numbered in the order of each
+    /// cluster's lowest point index; returns the cluster of each component by its root cell
+    /// ([`NOISE`] for cells that root none).
+    fn label_core_points(
+        &self,
+        components: &mut UnionFind,
+        labels: &mut [ClusterId],
+    ) -> Vec<ClusterId> {
+        let mut core_cell_of = vec![None; labels.len()];
+        for c in 0..self.grid.cell_count() {
+            for p in self.core_range(c) {
+                core_cell_of[self.grid.order[p] as usize] = Some(c);
+            }
+        }
+        let mut id_of_component: Vec<ClusterId> = vec![NOISE; self.grid.cell_count()];
+        let mut next_id: ClusterId = 1;
+        for (label, cell) in labels.iter_mut().zip(core_cell_of) {
+            if let Some(cell) = cell {
+                let root = components.find(cell);
+                if id_of_component[root] == NOISE {
+                    id_of_component[root] = next_id;
+                    next_id += 1;
+                }
+                *label = id_of_component[root];
+            }
+        }
+        id_of_component
+    }
+
+    /// A border point joins the cluster of its nearest core point within Eps (ties: the lower
+    /// point index).
+    fn attach_borders(
+        &self,
+        components: &mut UnionFind,
+        id_of_component: &[ClusterId],
+        labels: &mut [ClusterId],
+    ) {
+        let grid = self.grid;
+        for (c, &border_start) in self.core_end.iter().enumerate() {
+            for p in border_start as usize..grid.cell_start[c + 1] as usize {
+                let pc = grid.coords[p];
+                let mut nearest: Option<(f64, u32, usize)> = None;
+                for cell in std::iter::once(c as u32).chain(grid.neighbours(c).iter().copied()) {
+                    let cell = cell as usize;
+                    if box_distance2(&pc, &self.lo[cell], &self.hi[cell]) > self.eps2 {
+                        continue;
+                    }
+                    for q in self.core_range(cell) {
+                        let d2 = distance2(&pc, &grid.coords[q]);
+                        let candidate = (d2, grid.order[q], cell);
+                        if d2 <= self.eps2
+                            && nearest
+                                .is_none_or(|best| (candidate.0, candidate.1) < (best.0, best.1))
+                        {
+                            nearest = Some(candidate);
+                        }
+                    }
+                }
+                if let Some((_, _, cell)) = nearest {
+                    labels[grid.order[p] as usize] = id_of_component[components.find(cell)];
+                }
             }
         }
     }
-    labels
 }
 
 /// For every point, the distance to its k-th nearest neighbour within its group, the point itself

@@ -318,20 +318,54 @@ fn merge_columns(a: &[(ClusterId, u32)], b: &[(ClusterId, u32)], out: &mut Vec<(
 
 /// Banded Needleman–Wunsch between two profiles (rows: `a`'s columns, band along `b`).
 fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
-    let (la, lb) = (a.columns(), b.columns());
-    let rows = la + 1;
-    let wanted = la.abs_diff(lb) + BAND_SLACK;
-    let half_width = wanted
-        .min((MAX_ALIGNMENT_CELLS / rows).saturating_sub(1) / 2)
-        .max(lb.div_ceil(la.max(1)));
-    let width = 2 * half_width + 1;
-    // Row i covers columns base(i)..base(i) + width of `b` (clipped to 0..=lb).
-    let base = |i: usize| (i * lb / la.max(1)) as i64 - half_width as i64;
-    // Integer scores, summed over the pairs rather than averaged (the same order of paths, no
-    // division per cell): `scale` steps per unit of score, as fine as no path's sum can overflow.
+    let band = Band::new(a.columns(), b.columns());
+    let (match_score, gap_penalty) = integer_scores(a, b, match_score, &band);
+    let trace = fill(a, b, &band, &match_score, gap_penalty);
+    let steps = trace_back(&trace, &band);
+    merge_along(a, b, steps)
+}
+
+/// The band of the alignment matrix that is filled: row i (of `la` + 1) covers `width` columns
+/// of `b` from [`Band::base`] (clipped to 0..=`lb`).
+struct Band {
+    la: usize,
+    lb: usize,
+    half_width: usize,
+    width: usize,
+}
+
+impl Band {
+    fn new(la: usize, lb: usize) -> Self {
+        let rows = la + 1;
+        let wanted = la.abs_diff(lb) + BAND_SLACK;
+        let half_width = wanted
+            .min((MAX_ALIGNMENT_CELLS / rows).saturating_sub(1) / 2)
+            .max(lb.div_ceil(la.max(1)));
+        Band {
+            la,
+            lb,
+            half_width,
+            width: 2 * half_width + 1,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.la + 1
+    }
+
+    /// The first column of `b` row `i` covers.
+    fn base(&self, i: usize) -> i64 {
+        (i * self.lb / self.la.max(1)) as i64 - self.half_width as i64
+    }
+}
+
+/// Integer scores, summed over the pairs rather than averaged (the same order of paths, no
+/// division per cell): `scale` steps per unit of score, as fine as no path's sum can overflow.
+/// Returns the match scores and the gap penalty.
+fn integer_scores(a: &Profile, b: &Profile, match_score: &[f64], band: &Band) -> (Vec<i64>, i64) {
     let pairs = i64::from(a.weight) * i64::from(b.weight);
     let largest = match_score.iter().copied().fold(GAP_PENALTY, f64::max);
-    let path_bound = pairs as f64 * largest * (la + lb + 1) as f64;
+    let path_bound = pairs as f64 * largest * (band.la + band.lb + 1) as f64;
     let scale = (MAX_PATH_SCORE / path_bound)
         .min(SCORE_STEPS)
         .floor()
@@ -341,6 +375,14 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
         .map(|s| (s * scale).round() as i64)
         .collect();
     let gap_penalty = (GAP_PENALTY * scale).round() as i64 * pairs;
+    (match_score, gap_penalty)
+}
+
+/// Fills the band row by row, keeping two rows of scores, and returns the step taken into each
+/// cell. Gaps at either end of a profile cost nothing.
+fn fill(a: &Profile, b: &Profile, band: &Band, match_score: &[i64], gap_penalty: i64) -> Trace {
+    let (la, lb, width) = (band.la, band.lb, band.width);
+    let rows = band.rows();
     // No cell: paths score within ±2^60, and one that starts from here stays below −2^61 and
     // far above i64::MIN, whatever it adds or takes off on the way.
     const NONE: i64 = i64::MIN / 2;
@@ -350,8 +392,8 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
     let mut trace = Trace::new(rows * width);
     for i in 0..rows {
         current.fill(NONE);
-        let row_base = base(i);
-        let previous_base = if i > 0 { base(i - 1) } else { 0 };
+        let row_base = band.base(i);
+        let previous_base = if i > 0 { band.base(i - 1) } else { 0 };
         for k in 0..width {
             let j = row_base + k as i64;
             if j < 0 || j > lb as i64 {
@@ -373,7 +415,7 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
             if i > 0 && j > 0 {
                 if let Some(p) = in_previous(j - 1) {
                     best =
-                        previous[p] + column_score(a.column(i - 1), b.column(j - 1), &match_score);
+                        previous[p] + column_score(a.column(i - 1), b.column(j - 1), match_score);
                 }
             }
             if i > 0 {
@@ -398,15 +440,20 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
         std::mem::swap(&mut previous, &mut current);
     }
 
-    let mut steps = Vec::with_capacity(la + lb);
-    let (mut i, mut j) = (la, lb);
+    trace
+}
+
+/// The steps of the best path, from the start of both profiles.
+fn trace_back(trace: &Trace, band: &Band) -> Vec<u8> {
+    let (mut i, mut j) = (band.la, band.lb);
+    let mut steps = Vec::with_capacity(i + j);
     while i > 0 || j > 0 {
         let step = if i == 0 {
             STEP_LEFT
         } else if j == 0 {
             STEP_UP
         } else {
-            trace.get(i * width + (j as i64 - base(i)) as usize)
+            trace.get(i * band.width + (j as i64 - band.base(i)) as usize)
         };
         steps.push(step);
         match step {
@@ -419,7 +466,13 @@ fn align_profiles(a: &Profile, b: &Profile, match_score: &[f64]) -> Profile {
         }
     }
     steps.reverse();
+    steps
+}
 
+/// The profile of `a` and `b` aligned along `steps`: a diagonal step merges a column of each,
+/// a vertical one takes `a`'s column, a horizontal one `b`'s.
+fn merge_along(a: &Profile, b: &Profile, steps: Vec<u8>) -> Profile {
+    let (la, lb) = (a.columns(), b.columns());
     let mut column_start = vec![0u32];
     let mut entries = Vec::with_capacity(a.entries.len() + b.entries.len());
     let mut column_of_a = Vec::with_capacity(la);

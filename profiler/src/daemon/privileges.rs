@@ -75,8 +75,8 @@ fn list(missing: &[Capability]) -> String {
 
 /// Passes when this process's effective set holds every capability in [`REQUIRED`].
 pub fn check(holds_processes: bool) -> Result<(), PrivilegeError> {
-    let status = crate::proc::own_status()
-        .map_err(|e| PrivilegeError::Unreadable(e.to_string()))?;
+    let status =
+        crate::proc::own_status().map_err(|e| PrivilegeError::Unreadable(e.to_string()))?;
     let effective = effective_set(&status)
         .ok_or_else(|| PrivilegeError::Unreadable("no CapEff line".into()))?;
     let missing = missing(effective, holds_processes);

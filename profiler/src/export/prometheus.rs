@@ -24,11 +24,11 @@ use prometheus::{
 
 use crate::{
     analysis::{groups::RankGroupsView, online::PhasesSnapshot, ClusterStats},
-    capture::ProgramStats,
-    export::published::{Published, PublishedState},
+    capture::{LibraryOpenStats, ProgramStats},
+    export::published::{Published, PublishedState, SelfStats},
     model::{unix_now_ns, JobId},
     properties::{Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankSample},
-    store::{JobStore, RankRecord},
+    store::{Job, JobStore, RankRecord},
 };
 
 /// Phases exported per job: the ones with the most time in the last window. Bounds the series
@@ -211,6 +211,9 @@ impl Families {
     }
 }
 
+/// A job's labels and the job.
+type LabelledJobs<'a> = [(Labels, &'a Job)];
+
 /// Every mpiburst family as of `shared`, with the per-rank regions of running ranks ending at
 /// `now_ns`.
 fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
@@ -221,7 +224,26 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         .values()
         .map(|j| (job_labels(&j.meta.id, &j.meta.node), j))
         .collect();
+    job_families(&mut f, &jobs);
+    mpi_function_families(&mut f, &jobs);
+    rank_aggregate_families(&mut f, &jobs, now_ns);
+    phase_families(&mut f, store, phases);
+    group_families(&mut f, shared);
+    usage_families(&mut f, shared);
+    property_families(&mut f, shared);
+    f.gauge(
+        "mpiburst_jobs_tracked",
+        "Jobs held by the daemon, running or ended.",
+        [(vec![], store.jobs.len() as f64)],
+    );
+    capture_families(&mut f, health);
+    library_open_families(&mut f, &health.library_opens);
+    governor_families(&mut f, health);
+    f.0
+}
 
+/// Each job's identity, size and exact totals on this node.
+fn job_families(f: &mut Families, jobs: &LabelledJobs<'_>) {
     f.gauge(
         "mpiburst_job_info",
         "Always 1; identifies a job seen on this node, with where its identity came from.",
@@ -289,6 +311,10 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         "Bursts above the filter lost because the ring buffer was full (their time is still counted).",
         totals.iter().map(|(l, t)| ((*l).clone(), t.dropped_bursts as f64)),
     );
+}
+
+/// Each job's calls, time and bytes per MPI function, and the functions the governor demoted.
+fn mpi_function_families(f: &mut Families, jobs: &LabelledJobs<'_>) {
     let per_function: Vec<_> = jobs
         .iter()
         .flat_map(|(l, j)| {
@@ -328,10 +354,13 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         "Bytes passed to each MPI function (count times datatype size), for calls with a known datatype size.",
         per_function.iter().filter(|(_, s)| s.sized_calls > 0).map(|(l, s)| (l.clone(), s.bytes as f64)),
     );
+}
 
-    // Mergeable per-rank aggregates over each rank's region of interest (the same samples the
-    // properties use): summed (sum, count) or maxed/minned across nodes in PromQL, they give
-    // exact job-wide load balance and communication efficiency (dashboards/rules).
+/// Mergeable per-rank aggregates over each rank's region of interest (the same samples the
+/// properties use): summed (sum, count) or maxed/minned across nodes in PromQL, they give exact
+/// job-wide load balance and communication efficiency (dashboards/rules). Regions of running
+/// ranks end at `now_ns`.
+fn rank_aggregate_families(f: &mut Families, jobs: &LabelledJobs<'_>, now_ns: u64) {
     let lifetimes: Vec<_> = jobs
         .iter()
         .map(|(l, j)| {
@@ -392,17 +421,11 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
             }),
         );
     }
+}
 
-    phase_families(&mut f, store, phases);
-    group_families(&mut f, shared);
-    usage_families(&mut f, shared);
-    property_families(&mut f, shared);
-
-    f.gauge(
-        "mpiburst_jobs_tracked",
-        "Jobs held by the daemon, running or ended.",
-        [(vec![], store.jobs.len() as f64)],
-    );
+/// The kernel side's losses and BPF program statistics, and the daemon's own usage, probes and
+/// libraries.
+fn capture_families(f: &mut Families, health: &SelfStats) {
     f.counter(
         "mpiburst_lost_events_total",
         "Events the kernel side could not deliver or record, by kind.",
@@ -461,7 +484,11 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         "MPI library files attached.",
         [(vec![], health.libraries as f64)],
     );
-    let opens = &health.library_opens;
+}
+
+/// Processes held at the open of an MPI library until its probes were attached, and reads of
+/// library files.
+fn library_open_families(f: &mut Families, opens: &LibraryOpenStats) {
     f.counter(
         "mpiburst_library_opens_held_total",
         "Processes stopped at the open of an MPI library at a path not seen before, until its probes were attached.",
@@ -492,6 +519,10 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
         "Those reads still blocked in the file system, each holding a thread of the daemon.",
         [(vec![], opens.reads_stuck as f64)],
     );
+}
+
+/// The probe governor's costs, modes and changes, and the counter events read per burst.
+fn governor_families(f: &mut Families, health: &SelfStats) {
     let governor = &health.governor;
     f.gauge(
         "mpiburst_governor_probe_cost_seconds",
@@ -543,7 +574,6 @@ fn families(shared: &Published, now_ns: u64) -> Vec<MetricFamily> {
             1.0,
         )],
     );
-    f.0
 }
 
 /// Phase metrics of the last closed window of each job, for its top phases by time.

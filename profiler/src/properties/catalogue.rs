@@ -25,8 +25,8 @@ const NO_IO: &str = "not measured (I/O syscall tracepoints not collected)";
 struct JobContext {
     ranks: Vec<RankSample>,
     pop: PopEfficiencies,
-    /// `Err(reason)` unless every rank has hardware counters.
-    counters: Result<(), String>,
+    /// Whether every rank has hardware counters.
+    counters: Result<(), MissingCounters>,
     nominal_hz: Option<f64>,
     resources: Option<ResourceUsage>,
     io: Option<IoStats>,
@@ -123,7 +123,7 @@ fn fragmentation(c: &JobContext) -> Observation {
 
 fn counters(c: &JobContext) -> Result<Vec<super::inputs::PmuCounters>, Observation> {
     if let Err(reason) = &c.counters {
-        return Err(Observation::NotMeasured(reason.clone()));
+        return Err(Observation::NotMeasured(reason.to_string()));
     }
     Ok(c.ranks.iter().filter_map(|r| r.pmu).collect())
 }
@@ -339,10 +339,27 @@ fn phase_spmd_score(c: &ClusterStats) -> Observation {
 
 const POP_NOTE: &str = "POP methodology: efficiencies below 0.8 are flagged";
 
+/// The job strategies, in the order they are evaluated and listed.
 fn job_strategies() -> Vec<Strategy<JobContext>> {
+    vec![
+        pop_strategy(),
+        ranks_strategy(),
+        structure_strategy(),
+        compute_strategy(),
+        resources_strategy(),
+        Strategy {
+            name: "io",
+            roots: io_roots(),
+        },
+    ]
+}
+
+/// The POP efficiencies: parallel efficiency and its factors, load balance and communication
+/// efficiency.
+fn pop_strategy() -> Strategy<JobContext> {
     use Formula::*;
     use Scope::*;
-    let pop = Strategy {
+    Strategy {
         name: "pop",
         roots: vec![Node::new(
             PropertyDef::new(
@@ -421,8 +438,14 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                 ),
             ],
         )],
-    };
-    let pop_ranks = Strategy {
+    }
+}
+
+/// The per-rank shares of time in MPI and on the CPU.
+fn ranks_strategy() -> Strategy<JobContext> {
+    use Formula::*;
+    use Scope::*;
+    Strategy {
         name: "ranks",
         roots: vec![
             Node::leaf(
@@ -460,8 +483,14 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                 ),
             ),
         ],
-    };
-    let structure = Strategy {
+    }
+}
+
+/// How much of the computation is too fine-grained to analyse.
+fn structure_strategy() -> Strategy<JobContext> {
+    use Formula::*;
+    use Scope::*;
+    Strategy {
         name: "structure",
         roots: vec![Node::leaf(
             PropertyDef::new(
@@ -482,8 +511,14 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                  once or every few steps), or move fine-grained communication out of inner loops.",
             ),
         )],
-    };
-    let compute = Strategy {
+    }
+}
+
+/// The hardware-counter properties of the computation.
+fn compute_strategy() -> Strategy<JobContext> {
+    use Formula::*;
+    use Scope::*;
+    Strategy {
         name: "compute",
         roots: vec![
             Node::new(
@@ -566,8 +601,14 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                 .pmu(),
             ),
         ],
-    };
-    let resources = Strategy {
+    }
+}
+
+/// The kernel resource usage: memory and CPU time.
+fn resources_strategy() -> Strategy<JobContext> {
+    use Formula::*;
+    use Scope::*;
+    Strategy {
         name: "resources",
         roots: vec![
             Node::leaf(
@@ -638,12 +679,7 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
                 ),
             ),
         ],
-    };
-    let io = Strategy {
-        name: "io",
-        roots: io_roots(),
-    };
-    vec![pop, pop_ranks, structure, compute, resources, io]
+    }
 }
 
 /// I/O after Guillén (2015), §3.1.33–§3.1.38 and §7.7: a high bandwidth calls for an in-depth I/O
@@ -651,36 +687,45 @@ fn job_strategies() -> Vec<Strategy<JobContext>> {
 /// on the threshold, so it is a replica pair (`_high`: x > t, `_low`: x ≤ t) sharing id, value
 /// and severity; exactly one of them opens its subtree. Opens and closes are separate roots.
 fn io_roots() -> Vec<Node<JobContext>> {
+    let mut roots = io_read_roots();
+    roots.extend(io_write_roots());
+    roots.extend(io_metadata_roots());
+    roots
+}
+
+const IO_SIZE_NOTE: &str = "Guillén (2015), Table 7.12: 2 MiB (performance heuristic: larger \
+                            requests gain less than 5 %)";
+
+/// One of the replica pair of a bandwidth property (see [`io_roots`]), `name` the replica and
+/// `id` the pair.
+fn io_bandwidth(
+    name: &'static str,
+    id: &'static str,
+    what: &'static str,
+    f: fn(&JobContext) -> Observation,
+    note: &'static str,
+    condition: Condition,
+) -> PropertyDef<JobContext> {
+    PropertyDef::new(name, what, "bytes_per_second", Scope::Job, f)
+        .severity(Formula::F1, 1.1 * GIB, 1.0, note)
+        .replica_of(id)
+        .condition(condition)
+}
+
+/// The read bandwidth pair, and the read request size below the threshold.
+fn io_read_roots() -> Vec<Node<JobContext>> {
     use Formula::*;
     use Scope::*;
-    const BW_HIGH_NOTE: &str =
+    const BW_READ_NOTE: &str =
         "Guillén (2015), Table 7.11: 1.1 GiB/s for reads (statistics heuristic, at the GPFS level)";
-    const BW_WRITE_NOTE: &str = "1.1 GiB/s as for reads; Guillén (2015) prints 1.1 MiB/s \
-                                 (Table 7.11), which would send every writer above 1.1 MiB/s to \
-                                 the in-depth branch and skip the request-size check";
-    const SIZE_NOTE: &str =
-        "Guillén (2015), Table 7.12: 2 MiB (performance heuristic: larger requests gain less \
-         than 5 %)";
-    const META_NOTE: &str = "assumption (Guillén (2015) gives none): 100 per second";
-    let bandwidth = |name: &'static str,
-                     id: &'static str,
-                     what: &'static str,
-                     f: fn(&JobContext) -> Observation,
-                     note: &'static str,
-                     condition: Condition| {
-        PropertyDef::new(name, what, "bytes_per_second", Job, f)
-            .severity(F1, 1.1 * GIB, 1.0, note)
-            .replica_of(id)
-            .condition(condition)
-    };
     vec![
         Node::leaf(
-            bandwidth(
+            io_bandwidth(
                 "io_read_bandwidth_high",
                 "io_read_bandwidth",
                 "bytes read per second (syscalls)",
                 io_read_bandwidth,
-                BW_HIGH_NOTE,
+                BW_READ_NOTE,
                 Condition::AboveThreshold,
             )
             .recommend(
@@ -691,12 +736,12 @@ fn io_roots() -> Vec<Node<JobContext>> {
             ),
         ),
         Node::new(
-            bandwidth(
+            io_bandwidth(
                 "io_read_bandwidth_low",
                 "io_read_bandwidth",
                 "bytes read per second (syscalls)",
                 io_read_bandwidth,
-                BW_HIGH_NOTE,
+                BW_READ_NOTE,
                 Condition::AtOrBelowThreshold,
             ),
             vec![Node::leaf(
@@ -707,7 +752,7 @@ fn io_roots() -> Vec<Node<JobContext>> {
                     Job,
                     io_read_request_size,
                 )
-                .severity(F2, 2.0 * MIB, 1.0, SIZE_NOTE)
+                .severity(F2, 2.0 * MIB, 1.0, IO_SIZE_NOTE)
                 .recommend(
                     "Consolidate I/O requests: the mean read request is small, so per-call overhead \
                      and file-system latency dominate. Read in large blocks (2 MiB or more), buffer \
@@ -717,8 +762,19 @@ fn io_roots() -> Vec<Node<JobContext>> {
                 ),
             )],
         ),
+    ]
+}
+
+/// The write bandwidth pair, and the write request size below the threshold.
+fn io_write_roots() -> Vec<Node<JobContext>> {
+    use Formula::*;
+    use Scope::*;
+    const BW_WRITE_NOTE: &str = "1.1 GiB/s as for reads; Guillén (2015) prints 1.1 MiB/s \
+                                 (Table 7.11), which would send every writer above 1.1 MiB/s to \
+                                 the in-depth branch and skip the request-size check";
+    vec![
         Node::leaf(
-            bandwidth(
+            io_bandwidth(
                 "io_write_bandwidth_high",
                 "io_write_bandwidth",
                 "bytes written per second (syscalls)",
@@ -734,7 +790,7 @@ fn io_roots() -> Vec<Node<JobContext>> {
             ),
         ),
         Node::new(
-            bandwidth(
+            io_bandwidth(
                 "io_write_bandwidth_low",
                 "io_write_bandwidth",
                 "bytes written per second (syscalls)",
@@ -750,7 +806,7 @@ fn io_roots() -> Vec<Node<JobContext>> {
                     Job,
                     io_write_request_size,
                 )
-                .severity(F2, 2.0 * MIB, 1.0, SIZE_NOTE)
+                .severity(F2, 2.0 * MIB, 1.0, IO_SIZE_NOTE)
                 .recommend(
                     "Consolidate I/O requests: the mean write request is small, so per-call overhead \
                      and file-system latency dominate. Buffer output and write in large blocks (2 MiB \
@@ -759,25 +815,46 @@ fn io_roots() -> Vec<Node<JobContext>> {
                 ),
             )],
         ),
+    ]
+}
+
+/// The rates of file opens and closes (metadata requests).
+fn io_metadata_roots() -> Vec<Node<JobContext>> {
+    use Formula::*;
+    use Scope::*;
+    const META_NOTE: &str = "assumption (Guillén (2015) gives none): 100 per second";
+    vec![
         Node::leaf(
-            PropertyDef::new("io_open_rate", "files opened per second (syscalls)", "per_second", Job, io_open_rate)
-                .severity(F1, 100.0, 1.0, META_NOTE)
-                .recommend(
-                    "Consolidate files: the job opens files at a high rate, and every open is a \
+            PropertyDef::new(
+                "io_open_rate",
+                "files opened per second (syscalls)",
+                "per_second",
+                Job,
+                io_open_rate,
+            )
+            .severity(F1, 100.0, 1.0, META_NOTE)
+            .recommend(
+                "Consolidate files: the job opens files at a high rate, and every open is a \
                      metadata request that parallel file systems serve slowly. Keep files open \
                      instead of reopening them, write fewer and larger files (one shared file \
                      through MPI-IO or HDF5 instead of one per rank or step), and avoid open or \
                      stat calls in loops.",
-                ),
+            ),
         ),
         Node::leaf(
-            PropertyDef::new("io_close_rate", "files closed per second (syscalls)", "per_second", Job, io_close_rate)
-                .severity(F1, 100.0, 1.0, META_NOTE)
-                .recommend(
-                    "Consolidate files: the job closes files at a high rate, and each close can \
+            PropertyDef::new(
+                "io_close_rate",
+                "files closed per second (syscalls)",
+                "per_second",
+                Job,
+                io_close_rate,
+            )
+            .severity(F1, 100.0, 1.0, META_NOTE)
+            .recommend(
+                "Consolidate files: the job closes files at a high rate, and each close can \
                      flush data and update metadata. Keep files open across steps instead of \
                      closing and reopening them, and write fewer, larger files.",
-                ),
+            ),
         ),
     ]
 }
@@ -1004,15 +1081,26 @@ pub fn job_aggregates(input: &JobInput<'_>) -> JobAggregates {
     JobAggregates::from_ranks(&input.ranks)
 }
 
-fn counter_status(ranks: &[RankSample]) -> Result<(), String> {
+/// Why the hardware-counter properties of a job are not measured; the text is the reason they
+/// show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+enum MissingCounters {
+    /// No rank has counters (the node has no usable PMU, or counters are off).
+    #[error("{}", NO_PMU)]
+    OnEveryRank,
+    #[error("not measured (no PMU counters for {missing} of {ranks} ranks)")]
+    OnSomeRanks { missing: usize, ranks: usize },
+}
+
+fn counter_status(ranks: &[RankSample]) -> Result<(), MissingCounters> {
     let missing = ranks.iter().filter(|r| r.pmu.is_none()).count();
     match missing {
         0 => Ok(()),
-        m if m == ranks.len() => Err(NO_PMU.to_string()),
-        m => Err(format!(
-            "not measured (no PMU counters for {m} of {} ranks)",
-            ranks.len()
-        )),
+        m if m == ranks.len() => Err(MissingCounters::OnEveryRank),
+        m => Err(MissingCounters::OnSomeRanks {
+            missing: m,
+            ranks: ranks.len(),
+        }),
     }
 }
 

@@ -52,12 +52,13 @@
 //! resolved call sites nothing prunes, so a genuinely new phase is related to its nearest
 //! cluster and reported as a split of it rather than as an appearance.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
 use super::relations::centroid_move;
-use super::{relate, Frame, TrackedCluster, TrackingError, TrackingParams};
+use super::{relate, Edge, Frame, Relation, TrackedCluster, TrackingError, TrackingParams};
 use crate::analysis::FeatureSet;
 
 /// A cluster identity that survives re-clustering: assigned by a [`Tracker`], never reused.
@@ -160,6 +161,338 @@ fn strongest(
     })
 }
 
+/// The window and kind of frame that one [`Tracker::update`] stamps its events with.
+#[derive(Clone, Copy)]
+struct Stamp {
+    window: u64,
+    /// The frame is a re-clustering of an open window.
+    partial: bool,
+}
+
+impl Stamp {
+    fn event(self, kind: EventKind, from: Vec<StableId>, to: Vec<StableId>) -> TrackingEvent {
+        TrackingEvent {
+            window: self.window,
+            partial: self.partial,
+            kind,
+            from,
+            to,
+            distance: None,
+            last_seen_window: None,
+        }
+    }
+}
+
+/// A split decided before the new ids are known.
+struct Split {
+    parent: StableId,
+    heir: Option<u32>,
+    parts: Vec<u32>,
+    significant: BTreeSet<u32>,
+}
+
+/// A merge: `parts` (old ids, significant ones only) into the new cluster `child`.
+struct Merge {
+    child: u32,
+    parts: Vec<StableId>,
+}
+
+/// What one [`Tracker::update`] decides as it goes through the relations: the ids handed on so
+/// far, the events, and what it can only report or apply once every new cluster has an id.
+#[derive(Default)]
+struct Assignment {
+    /// Frame cluster id → stable id.
+    ids: BTreeMap<u32, StableId>,
+    events: Vec<TrackingEvent>,
+    splits: Vec<Split>,
+    merges: Vec<Merge>,
+    /// Old ids merged into another cluster.
+    retired: BTreeSet<StableId>,
+    /// Frame clusters that no old id continues (split parts, then the unrelated ones).
+    without_id: Vec<u32>,
+    /// Ids reported as moved, whose anchor becomes their new centroid.
+    reanchored: BTreeSet<StableId>,
+}
+
+impl Assignment {
+    /// Reports the splits with at least two significant parts and the merges of at least two
+    /// significant clusters, now that every part has an id.
+    fn report_splits_and_merges(&mut self, stamp: Stamp) {
+        for split in std::mem::take(&mut self.splits) {
+            if split.significant.len() >= 2 {
+                let to = split
+                    .heir
+                    .iter()
+                    .chain(&split.parts)
+                    .filter(|j| split.significant.contains(j))
+                    .map(|j| self.ids[j])
+                    .collect();
+                self.events
+                    .push(stamp.event(EventKind::Split, vec![split.parent], to));
+            }
+        }
+        for merge in std::mem::take(&mut self.merges) {
+            if merge.parts.len() >= 2 {
+                let to = vec![self.ids[&merge.child]];
+                self.events
+                    .push(stamp.event(EventKind::Merge, merge.parts, to));
+            }
+        }
+    }
+}
+
+/// The old ids of one relation paired with the new clusters that continue them.
+#[derive(Default)]
+struct Heirs {
+    /// Old id → frame cluster id.
+    heir_of: BTreeMap<StableId, u32>,
+    /// Frame clusters already paired.
+    taken: BTreeSet<u32>,
+}
+
+impl Heirs {
+    /// Pairs `i` with `j` unless either is paired already.
+    fn claim(&mut self, i: StableId, j: u32) {
+        if !self.heir_of.contains_key(&i) && !self.taken.contains(&j) {
+            self.heir_of.insert(i, j);
+            self.taken.insert(j);
+        }
+    }
+}
+
+/// One relation between the active clusters (A, the old ids) and the new frame's clusters (B),
+/// with what the rules that hand the ids on measure of it.
+struct RelationView<'a> {
+    relation: &'a Relation,
+    reference: &'a Frame,
+    frame: &'a Frame,
+    params: &'a TrackingParams,
+    /// Whether centroids compare across the frames.
+    same_features: bool,
+    /// The time each side of the relation holds.
+    time_a: u64,
+    time_b: u64,
+    any_significant_new: bool,
+}
+
+impl<'a> RelationView<'a> {
+    fn new(
+        relation: &'a Relation,
+        reference: &'a Frame,
+        frame: &'a Frame,
+        params: &'a TrackingParams,
+    ) -> Self {
+        let mut view = RelationView {
+            relation,
+            reference,
+            frame,
+            params,
+            same_features: reference.features == frame.features,
+            time_a: 0,
+            time_b: 0,
+            any_significant_new: false,
+        };
+        view.time_a = relation
+            .a
+            .iter()
+            .map(|&i| view.old_cluster(i).time_ns)
+            .sum();
+        view.time_b = relation
+            .b
+            .iter()
+            .map(|&j| view.new_cluster(j).time_ns)
+            .sum();
+        view.any_significant_new = relation.b.iter().any(|&j| view.significant_new(j));
+        view
+    }
+
+    fn old_cluster(&self, i: StableId) -> &'a TrackedCluster {
+        self.reference
+            .cluster(i)
+            .expect("related ids are in the reference")
+    }
+
+    fn new_cluster(&self, j: u32) -> &'a TrackedCluster {
+        self.frame.cluster(j).expect("related ids are in the frame")
+    }
+
+    fn edge(&self, i: StableId, j: u32) -> Option<&'a Edge> {
+        self.relation.edges.iter().find(|e| e.a == i && e.b == j)
+    }
+
+    fn affinity_ab(&self, i: StableId, j: u32) -> f64 {
+        self.edge(i, j).map_or(0.0, |e| e.displacement_ab)
+    }
+
+    fn affinity_ba(&self, i: StableId, j: u32) -> f64 {
+        self.edge(i, j).map_or(0.0, |e| e.displacement_ba)
+    }
+
+    /// E1 affinity in both directions, summed.
+    fn affinity(&self, i: StableId, j: u32) -> f64 {
+        self.affinity_ab(i, j) + self.affinity_ba(i, j)
+    }
+
+    /// The centroid move from `i` to `j`, when the frames' features compare.
+    fn moved(&self, i: StableId, j: u32) -> Option<f64> {
+        self.same_features.then(|| {
+            let (old, new) = (self.old_cluster(i), self.new_cluster(j));
+            centroid_move(self.frame.features, &old.centroid, &new.centroid, 0.0)
+        })
+    }
+
+    // A part of a split or merge counts when it is relevant and holds at least the outlier
+    // share of its side of the relation (the 5 % rule of Llort et al. (2013) for a split row).
+    fn significant_old(&self, i: StableId) -> bool {
+        let old = self.old_cluster(i);
+        self.params.is_relevant(old)
+            && old.time_ns as f64 >= self.params.outlier_share * self.time_a as f64
+    }
+
+    fn significant_new(&self, j: u32) -> bool {
+        let new = self.new_cluster(j);
+        self.params.is_relevant(new)
+            && new.time_ns as f64 >= self.params.outlier_share * self.time_b as f64
+    }
+
+    /// A cluster that stayed where the old one was continues it, unless it is a remnant: when a
+    /// phase changes at the start of a window, a few bursts of the old behaviour stay behind
+    /// while the bulk moves, and the bulk is what continues the phase.
+    fn stayed(&self, i: StableId, j: u32) -> bool {
+        self.moved(i, j)
+            .is_some_and(|d| d <= self.params.move_threshold)
+            && (self.significant_new(j) || !self.any_significant_new)
+    }
+
+    /// Rule 1, continuations: an old cluster and a new one that stayed where it was, by E1
+    /// affinity (both directions), then the smaller move.
+    fn continuations(&self) -> Heirs {
+        let mut pairs: Vec<(f64, f64, StableId, u32)> = Vec::new();
+        for &i in &self.relation.a {
+            for &j in &self.relation.b {
+                if self.stayed(i, j) {
+                    let d = self.moved(i, j).unwrap_or(0.0);
+                    pairs.push((self.affinity(i, j), d, i, j));
+                }
+            }
+        }
+        pairs.sort_by(|x, y| {
+            y.0.total_cmp(&x.0)
+                .then(x.1.total_cmp(&y.1))
+                .then((x.2, x.3).cmp(&(y.2, y.3)))
+        });
+        let mut heirs = Heirs::default();
+        for &(_, _, i, j) in &pairs {
+            heirs.claim(i, j);
+        }
+        // Of the old clusters that stayed where a new one is, the oldest id continues it (ids
+        // grow with time): a phase that shed a part for a window and takes it back keeps its
+        // own id, and the part's id merges into it.
+        for &(_, _, i, j) in &pairs {
+            let heir_of = &mut heirs.heir_of;
+            let heir = heir_of.iter().find(|&(_, &h)| h == j).map(|(&old, _)| old);
+            if let Some(heir) = heir.filter(|&heir| i < heir && !heir_of.contains_key(&i)) {
+                heir_of.remove(&heir);
+                heir_of.insert(i, j);
+            }
+        }
+        heirs
+    }
+
+    /// Rule 2, moves: old clusters without a continuation and new clusters near no old one are
+    /// paired by the time they hold (the bulk of a phase continues it).
+    fn pair_moves(&self, heirs: &mut Heirs) {
+        let lonely_old: Vec<StableId> = self
+            .relation
+            .a
+            .iter()
+            .copied()
+            .filter(|&i| self.relation.b.iter().all(|&j| !self.stayed(i, j)))
+            .collect();
+        let lonely_new: Vec<u32> = self
+            .relation
+            .b
+            .iter()
+            .copied()
+            .filter(|&j| self.relation.a.iter().all(|&i| !self.stayed(i, j)))
+            .collect();
+        let mut pairs: Vec<(u64, f64, StableId, u32)> = Vec::new();
+        for &i in &lonely_old {
+            for &j in &lonely_new {
+                let bulk = self.old_cluster(i).time_ns.min(self.new_cluster(j).time_ns);
+                pairs.push((bulk, self.affinity(i, j), i, j));
+            }
+        }
+        pairs.sort_by(|x, y| {
+            y.0.cmp(&x.0)
+                .then(y.1.total_cmp(&x.1))
+                .then((x.2, x.3).cmp(&(y.2, y.3)))
+        });
+        for (_, _, i, j) in pairs {
+            heirs.claim(i, j);
+        }
+    }
+
+    /// Rule 3: the new clusters no old id continues split off the old cluster most of their
+    /// bursts are nearest to; their ids are decided later.
+    fn split(&self, heirs: &Heirs, assignment: &mut Assignment) {
+        let mut split_parts: BTreeMap<StableId, Vec<u32>> = BTreeMap::new();
+        for &j in &self.relation.b {
+            if assignment.ids.contains_key(&j) {
+                continue;
+            }
+            assignment.without_id.push(j);
+            let nearest_old = |x| self.affinity_ba(x, j);
+            let parent = strongest(&self.relation.a, nearest_old, |x| {
+                self.old_cluster(x).time_ns
+            })
+            .expect("a relation has an A side");
+            split_parts.entry(parent).or_default().push(j);
+        }
+        for (parent, parts) in split_parts {
+            let heir = heirs.heir_of.get(&parent).copied();
+            let significant = heir
+                .iter()
+                .chain(&parts)
+                .copied()
+                .filter(|&j| self.significant_new(j))
+                .collect();
+            assignment.splits.push(Split {
+                parent,
+                heir,
+                parts,
+                significant,
+            });
+        }
+    }
+
+    /// Rule 4: the old clusters without an heir retire, merged into the new cluster most of
+    /// their bursts are nearest to.
+    fn merge(&self, heirs: &Heirs, assignment: &mut Assignment) {
+        let mut merged_into: BTreeMap<u32, Vec<StableId>> = BTreeMap::new();
+        for &i in &self.relation.a {
+            if heirs.heir_of.contains_key(&i) {
+                continue;
+            }
+            assignment.retired.insert(i);
+            let nearest_new = |x| self.affinity_ab(i, x);
+            let child = strongest(&self.relation.b, nearest_new, |x| {
+                self.new_cluster(x).time_ns
+            })
+            .expect("a relation has a B side");
+            merged_into.entry(child).or_default().push(i);
+        }
+        for (child, mut parts) in merged_into {
+            if let Some((&heir, _)) = heirs.heir_of.iter().find(|(_, &j)| j == child) {
+                parts.push(heir);
+            }
+            parts.retain(|&i| self.significant_old(i));
+            parts.sort_unstable();
+            assignment.merges.push(Merge { child, parts });
+        }
+    }
+}
+
 /// The result of one [`Tracker::update`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrackUpdate {
@@ -239,283 +572,145 @@ impl Tracker {
     /// re-clustering of the open window). Returns the stable id of each of its clusters and the
     /// events.
     pub fn update(&mut self, window: u64, frame: &Frame, closed: bool) -> TrackUpdate {
-        let mut ids: BTreeMap<u32, StableId> = BTreeMap::new();
-        let mut events: Vec<TrackingEvent> = Vec::new();
-        let event = |kind, from: Vec<StableId>, to: Vec<StableId>| TrackingEvent {
+        let stamp = Stamp {
             window,
             partial: !closed,
-            kind,
-            from,
-            to,
-            distance: None,
-            last_seen_window: None,
         };
-        let relevant_share = self.params.relevant_time_share;
-        let is_relevant = move |c: &TrackedCluster| c.time_share >= relevant_share;
-        let new_relevant = |id: u32| frame.cluster(id).is_some_and(is_relevant);
-        let (move_threshold, outlier_share) =
-            (self.params.move_threshold, self.params.outlier_share);
-
         // Against the active clusters (with the last frame's sequences and simultaneities).
-        let active: BTreeSet<StableId> = self
-            .live
-            .iter()
-            .filter(|(_, l)| l.is_active())
-            .map(|(&id, _)| id)
-            .collect();
+        let active: BTreeSet<StableId> = self.active_ids().collect();
         let reference = self.reference(&active, true);
         let pairing = relate(&reference, frame, &self.params, 0.0);
-        let same_features = reference.features == frame.features;
-
-        /// A split decided before the new ids are known.
-        struct Split {
-            parent: StableId,
-            heir: Option<u32>,
-            parts: Vec<u32>,
-            significant: BTreeSet<u32>,
-        }
-        /// A merge: `parts` (old ids, significant ones only) into the new cluster `child`.
-        struct Merge {
-            child: u32,
-            parts: Vec<StableId>,
-        }
-        let mut splits: Vec<Split> = Vec::new();
-        let mut merges: Vec<Merge> = Vec::new();
-        let mut retired: BTreeSet<StableId> = BTreeSet::new();
-        let mut without_id: Vec<u32> = Vec::new();
-        let mut reanchored: BTreeSet<StableId> = BTreeSet::new();
-
+        let mut assignment = Assignment::default();
         for relation in &pairing.relations {
-            let edge = |i: u32, j: u32| relation.edges.iter().find(|e| e.a == i && e.b == j);
-            let affinity_ab = |i: u32, j: u32| edge(i, j).map_or(0.0, |e| e.displacement_ab);
-            let affinity_ba = |i: u32, j: u32| edge(i, j).map_or(0.0, |e| e.displacement_ba);
-            let old = |i: u32| {
-                reference
-                    .cluster(i)
-                    .expect("related ids are in the reference")
-            };
-            let new = |j: u32| frame.cluster(j).expect("related ids are in the frame");
-            let moved = |i: u32, j: u32| {
-                same_features
-                    .then(|| centroid_move(frame.features, &old(i).centroid, &new(j).centroid, 0.0))
-            };
-            // A part of a split or merge counts when it is relevant and holds at least the
-            // outlier share of its side of the relation (the 5 % rule of Llort et al. (2013) for a
-            // split row).
-            let time_a: u64 = relation.a.iter().map(|&i| old(i).time_ns).sum();
-            let time_b: u64 = relation.b.iter().map(|&j| new(j).time_ns).sum();
-            let significant_old = |i: u32| {
-                is_relevant(old(i)) && old(i).time_ns as f64 >= outlier_share * time_a as f64
-            };
-            let significant_new =
-                |j: u32| new_relevant(j) && new(j).time_ns as f64 >= outlier_share * time_b as f64;
-            let any_significant_new = relation.b.iter().any(|&j| significant_new(j));
-            // A cluster that stayed where the old one was continues it, unless it is a remnant:
-            // when a phase changes at the start of a window, a few bursts of the old behaviour
-            // stay behind while the bulk moves, and the bulk is what continues the phase.
-            let stayed = |i: u32, j: u32| {
-                moved(i, j).is_some_and(|d| d <= move_threshold)
-                    && (significant_new(j) || !any_significant_new)
-            };
-
-            // 1. Continuations: an old cluster and a new one that stayed where it was, by E1
-            //    affinity (both directions), then the smaller move.
-            let mut heir_of: BTreeMap<u32, u32> = BTreeMap::new(); // old id → new local id
-            let mut taken: BTreeSet<u32> = BTreeSet::new();
-            let mut pairs: Vec<(f64, f64, u32, u32)> = Vec::new();
-            for &i in &relation.a {
-                for &j in &relation.b {
-                    if stayed(i, j) {
-                        let d = moved(i, j).unwrap_or(0.0);
-                        pairs.push((affinity_ab(i, j) + affinity_ba(i, j), d, i, j));
-                    }
-                }
-            }
-            pairs.sort_by(|x, y| {
-                y.0.total_cmp(&x.0)
-                    .then(x.1.total_cmp(&y.1))
-                    .then((x.2, x.3).cmp(&(y.2, y.3)))
-            });
-            for &(_, _, i, j) in &pairs {
-                if !heir_of.contains_key(&i) && !taken.contains(&j) {
-                    heir_of.insert(i, j);
-                    taken.insert(j);
-                }
-            }
-            // Of the old clusters that stayed where a new one is, the oldest id continues it (ids
-            // grow with time): a phase that shed a part for a window and takes it back keeps its
-            // own id, and the part's id merges into it.
-            for &(_, _, i, j) in &pairs {
-                let heir = heir_of.iter().find(|&(_, &h)| h == j).map(|(&old, _)| old);
-                if let Some(heir) = heir.filter(|&heir| i < heir && !heir_of.contains_key(&i)) {
-                    heir_of.remove(&heir);
-                    heir_of.insert(i, j);
-                }
-            }
-            // 2. Moves: old clusters without a continuation and new clusters near no old one
-            //    are paired by the time they hold (the bulk of a phase continues it).
-            let lonely_old: Vec<u32> = relation
-                .a
-                .iter()
-                .copied()
-                .filter(|&i| relation.b.iter().all(|&j| !stayed(i, j)))
-                .collect();
-            let lonely_new: Vec<u32> = relation
-                .b
-                .iter()
-                .copied()
-                .filter(|&j| relation.a.iter().all(|&i| !stayed(i, j)))
-                .collect();
-            let mut pairs: Vec<(u64, f64, u32, u32)> = Vec::new();
-            for &i in &lonely_old {
-                for &j in &lonely_new {
-                    let bulk = old(i).time_ns.min(new(j).time_ns);
-                    pairs.push((bulk, affinity_ab(i, j) + affinity_ba(i, j), i, j));
-                }
-            }
-            pairs.sort_by(|x, y| {
-                y.0.cmp(&x.0)
-                    .then(y.1.total_cmp(&x.1))
-                    .then((x.2, x.3).cmp(&(y.2, y.3)))
-            });
-            for (_, _, i, j) in pairs {
-                if !heir_of.contains_key(&i) && !taken.contains(&j) {
-                    heir_of.insert(i, j);
-                    taken.insert(j);
-                }
-            }
-            for (&i, &j) in &heir_of {
-                ids.insert(j, i);
-                let drift = same_features
-                    .then(|| self.live.get(&i))
-                    .flatten()
-                    .map(|l| centroid_move(frame.features, &l.anchor, &new(j).centroid, 0.0));
-                let distance = moved(i, j).unwrap_or(0.0).max(drift.unwrap_or(0.0));
-                if distance > move_threshold && (is_relevant(old(i)) || new_relevant(j)) {
-                    let mut event = event(EventKind::Moved, vec![i], vec![i]);
-                    event.distance = Some(distance);
-                    events.push(event);
-                    reanchored.insert(i);
-                }
-            }
-
-            // 3. Leftover new clusters split off the old cluster most of their bursts are
-            //    nearest to; their ids are decided below.
-            let mut split_parts: BTreeMap<StableId, Vec<u32>> = BTreeMap::new();
-            for &j in &relation.b {
-                if ids.contains_key(&j) {
-                    continue;
-                }
-                without_id.push(j);
-                let parent = strongest(&relation.a, |x| affinity_ba(x, j), |x| old(x).time_ns)
-                    .expect("a relation has an A side");
-                split_parts.entry(parent).or_default().push(j);
-            }
-            for (parent, parts) in split_parts {
-                let heir = heir_of.get(&parent).copied();
-                let significant = heir
-                    .iter()
-                    .chain(&parts)
-                    .copied()
-                    .filter(|&j| significant_new(j))
-                    .collect();
-                splits.push(Split {
-                    parent,
-                    heir,
-                    parts,
-                    significant,
-                });
-            }
-            // 4. Leftover old clusters retire, merged into the new cluster most of their bursts
-            //    are nearest to.
-            let mut merged_into: BTreeMap<u32, Vec<StableId>> = BTreeMap::new();
-            for &i in &relation.a {
-                if heir_of.contains_key(&i) {
-                    continue;
-                }
-                retired.insert(i);
-                let child = strongest(&relation.b, |x| affinity_ab(i, x), |x| new(x).time_ns)
-                    .expect("a relation has a B side");
-                merged_into.entry(child).or_default().push(i);
-            }
-            for (child, mut parts) in merged_into {
-                if let Some((&heir, _)) = heir_of.iter().find(|(_, &j)| j == child) {
-                    parts.push(heir);
-                }
-                parts.retain(|&i| significant_old(i));
-                parts.sort_unstable();
-                merges.push(Merge { child, parts });
-            }
+            let view = RelationView::new(relation, &reference, frame, &self.params);
+            self.hand_on(&view, stamp, &mut assignment);
         }
 
         // New clusters without an id (unrelated ones and split parts) revive a dormant id when
         // they relate 1:1 to it and stayed where it was; else they get a new id.
-        without_id.extend(pairing.unmatched_b.iter().copied());
-        without_id.sort_unstable();
+        assignment
+            .without_id
+            .extend(pairing.unmatched_b.iter().copied());
+        assignment.without_id.sort_unstable();
+        self.revive_dormant(frame, &mut assignment);
+        self.number_new_clusters(frame, &pairing.unmatched_b, stamp, &mut assignment);
+        assignment.report_splits_and_merges(stamp);
+
+        let vanished = self.refresh_live(window, frame, closed, &assignment);
+        let Assignment {
+            ids, mut events, ..
+        } = assignment;
+        self.remove_vanished(vanished, stamp, &mut events);
+        self.last = Some(frame.relabelled(&ids));
+        self.record(&events);
+        TrackUpdate { ids, events }
+    }
+
+    /// Hands the ids of one relation's old clusters on (rules 1 to 4 of the module docs):
+    /// continuations and moves keep their ids, the new clusters left over become split parts
+    /// and the old ones left over retire into merges.
+    fn hand_on(&self, view: &RelationView<'_>, stamp: Stamp, assignment: &mut Assignment) {
+        let mut heirs = view.continuations();
+        view.pair_moves(&mut heirs);
+        for (&i, &j) in &heirs.heir_of {
+            assignment.ids.insert(j, i);
+            if let Some(distance) = self.reported_move(view, i, j) {
+                let mut event = stamp.event(EventKind::Moved, vec![i], vec![i]);
+                event.distance = Some(distance);
+                assignment.events.push(event);
+                assignment.reanchored.insert(i);
+            }
+        }
+        view.split(&heirs, assignment);
+        view.merge(&heirs, assignment);
+    }
+
+    /// How far the new cluster `j` that keeps the id `i` moved, from the old cluster or from
+    /// the id's anchor (the larger), when that is a move to report.
+    fn reported_move(&self, view: &RelationView<'_>, i: StableId, j: u32) -> Option<f64> {
+        let new = view.new_cluster(j);
+        let drift = view
+            .same_features
+            .then(|| self.live.get(&i))
+            .flatten()
+            .map(|l| centroid_move(view.frame.features, &l.anchor, &new.centroid, 0.0));
+        let distance = view.moved(i, j).unwrap_or(0.0).max(drift.unwrap_or(0.0));
+        let relevant = self.params.is_relevant(view.old_cluster(i)) || self.params.is_relevant(new);
+        (distance > self.params.move_threshold && relevant).then_some(distance)
+    }
+
+    /// Rule 5, first half: a new cluster without an id that relates 1:1 to a dormant id (not
+    /// one retired by this update) and stayed where it was takes that id.
+    fn revive_dormant(&self, frame: &Frame, assignment: &mut Assignment) {
         let dormant: BTreeSet<StableId> = self
             .live
             .iter()
-            .filter(|(id, l)| !l.is_active() && !retired.contains(id))
+            .filter(|(id, l)| !l.is_active() && !assignment.retired.contains(id))
             .map(|(&id, _)| id)
             .collect();
-        if !dormant.is_empty() && !without_id.is_empty() {
-            let reference = self.reference(&dormant, false);
-            let candidates = frame.restricted(&without_id.iter().copied().collect());
-            let revival = relate(&reference, &candidates, &self.params, 0.0);
-            for relation in revival.relations {
-                if let ([i], [j]) = (&relation.a[..], &relation.b[..]) {
-                    let (old, new) = (reference.cluster(*i), frame.cluster(*j));
-                    let stayed = old.zip(new).is_some_and(|(old, new)| {
-                        reference.features == frame.features
-                            && centroid_move(frame.features, &old.centroid, &new.centroid, 0.0)
-                                <= move_threshold
-                    });
-                    if stayed {
-                        ids.insert(*j, *i);
-                    }
+        if dormant.is_empty() || assignment.without_id.is_empty() {
+            return;
+        }
+        let reference = self.reference(&dormant, false);
+        let candidates = frame.restricted(&assignment.without_id.iter().copied().collect());
+        let revival = relate(&reference, &candidates, &self.params, 0.0);
+        for relation in revival.relations {
+            if let ([i], [j]) = (&relation.a[..], &relation.b[..]) {
+                let (old, new) = (reference.cluster(*i), frame.cluster(*j));
+                let stayed = old.zip(new).is_some_and(|(old, new)| {
+                    reference.features == frame.features
+                        && centroid_move(frame.features, &old.centroid, &new.centroid, 0.0)
+                            <= self.params.move_threshold
+                });
+                if stayed {
+                    assignment.ids.insert(*j, *i);
                 }
             }
         }
-        for &j in &without_id {
-            if let std::collections::btree_map::Entry::Vacant(slot) = ids.entry(j) {
+    }
+
+    /// Rule 5, second half: the new clusters still without an id get new ids; an unrelated
+    /// one (in `unmatched`) appears.
+    fn number_new_clusters(
+        &mut self,
+        frame: &Frame,
+        unmatched: &[u32],
+        stamp: Stamp,
+        assignment: &mut Assignment,
+    ) {
+        for &j in &assignment.without_id {
+            if let Entry::Vacant(slot) = assignment.ids.entry(j) {
                 let id = self.next_id;
                 self.next_id = id.checked_add(1).expect("fewer than 2³² clusters per job");
                 slot.insert(id);
-                if pairing.unmatched_b.contains(&j) && new_relevant(j) {
-                    events.push(event(EventKind::Appear, vec![], vec![id]));
+                let relevant = frame.cluster(j).is_some_and(|c| self.params.is_relevant(c));
+                if unmatched.contains(&j) && relevant {
+                    assignment
+                        .events
+                        .push(stamp.event(EventKind::Appear, vec![], vec![id]));
                 }
             }
         }
-        for split in splits {
-            if split.significant.len() >= 2 {
-                let to = split
-                    .heir
-                    .iter()
-                    .chain(&split.parts)
-                    .filter(|j| split.significant.contains(j))
-                    .map(|j| ids[j])
-                    .collect();
-                events.push(event(EventKind::Split, vec![split.parent], to));
-            }
-        }
-        for merge in merges {
-            if merge.parts.len() >= 2 {
-                events.push(event(
-                    EventKind::Merge,
-                    merge.parts,
-                    vec![ids[&merge.child]],
-                ));
-            }
-        }
+    }
 
-        // Update the live set: merged ids stay dormant (a later split may revive them) but
-        // expire without a vanish event, since their merge was reported.
-        for id in &retired {
+    /// Updates the live set with the frame's clusters under their ids and returns the ids that
+    /// vanish: those missing for too many closed windows, then the dormant ones seen longest
+    /// ago while more than [`TrackingParams::max_phases`] ids are alive.
+    fn refresh_live(
+        &mut self,
+        window: u64,
+        frame: &Frame,
+        closed: bool,
+        assignment: &Assignment,
+    ) -> Vec<StableId> {
+        // Merged ids stay dormant (a later split may revive them) but expire without a vanish
+        // event, since their merge was reported.
+        for id in &assignment.retired {
             if let Some(live) = self.live.get_mut(id) {
                 live.merged = true;
             }
         }
-        let seen: BTreeSet<StableId> = ids.values().copied().collect();
+        let seen: BTreeSet<StableId> = assignment.ids.values().copied().collect();
         let mut vanished: Vec<StableId> = Vec::new();
         for (&id, live) in self.live.iter_mut() {
             if seen.contains(&id) || !closed {
@@ -526,14 +721,15 @@ impl Tracker {
                 vanished.push(id);
             }
         }
-        for (&j, &id) in &ids {
+        for (&j, &id) in &assignment.ids {
             let cluster = TrackedCluster {
                 id,
                 ..frame.cluster(j).expect("ids map frame clusters").clone()
             };
             let anchor = match self.live.get(&id) {
                 Some(live)
-                    if !reanchored.contains(&id) && live.anchor.len() == cluster.centroid.len() =>
+                    if !assignment.reanchored.contains(&id)
+                        && live.anchor.len() == cluster.centroid.len() =>
                 {
                     live.anchor.clone()
                 }
@@ -562,18 +758,31 @@ impl Tracker {
                 None => break,
             }
         }
+        vanished
+    }
+
+    /// Removes the `vanished` ids from the live set; a relevant one that did not merge vanishes
+    /// (an event in `events`).
+    fn remove_vanished(
+        &mut self,
+        mut vanished: Vec<StableId>,
+        stamp: Stamp,
+        events: &mut Vec<TrackingEvent>,
+    ) {
         vanished.sort_unstable();
         for id in vanished {
             let live = self.live.remove(&id).expect("vanished ids are live");
-            if is_relevant(&live.cluster) && !live.merged {
-                let mut gone = event(EventKind::Vanish, vec![id], vec![]);
+            if self.params.is_relevant(&live.cluster) && !live.merged {
+                let mut gone = stamp.event(EventKind::Vanish, vec![id], vec![]);
                 gone.last_seen_window = Some(live.last_seen);
                 events.push(gone);
             }
         }
-        self.last = Some(frame.relabelled(&ids));
+    }
 
-        for e in &events {
+    /// Counts `events` and keeps the last [`TrackingParams::max_events`] of all.
+    fn record(&mut self, events: &[TrackingEvent]) {
+        for e in events {
             self.counts.count(e.kind);
             self.events.push_back(e.clone());
         }
@@ -581,7 +790,6 @@ impl Tracker {
             self.events.pop_front();
             self.events_dropped += 1;
         }
-        TrackUpdate { ids, events }
     }
 
     /// A frame of the live clusters in `ids`, with the last frame's sequences and

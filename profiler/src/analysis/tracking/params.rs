@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::TrackedCluster;
 use crate::analysis::AnalysisError;
 
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +69,11 @@ impl Default for TrackingParams {
 }
 
 impl TrackingParams {
+    /// Whether `cluster` holds enough of its frame's time to make events.
+    pub(super) fn is_relevant(&self, cluster: &TrackedCluster) -> bool {
+        cluster.time_share >= self.relevant_time_share
+    }
+
     pub fn validate(&self) -> Result<(), TrackingError> {
         let invalid = |name, value: String, expected| {
             Err(TrackingError::InvalidParameter {

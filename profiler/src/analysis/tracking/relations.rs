@@ -359,106 +359,142 @@ fn components(edges: &BTreeSet<(u32, u32)>) -> Vec<(Vec<u32>, Vec<u32>)> {
     out
 }
 
+/// The related pairs and the evaluator that created each.
+type Edges = BTreeMap<(u32, u32), EdgeSource>;
+
+fn edge_set(edges: &Edges) -> BTreeSet<(u32, u32)> {
+    edges.keys().copied().collect()
+}
+
 /// Relates the clusters of two frames (the module docs give the pipeline). `shift_b` is added to
 /// B's first feature before any distance (0 within a job; ln(ranks ratio) for strong scaling).
 pub fn relate(a: &Frame, b: &Frame, params: &TrackingParams, shift_b: f64) -> Pairing {
-    let threshold = params.outlier_share;
-    let comparable_features = a.features == b.features && !a.clusters.is_empty();
-    let (d_ab, d_ba) = if comparable_features && !b.clusters.is_empty() {
-        let space = Space::joint(a, b, shift_b);
-        (
-            displacement(a, b, &space, 0.0, shift_b).0,
-            displacement(b, a, &space, shift_b, 0.0).0,
-        )
-    } else {
-        (BTreeMap::new(), BTreeMap::new())
-    };
-    let d_ba_of = |i: u32, j: u32| d_ba.get(&(j, i)).copied().unwrap_or(0.0);
-    let d_ab_of = |i: u32, j: u32| d_ab.get(&(i, j)).copied().unwrap_or(0.0);
-
-    // 1. Displacement, both directions.
-    let mut edges: BTreeMap<(u32, u32), EdgeSource> = BTreeMap::new();
-    for (&(i, j), &share) in &d_ab {
-        if share >= threshold {
-            edges.insert((i, j), EdgeSource::Displacement);
+    let evaluators = Evaluators::new(a, b, params, shift_b);
+    let mut edges = evaluators.displacement_edges();
+    evaluators.add_simultaneous(&mut edges);
+    if evaluators.call_sites_compared {
+        edges.retain(|&(i, j), _| evaluators.code(i, j).is_none_or(|c| c > 0.0));
+    }
+    let sequence = SequenceEvidence::new(&evaluators, &edges);
+    for (pa, pb) in components(&edge_set(&edges)) {
+        if pa.len() + pb.len() > 2 {
+            evaluators.refine_wide_relation(&sequence, &mut edges, &pa, &pb);
         }
     }
-    for (&(j, i), &share) in &d_ba {
-        if share >= threshold {
-            edges.insert((i, j), EdgeSource::Displacement);
+    if evaluators.call_sites_compared {
+        evaluators.rescue_long_moves(&sequence, &mut edges);
+    }
+    evaluators.pairing(&sequence, &edges)
+}
+
+/// Two frames and what the evaluators measure between them that does not depend on the edges:
+/// E1 in both directions and whether call sites compare.
+struct Evaluators<'f> {
+    a: &'f Frame,
+    b: &'f Frame,
+    params: &'f TrackingParams,
+    shift_b: f64,
+    /// Both frames have clusters in the same feature space.
+    comparable_features: bool,
+    /// E1 from A to B by (A id, B id), and from B to A by (B id, A id).
+    d_ab: BTreeMap<(u32, u32), f64>,
+    d_ba: BTreeMap<(u32, u32), f64>,
+    call_sites_compared: bool,
+}
+
+impl<'f> Evaluators<'f> {
+    fn new(a: &'f Frame, b: &'f Frame, params: &'f TrackingParams, shift_b: f64) -> Self {
+        let comparable_features = a.features == b.features && !a.clusters.is_empty();
+        let (d_ab, d_ba) = if comparable_features && !b.clusters.is_empty() {
+            let space = Space::joint(a, b, shift_b);
+            (
+                displacement(a, b, &space, 0.0, shift_b).0,
+                displacement(b, a, &space, shift_b, 0.0).0,
+            )
+        } else {
+            (BTreeMap::new(), BTreeMap::new())
+        };
+        Evaluators {
+            a,
+            b,
+            params,
+            shift_b,
+            comparable_features,
+            d_ab,
+            d_ba,
+            call_sites_compared: share_resolved_region(a, b),
         }
     }
 
-    // 2. SPMD simultaneity, one expansion step per side.
-    let simultaneous_with = |frame: &Frame, id: u32| -> Vec<u32> {
-        if frame.spmd_score < params.spmd_min_score {
+    /// E3 for A's `i` and B's `j`: the mean of the two shares of shared code; `None` when call
+    /// sites are not compared or either cluster has no resolved region.
+    fn code(&self, i: u32, j: u32) -> Option<f64> {
+        if !self.call_sites_compared {
+            return None;
+        }
+        let (ca, cb) = (self.a.cluster(i)?, self.b.cluster(j)?);
+        Some((code_share(ca, cb)? + code_share(cb, ca)?) / 2.0)
+    }
+
+    /// Step 1: the pairs displacement relates in either direction.
+    fn displacement_edges(&self) -> Edges {
+        let threshold = self.params.outlier_share;
+        let mut edges = Edges::new();
+        for (&(i, j), &share) in &self.d_ab {
+            if share >= threshold {
+                edges.insert((i, j), EdgeSource::Displacement);
+            }
+        }
+        for (&(j, i), &share) in &self.d_ba {
+            if share >= threshold {
+                edges.insert((i, j), EdgeSource::Displacement);
+            }
+        }
+        edges
+    }
+
+    /// The clusters of an SPMD `frame` simultaneous with `id`.
+    fn simultaneous_with(&self, frame: &Frame, id: u32) -> Vec<u32> {
+        if frame.spmd_score < self.params.spmd_min_score {
             return Vec::new();
         }
         frame
             .simultaneous
             .iter()
-            .filter(|s| s.a == id && s.share >= threshold)
+            .filter(|s| s.a == id && s.share >= self.params.outlier_share)
             .map(|s| s.b)
             .collect()
-    };
-    let displaced: Vec<(u32, u32)> = edges.keys().copied().collect();
-    for (i, j) in displaced {
-        for l in simultaneous_with(a, i) {
-            edges.entry((l, j)).or_insert(EdgeSource::Simultaneity);
-        }
-        for k in simultaneous_with(b, j) {
-            edges.entry((i, k)).or_insert(EdgeSource::Simultaneity);
+    }
+
+    /// Step 2: SPMD simultaneity, one expansion step per side.
+    fn add_simultaneous(&self, edges: &mut Edges) {
+        let displaced: Vec<(u32, u32)> = edges.keys().copied().collect();
+        for (i, j) in displaced {
+            for l in self.simultaneous_with(self.a, i) {
+                edges.entry((l, j)).or_insert(EdgeSource::Simultaneity);
+            }
+            for k in self.simultaneous_with(self.b, j) {
+                edges.entry((i, k)).or_insert(EdgeSource::Simultaneity);
+            }
         }
     }
 
-    // 3. Call-site pruning.
-    let call_sites_compared = share_resolved_region(a, b);
-    let code = |i: u32, j: u32| -> Option<f64> {
-        if !call_sites_compared {
-            return None;
-        }
-        let (ca, cb) = (a.cluster(i)?, b.cluster(j)?);
-        Some((code_share(ca, cb)? + code_share(cb, ca)?) / 2.0)
-    };
-    if call_sites_compared {
-        edges.retain(|&(i, j), _| code(i, j).is_none_or(|c| c > 0.0));
-    }
-
-    // 4. Components; 1:1 ones are pivots.
-    let edge_set = |edges: &BTreeMap<(u32, u32), EdgeSource>| -> BTreeSet<(u32, u32)> {
-        edges.keys().copied().collect()
-    };
-    let mut pivot_a: BTreeMap<u32, u32> = BTreeMap::new();
-    let mut pivot_b: BTreeMap<u32, u32> = BTreeMap::new();
-    for (n, (pa, pb)) in components(&edge_set(&edges))
-        .into_iter()
-        .filter(|(pa, pb)| pa.len() == 1 && pb.len() == 1)
-        .enumerate()
-    {
-        pivot_a.insert(pa[0], n as u32);
-        pivot_b.insert(pb[0], n as u32);
-    }
-    let contexts_a = contexts(a, &pivot_a, params.sequence_steps);
-    let contexts_b = contexts(b, &pivot_b, params.sequence_steps);
-    let sequence = |i: u32, j: u32| -> Option<f64> {
-        if pivot_a.is_empty() {
-            return None;
-        }
-        Some(context_overlap(contexts_a.get(&i)?, contexts_b.get(&j)?))
-    };
-
-    // 5. Sequence refinement of wide relations.
-    for (pa, pb) in components(&edge_set(&edges)) {
-        if pa.len() + pb.len() <= 2 {
-            continue;
-        }
+    /// Step 5 for one wide relation (A ids `pa` ≡ B ids `pb`).
+    fn refine_wide_relation(
+        &self,
+        sequence: &SequenceEvidence,
+        edges: &mut Edges,
+        pa: &[u32],
+        pb: &[u32],
+    ) {
+        let threshold = self.params.outlier_share;
         // Within the relation, the pairs E4 (and E3) support, if they cover every member and
         // split it: they replace the relation's edges.
         let supported: BTreeSet<(u32, u32)> = pa
             .iter()
             .flat_map(|&i| pb.iter().map(move |&j| (i, j)))
-            .filter(|&(i, j)| sequence(i, j).is_some_and(|s| s >= threshold))
-            .filter(|&(i, j)| code(i, j).is_none_or(|c| c > 0.0))
+            .filter(|&(i, j)| sequence.overlap(i, j).is_some_and(|s| s >= threshold))
+            .filter(|&(i, j)| self.code(i, j).is_none_or(|c| c > 0.0))
             .collect();
         let covers = pa.iter().all(|i| supported.iter().any(|e| e.0 == *i))
             && pb.iter().all(|j| supported.iter().any(|e| e.1 == *j));
@@ -469,13 +505,13 @@ pub fn relate(a: &Frame, b: &Frame, params: &TrackingParams, shift_b: f64) -> Pa
             for e in supported {
                 edges.entry(e).or_insert(EdgeSource::Sequence);
             }
-            continue;
+            return;
         }
         // Otherwise only drop the edges E4 contradicts, never a member's last one.
         let mut candidates: Vec<(f64, u32, u32)> = edges
             .keys()
             .filter(|(i, j)| pa.contains(i) && pb.contains(j))
-            .filter_map(|&(i, j)| sequence(i, j).map(|s| (s, i, j)))
+            .filter_map(|&(i, j)| sequence.overlap(i, j).map(|s| (s, i, j)))
             .filter(|&(s, _, _)| s < threshold)
             .collect();
         candidates.sort_by(|x, y| x.0.total_cmp(&y.0).then((x.1, x.2).cmp(&(y.1, y.2))));
@@ -488,49 +524,53 @@ pub fn relate(a: &Frame, b: &Frame, params: &TrackingParams, shift_b: f64) -> Pa
         }
     }
 
-    // 6. Rescue of long moves: code and sequence for clusters left without relation.
-    if call_sites_compared {
+    /// The distance² between the centroids of A's `i` and B's `j` in the joint space (infinite
+    /// without one).
+    fn centroid_distance(&self, space: Option<&Space>, i: u32, j: u32) -> f64 {
+        let (Some(space), Some(ca), Some(cb)) = (space, self.a.cluster(i), self.b.cluster(j))
+        else {
+            return f64::INFINITY;
+        };
+        let to_coords = |v: &[f64]| {
+            let mut c = [0.0; MAX_DIMS];
+            for (d, &x) in v.iter().take(MAX_DIMS).enumerate() {
+                c[d] = x;
+            }
+            c
+        };
+        distance2(
+            &space.map(&to_coords(&ca.centroid), 0.0),
+            &space.map(&to_coords(&cb.centroid), self.shift_b),
+        )
+    }
+
+    /// Step 6: code and sequence for the clusters left without relation.
+    fn rescue_long_moves(&self, sequence: &SequenceEvidence, edges: &mut Edges) {
         let matched_a: BTreeSet<u32> = edges.keys().map(|e| e.0).collect();
         let matched_b: BTreeSet<u32> = edges.keys().map(|e| e.1).collect();
-        let space =
-            (comparable_features && !b.clusters.is_empty()).then(|| Space::joint(a, b, shift_b));
-        let centroid_distance = |i: u32, j: u32| -> f64 {
-            let (Some(space), Some(ca), Some(cb)) = (&space, a.cluster(i), b.cluster(j)) else {
-                return f64::INFINITY;
-            };
-            let to_coords = |v: &[f64]| {
-                let mut c = [0.0; MAX_DIMS];
-                for (d, &x) in v.iter().take(MAX_DIMS).enumerate() {
-                    c[d] = x;
-                }
-                c
-            };
-            distance2(
-                &space.map(&to_coords(&ca.centroid), 0.0),
-                &space.map(&to_coords(&cb.centroid), shift_b),
-            )
-        };
+        let space = (self.comparable_features && !self.b.clusters.is_empty())
+            .then(|| Space::joint(self.a, self.b, self.shift_b));
         let mut candidates: Vec<(bool, f64, f64, f64, u32, u32)> = Vec::new();
-        for ca in &a.clusters {
-            for cb in &b.clusters {
+        for ca in &self.a.clusters {
+            for cb in &self.b.clusters {
                 let (i, j) = (ca.id, cb.id);
                 let both = !matched_a.contains(&i) && !matched_b.contains(&j);
                 let either = !matched_a.contains(&i) || !matched_b.contains(&j);
                 if !either {
                     continue;
                 }
-                let Some(shared) = code(i, j).filter(|&c| c > 0.0) else {
+                let Some(shared) = self.code(i, j).filter(|&c| c > 0.0) else {
                     continue;
                 };
-                let position = sequence(i, j);
-                if position.is_some_and(|s| s < threshold) {
+                let position = sequence.overlap(i, j);
+                if position.is_some_and(|s| s < self.params.outlier_share) {
                     continue;
                 }
                 candidates.push((
                     both,
                     shared,
                     position.unwrap_or(0.0),
-                    centroid_distance(i, j),
+                    self.centroid_distance(space.as_ref(), i, j),
                     i,
                     j,
                 ));
@@ -553,46 +593,89 @@ pub fn relate(a: &Frame, b: &Frame, params: &TrackingParams, shift_b: f64) -> Pa
         }
     }
 
-    let relations: Vec<Relation> = components(&edge_set(&edges))
-        .into_iter()
-        .map(|(pa, pb)| {
-            let relation_edges = edges
+    /// The relations of the final edges, with every evaluator's value on each edge, and the
+    /// clusters left unrelated.
+    fn pairing(&self, sequence: &SequenceEvidence, edges: &Edges) -> Pairing {
+        let relations: Vec<Relation> = components(&edge_set(edges))
+            .into_iter()
+            .map(|(pa, pb)| {
+                let relation_edges = edges
+                    .iter()
+                    .filter(|((i, j), _)| pa.contains(i) && pb.contains(j))
+                    .map(|(&(i, j), &source)| Edge {
+                        a: i,
+                        b: j,
+                        source,
+                        displacement_ab: self.d_ab.get(&(i, j)).copied().unwrap_or(0.0),
+                        displacement_ba: self.d_ba.get(&(j, i)).copied().unwrap_or(0.0),
+                        code: self.code(i, j),
+                        sequence: sequence.overlap(i, j),
+                    })
+                    .collect();
+                Relation {
+                    a: pa,
+                    b: pb,
+                    edges: relation_edges,
+                }
+            })
+            .collect();
+        let related_a: BTreeSet<u32> = relations.iter().flat_map(|r| r.a.clone()).collect();
+        let related_b: BTreeSet<u32> = relations.iter().flat_map(|r| r.b.clone()).collect();
+        let unmatched = |frame: &Frame, related: &BTreeSet<u32>| -> Vec<u32> {
+            frame
+                .clusters
                 .iter()
-                .filter(|((i, j), _)| pa.contains(i) && pb.contains(j))
-                .map(|(&(i, j), &source)| Edge {
-                    a: i,
-                    b: j,
-                    source,
-                    displacement_ab: d_ab_of(i, j),
-                    displacement_ba: d_ba_of(i, j),
-                    code: code(i, j),
-                    sequence: sequence(i, j),
-                })
-                .collect();
-            Relation {
-                a: pa,
-                b: pb,
-                edges: relation_edges,
-            }
-        })
-        .collect();
-    let related_a: BTreeSet<u32> = relations.iter().flat_map(|r| r.a.clone()).collect();
-    let related_b: BTreeSet<u32> = relations.iter().flat_map(|r| r.b.clone()).collect();
-    Pairing {
-        relations,
-        unmatched_a: a
-            .clusters
-            .iter()
-            .map(|c| c.id)
-            .filter(|id| !related_a.contains(id))
-            .collect(),
-        unmatched_b: b
-            .clusters
-            .iter()
-            .map(|c| c.id)
-            .filter(|id| !related_b.contains(id))
-            .collect(),
-        call_sites_compared,
+                .map(|c| c.id)
+                .filter(|id| !related.contains(id))
+                .collect()
+        };
+        Pairing {
+            unmatched_a: unmatched(self.a, &related_a),
+            unmatched_b: unmatched(self.b, &related_b),
+            relations,
+            call_sites_compared: self.call_sites_compared,
+        }
+    }
+}
+
+/// Step 4 and the sequence evaluator (E4): the pivots (1:1 components of the edges after
+/// pruning) and the context histograms of both frames' other clusters.
+struct SequenceEvidence {
+    has_pivots: bool,
+    contexts_a: Contexts,
+    contexts_b: Contexts,
+}
+
+impl SequenceEvidence {
+    fn new(evaluators: &Evaluators<'_>, edges: &Edges) -> Self {
+        let mut pivot_a: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut pivot_b: BTreeMap<u32, u32> = BTreeMap::new();
+        for (n, (pa, pb)) in components(&edge_set(edges))
+            .into_iter()
+            .filter(|(pa, pb)| pa.len() == 1 && pb.len() == 1)
+            .enumerate()
+        {
+            pivot_a.insert(pa[0], n as u32);
+            pivot_b.insert(pb[0], n as u32);
+        }
+        let steps = evaluators.params.sequence_steps;
+        SequenceEvidence {
+            has_pivots: !pivot_a.is_empty(),
+            contexts_a: contexts(evaluators.a, &pivot_a, steps),
+            contexts_b: contexts(evaluators.b, &pivot_b, steps),
+        }
+    }
+
+    /// E4 for A's `i` and B's `j`; `None` when uninformative (no pivots, or a cluster absent
+    /// from the sequences).
+    fn overlap(&self, i: u32, j: u32) -> Option<f64> {
+        if !self.has_pivots {
+            return None;
+        }
+        Some(context_overlap(
+            self.contexts_a.get(&i)?,
+            self.contexts_b.get(&j)?,
+        ))
     }
 }
 

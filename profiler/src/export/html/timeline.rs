@@ -146,33 +146,9 @@ pub(super) fn timeline(
     names: &SiteNames,
     groups: Option<&RankGroupsView>,
 ) -> (String, String) {
-    let mut ranks: Vec<u32> = job
-        .ranks
-        .keys()
-        .copied()
-        .chain(bursts.iter().map(|b| b.rank))
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    // Group by group (in the groups' order, members ascending), then any rank in none.
-    let group_of: BTreeMap<u32, usize> = groups
-        .iter()
-        .flat_map(|v| v.groups.iter().enumerate())
-        .flat_map(|(i, g)| g.members.iter().map(move |&r| (r, i)))
-        .collect();
-    ranks.sort_by_key(|r| (group_of.get(r).copied().unwrap_or(usize::MAX), *r));
+    let ranks = ranks_in_group_order(job, bursts, groups);
     let row_of: BTreeMap<u32, usize> = ranks.iter().enumerate().map(|(i, &r)| (r, i)).collect();
-    let t0 = bursts
-        .iter()
-        .map(|b| b.start_ns)
-        .min()
-        .map_or(job.meta.first_seen_ns, |s| s.min(job.meta.first_seen_ns));
-    let t1 = bursts
-        .iter()
-        .map(|b| b.start_ns + b.duration_ns)
-        .max()
-        .unwrap_or(t0)
-        .max(t0 + 1);
+    let (t0, t1) = time_span(job, bursts);
     let frame = RankRows::new(&ranks);
     let RankRows {
         left,
@@ -197,35 +173,16 @@ pub(super) fn timeline(
     let tooltips = bursts.len() <= options.max_tooltips;
     let mut binned = None;
     if per_burst {
-        for (i, b) in bursts.iter().enumerate() {
-            let paint = analysis.labels[i];
-            let x = x_of(b.start_ns);
-            let w = (x_of(b.start_ns + b.duration_ns) - x).max(0.4);
-            let y = frame.bar_y(row_of[&b.rank]);
-            let out = bars.entry(paint).or_default();
-            if tooltips {
-                let what = match paint {
-                    Some(NOISE) => "noise".to_string(),
-                    Some(id) => format!("cluster {id}"),
-                    None => "filtered".to_string(),
-                };
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{x:.2}" y="{y:.1}" width="{w:.2}" height="{bar_h:.1}"><title>{}</title></rect>"#,
-                    escape(&format!(
-                        "rank {} · {what} · {} · {}",
-                        b.rank,
-                        duration(b.duration_ns),
-                        names.region(&b.start_site, &b.end_site)
-                    ))
-                );
-            } else {
-                let _ = writeln!(
-                    out,
-                    r#"<rect x="{x:.2}" y="{y:.1}" width="{w:.2}" height="{bar_h:.1}"/>"#
-                );
-            }
-        }
+        let tooltip_names = tooltips.then_some(names);
+        burst_bars(
+            &mut bars,
+            bursts,
+            analysis,
+            &frame,
+            &row_of,
+            x_of,
+            tooltip_names,
+        );
     } else {
         binned = Some(bin_timeline(
             &mut bars,
@@ -246,6 +203,101 @@ pub(super) fn timeline(
         ));
     }
 
+    let step = nice_step(scale.hi / 6.0);
+    let svg = frame.svg(
+        "timeline",
+        &scale,
+        |v| seconds_label(v, step),
+        "time since the job was first seen (s)",
+        &bars,
+        &timeline_legend(analysis, names),
+    );
+    let caption = caption(job, bursts, ranks.len(), groups, binned, options.max_bars);
+    (svg, caption)
+}
+
+/// The job's ranks (those it knows and those with bursts), group by group (in the groups'
+/// order, members ascending), then any rank in none.
+fn ranks_in_group_order(job: &Job, bursts: &[Burst], groups: Option<&RankGroupsView>) -> Vec<u32> {
+    let mut ranks: Vec<u32> = job
+        .ranks
+        .keys()
+        .copied()
+        .chain(bursts.iter().map(|b| b.rank))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let group_of: BTreeMap<u32, usize> = groups
+        .iter()
+        .flat_map(|v| v.groups.iter().enumerate())
+        .flat_map(|(i, g)| g.members.iter().map(move |&r| (r, i)))
+        .collect();
+    ranks.sort_by_key(|r| (group_of.get(r).copied().unwrap_or(usize::MAX), *r));
+    ranks
+}
+
+/// The time the timeline spans: from the job's first sight or first burst, whichever is
+/// earlier, to the end of the last burst (at least 1 ns).
+fn time_span(job: &Job, bursts: &[Burst]) -> (u64, u64) {
+    let t0 = bursts
+        .iter()
+        .map(|b| b.start_ns)
+        .min()
+        .map_or(job.meta.first_seen_ns, |s| s.min(job.meta.first_seen_ns));
+    let t1 = bursts
+        .iter()
+        .map(|b| b.start_ns + b.duration_ns)
+        .max()
+        .unwrap_or(t0)
+        .max(t0 + 1);
+    (t0, t1)
+}
+
+/// One bar per burst, from its start to its end (`x_of`) in its rank's row, into the fragment of
+/// its paint; with a tooltip when `tooltip_names` names the call sites.
+fn burst_bars(
+    bars: &mut BTreeMap<Paint, String>,
+    bursts: &[Burst],
+    analysis: &Analysis,
+    rows: &RankRows<'_>,
+    row_of: &BTreeMap<u32, usize>,
+    x_of: impl Fn(u64) -> f64,
+    tooltip_names: Option<&SiteNames>,
+) {
+    let bar_h = rows.bar_h;
+    for (i, b) in bursts.iter().enumerate() {
+        let paint = analysis.labels[i];
+        let x = x_of(b.start_ns);
+        let w = (x_of(b.start_ns + b.duration_ns) - x).max(0.4);
+        let y = rows.bar_y(row_of[&b.rank]);
+        let out = bars.entry(paint).or_default();
+        if let Some(names) = tooltip_names {
+            let what = match paint {
+                Some(NOISE) => "noise".to_string(),
+                Some(id) => format!("cluster {id}"),
+                None => "filtered".to_string(),
+            };
+            let _ = writeln!(
+                out,
+                r#"<rect x="{x:.2}" y="{y:.1}" width="{w:.2}" height="{bar_h:.1}"><title>{}</title></rect>"#,
+                escape(&format!(
+                    "rank {} · {what} · {} · {}",
+                    b.rank,
+                    duration(b.duration_ns),
+                    names.region(&b.start_site, &b.end_site)
+                ))
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                r#"<rect x="{x:.2}" y="{y:.1}" width="{w:.2}" height="{bar_h:.1}"/>"#
+            );
+        }
+    }
+}
+
+/// The clusters, the filtered bursts (if any) and MPI.
+fn timeline_legend(analysis: &Analysis, names: &SiteNames) -> Vec<LegendItem> {
     let mut items = cluster_legend(
         "cluster",
         analysis.clusters.iter(),
@@ -268,20 +320,23 @@ pub(super) fn timeline(
         outline: true,
         text: "MPI (or bursts below the kernel filter)".into(),
     });
-    let step = nice_step(scale.hi / 6.0);
-    let svg = frame.svg(
-        "timeline",
-        &scale,
-        |v| seconds_label(v, step),
-        "time since the job was first seen (s)",
-        &bars,
-        &items,
-    );
+    items
+}
 
+/// The caption: the rows, their order by rank group, how the bars were binned and the bursts no
+/// longer held.
+fn caption(
+    job: &Job,
+    bursts: &[Burst],
+    ranks: usize,
+    groups: Option<&RankGroupsView>,
+    binned: Option<Binning>,
+    max_bars: usize,
+) -> String {
     let mut caption = format!(
         "One row per rank on this node ({} rank{}), each burst a bar from its start to its end coloured by its cluster; white is MPI time.",
-        ranks.len(),
-        if ranks.len() == 1 { "" } else { "s" }
+        ranks,
+        if ranks == 1 { "" } else { "s" }
     );
     if let Some(v) = groups.filter(|v| v.groups.len() > 1) {
         let order: Vec<String> = v
@@ -298,7 +353,7 @@ pub(super) fn timeline(
                 " {} bursts are more than {} bars, so each column of {column_px:.1} px stacks, top \
                  down, the share of its time each cluster took; white is the rest.",
                 bursts.len(),
-                options.max_bars
+                max_bars
             );
         }
         Some(Binning::Majority { column_px }) => {
@@ -307,7 +362,7 @@ pub(super) fn timeline(
                 " {} bursts are more than {} bars, so each column of {column_px:.1} px shows \
                  whatever took most of its time (MPI included).",
                 bursts.len(),
-                options.max_bars
+                max_bars
             );
         }
         None => {}
@@ -319,7 +374,7 @@ pub(super) fn timeline(
             job.bursts_evicted
         );
     }
-    (svg, caption)
+    caption
 }
 
 #[cfg(test)]
