@@ -277,6 +277,121 @@ pub struct Capture {
     bpf_log: Box<dyn FnMut() + Send>,
 }
 
+/// Loads the BPF object with its load-time settings: the duration filter, the ring's size and
+/// wake-up threshold, the counters, the tracepoints' field offsets on this kernel.
+fn load_object(
+    config: &CaptureConfig,
+    setup: &CounterSetup,
+    cpus: &[u32],
+    ring_bytes: u32,
+    openat_ret_offset: &Result<u64, CaptureError>,
+) -> Result<Ebpf, CaptureError> {
+    let exec_pid_offset = tracefs::field_offset("sched", "sched_process_exec", "pid")?;
+    let exit_group_dead_offset =
+        tracefs::field_offset("sched", "sched_process_exit", "group_dead")?;
+    let (io_fd_offset, io_ret_offset) = if config.file_io {
+        io_field_offsets()?
+    } else {
+        (0, 0)
+    };
+    let min_burst_ns = config.min_burst_ns();
+    let counters_enabled: u32 = matches!(setup, CounterSetup::Enabled(_)).into();
+    let max_cpu = cpus.iter().copied().max().unwrap_or(0) + 1;
+    Ok(EbpfLoader::new()
+        .override_global("MIN_BURST_NS", &min_burst_ns, true)
+        .override_global("RING_WAKE_BYTES", &(u64::from(ring_bytes) / 4), true)
+        .override_global("COUNTERS_ENABLED", &counters_enabled, true)
+        .override_global("EXEC_PID_OFFSET", &exec_pid_offset, true)
+        .override_global("EXIT_GROUP_DEAD_OFFSET", &exit_group_dead_offset, true)
+        .override_global("IO_FD_OFFSET", &io_fd_offset, true)
+        .override_global("IO_RET_OFFSET", &io_ret_offset, true)
+        .override_global("DAEMON_PID", &std::process::id(), true)
+        .override_global(
+            "OPENAT_RET_OFFSET",
+            openat_ret_offset.as_ref().unwrap_or(&0),
+            true,
+        )
+        .map_max_entries("BURSTS", ring_bytes)
+        .map_max_entries("COUNTER_INSTRUCTIONS", max_cpu)
+        .map_max_entries("COUNTER_CYCLES", max_cpu)
+        .load(BPF_OBJECT)?)
+}
+
+/// Turns the kernel's BPF run-time statistics on while the returned fd is open; `None`, with a
+/// warning, where they are unavailable.
+fn enable_bpf_stats() -> Option<OwnedFd> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| {
+            tracing::warn!(
+                "BPF run-time statistics unavailable ({e}): the run-time metrics are not \
+                 exported; `sysctl kernel.bpf_stats_enabled=1` turns them on for the node"
+            )
+        })
+        .ok()
+}
+
+/// Puts each CPU's counters into the perf-event arrays the programs read.
+fn fill_counter_arrays(
+    ebpf: &mut Ebpf,
+    counters: &Counters,
+    cpus: &[u32],
+) -> Result<(), CaptureError> {
+    for (slot, map) in ["COUNTER_INSTRUCTIONS", "COUNTER_CYCLES"]
+        .into_iter()
+        .enumerate()
+    {
+        let Some(aya::maps::Map::PerfEventArray(data)) = ebpf.map(map) else {
+            return Err(CaptureError::MissingMap(map));
+        };
+        for (counter, &cpu) in counters.counters[slot].iter().zip(cpus) {
+            counters::set_perf_array_fd(data.fd().as_fd(), cpu, counter)
+                .map_err(|source| CaptureError::CounterMap { map, source })?;
+        }
+    }
+    Ok(())
+}
+
+/// The uprobe session program, where the kernel has uprobe sessions; else, with a warning, none.
+fn load_session_program(ebpf: &Ebpf) -> Option<OwnedFd> {
+    match multi::load_programs(BPF_OBJECT, ebpf, &[(SESSION_PROGRAM, ProbeKind::Session)]) {
+        Ok(mut fds) => fds.pop(),
+        Err(e) => {
+            tracing::warn!(
+                "uprobe sessions unavailable ({e}): every probed call, nested ones included, \
+                 runs an entry and a return probe"
+            );
+            None
+        }
+    }
+}
+
+/// Loads and attaches the tracepoint programs: exec and exit, the file I/O ones when
+/// `file_io`, and the scheduler's raw tracepoints.
+fn attach_tracepoints(ebpf: &mut Ebpf, file_io: bool) -> Result<(), CaptureError> {
+    let io: &[_] = if file_io { &IO_TRACEPOINTS } else { &[] };
+    for &(name, category, events) in TRACEPOINTS.iter().chain(io) {
+        let program: &mut TracePoint = program_mut(ebpf, name)?;
+        let failed = |source| CaptureError::Program {
+            program: name,
+            source,
+        };
+        program.load().map_err(failed)?;
+        for event in events {
+            program.attach(category, event).map_err(failed)?;
+        }
+    }
+    for (name, tracepoint) in SCHED_RAW_TRACEPOINTS {
+        let program: &mut RawTracePoint = program_mut(ebpf, name)?;
+        let failed = |source| CaptureError::Program {
+            program: name,
+            source,
+        };
+        program.load().map_err(failed)?;
+        program.attach(tracepoint).map_err(failed)?;
+    }
+    Ok(())
+}
+
 impl Capture {
     /// Loads the programs and attaches the scheduler tracepoints. MPI libraries are attached
     /// afterwards with [`Capture::attach_library`].
@@ -285,113 +400,29 @@ impl Capture {
             return Err(CaptureError::NoBpfObject);
         }
         tracefs::ensure_mounted()?;
-        let exec_pid_offset = tracefs::field_offset("sched", "sched_process_exec", "pid")?;
-        let exit_group_dead_offset =
-            tracefs::field_offset("sched", "sched_process_exit", "group_dead")?;
-        let (io_fd_offset, io_ret_offset) = if config.file_io {
-            io_field_offsets()?
-        } else {
-            (0, 0)
-        };
         // Without this tracepoint no process is held at its open of a library; the daemon says so
         // when it starts watching, and runs on.
         let openat_ret_offset = libraries::openat_ret_offset();
         let cpus = online_cpus()?;
         let setup = counters::open(config.counters, &cpus)?;
         let ring_bytes = (config.ring_buffer_mib.next_power_of_two()) << 20;
-        let min_burst_ns = config.min_burst_ns();
-        let counters_enabled: u32 = matches!(setup, CounterSetup::Enabled(_)).into();
-        let max_cpu = cpus.iter().copied().max().unwrap_or(0) + 1;
-        let mut ebpf = EbpfLoader::new()
-            .override_global("MIN_BURST_NS", &min_burst_ns, true)
-            .override_global("RING_WAKE_BYTES", &(u64::from(ring_bytes) / 4), true)
-            .override_global("COUNTERS_ENABLED", &counters_enabled, true)
-            .override_global("EXEC_PID_OFFSET", &exec_pid_offset, true)
-            .override_global("EXIT_GROUP_DEAD_OFFSET", &exit_group_dead_offset, true)
-            .override_global("IO_FD_OFFSET", &io_fd_offset, true)
-            .override_global("IO_RET_OFFSET", &io_ret_offset, true)
-            .override_global("DAEMON_PID", &std::process::id(), true)
-            .override_global(
-                "OPENAT_RET_OFFSET",
-                openat_ret_offset.as_ref().unwrap_or(&0),
-                true,
-            )
-            .map_max_entries("BURSTS", ring_bytes)
-            .map_max_entries("COUNTER_INSTRUCTIONS", max_cpu)
-            .map_max_entries("COUNTER_CYCLES", max_cpu)
-            .load(BPF_OBJECT)?;
+        let mut ebpf = load_object(config, &setup, &cpus, ring_bytes, &openat_ret_offset)?;
         // Kernel BPF statistics (run time per program) are on while this fd is open.
-        let stats_fd = config
-            .bpf_stats
-            .then(|| {
-                aya::sys::enable_stats(aya::sys::Stats::RunTime)
-                    .map_err(|e| {
-                        tracing::warn!(
-                            "BPF run-time statistics unavailable ({e}): the run-time metrics are \
-                             not exported; `sysctl kernel.bpf_stats_enabled=1` turns them on for \
-                             the node"
-                        )
-                    })
-                    .ok()
-            })
-            .flatten();
-
+        let stats_fd = config.bpf_stats.then(enable_bpf_stats).flatten();
         let (counter_events, open_counters) = match setup {
             CounterSetup::Enabled(c) => {
-                for (slot, map) in ["COUNTER_INSTRUCTIONS", "COUNTER_CYCLES"]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let Some(aya::maps::Map::PerfEventArray(data)) = ebpf.map(map) else {
-                        return Err(CaptureError::MissingMap(map));
-                    };
-                    for (counter, &cpu) in c.counters[slot].iter().zip(&cpus) {
-                        counters::set_perf_array_fd(data.fd().as_fd(), cpu, counter)
-                            .map_err(|source| CaptureError::CounterMap { map, source })?;
-                    }
-                }
+                fill_counter_arrays(&mut ebpf, &c, &cpus)?;
                 (Ok(c.events), Some(c))
             }
             CounterSetup::Disabled(reason) => (Err(reason), None),
         };
-
         let uprobe_programs = multi::load_programs(BPF_OBJECT, &ebpf, &UPROBE_PROGRAMS)?;
         let session_program = if config.uprobe_sessions {
-            match multi::load_programs(BPF_OBJECT, &ebpf, &[(SESSION_PROGRAM, ProbeKind::Session)])
-            {
-                Ok(mut fds) => fds.pop(),
-                Err(e) => {
-                    tracing::warn!(
-                        "uprobe sessions unavailable ({e}): every probed call, nested ones \
-                         included, runs an entry and a return probe"
-                    );
-                    None
-                }
-            }
+            load_session_program(&ebpf)
         } else {
             None
         };
-        let io: &[_] = if config.file_io { &IO_TRACEPOINTS } else { &[] };
-        for &(name, category, events) in TRACEPOINTS.iter().chain(io) {
-            let program: &mut TracePoint = program_mut(&mut ebpf, name)?;
-            let failed = |source| CaptureError::Program {
-                program: name,
-                source,
-            };
-            program.load().map_err(failed)?;
-            for event in events {
-                program.attach(category, event).map_err(failed)?;
-            }
-        }
-        for (name, tracepoint) in SCHED_RAW_TRACEPOINTS {
-            let program: &mut RawTracePoint = program_mut(&mut ebpf, name)?;
-            let failed = |source| CaptureError::Program {
-                program: name,
-                source,
-            };
-            program.load().map_err(failed)?;
-            program.attach(tracepoint).map_err(failed)?;
-        }
+        attach_tracepoints(&mut ebpf, config.file_io)?;
         let bursts = take_map::<RingBuf<MapData>>(&mut ebpf, "BURSTS")?
             .as_fd()
             .try_clone_to_owned()

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::{
     analysis::{
-        online::{OpenWindow, PhasesSnapshot},
+        online::{CumulativeView, OpenWindow, PhasesSnapshot, WindowView},
         tracking::{InstructionScaling, RunMatch, RunSignature, StableId},
         Analysis, ClusterStats, ClusteringMethod, ClusteringReport, DurationFilter, FeatureReport,
         FeatureSelection, FeatureSet, FilterReport,
@@ -391,113 +391,14 @@ pub fn render_live_phases(
     names: &SiteNames,
 ) -> String {
     let mut out = String::new();
-    let window_s = s.window_ns as f64 / 1e9;
     let current = current_window(s, now_ns);
-    let current_line = |out: &mut String, first: bool| {
-        let _ = writeln!(
-            out,
-            "   {} current window, {}, holds {} so far; {}",
-            if first {
-                "windows are aligned to Unix time; the"
-            } else {
-                "the"
-            },
-            utc_span(current.start_ns, current.end_ns),
-            counted(current.bursts_seen as usize, "burst"),
-            match current.end_ns.checked_sub(now_ns).filter(|&wait| wait > 0) {
-                Some(wait) => format!(
-                    "it is clustered a few seconds after it ends, in {}",
-                    roughly(wait)
-                ),
-                None =>
-                    "it has ended and is clustered within seconds (analysis.lateness_s)".to_string(),
-            }
-        );
-    };
     match &s.last_window {
-        None => {
-            let _ = writeln!(
-                out,
-                "== phases of job {job_id}: no window clustered yet ({window_s} s windows)"
-            );
-            current_line(&mut out, true);
-            if s.totals.windows_carried > 0 {
-                let _ = writeln!(
-                    out,
-                    "   {} held too few bursts to be clustered alone (analysis.min_window_bursts); \
-                     their bursts go to the next window",
-                    counted(s.totals.windows_carried as usize, "earlier window")
-                );
-            }
-        }
+        None => no_window_yet(&mut out, job_id, s, &current, now_ns),
         Some(w) => {
-            let state = if w.partial {
-                "clustered early, while it was open".to_string()
-            } else if w.end_ns <= now_ns {
-                format!("ended {} ago", roughly(now_ns - w.end_ns))
-            } else {
-                "closed early".to_string()
-            };
-            let _ = writeln!(
-                out,
-                "== phases of job {job_id} in the last clustered window, {} ({window_s} s, {state}): {} over {}, SPMD score {:.3}",
-                utc_span(w.start_ns, w.end_ns),
-                counted(w.phases.len(), "phase"),
-                counted(s.ranks as usize, "rank"),
-                w.spmd_score
-            );
-            if w.bursts_dropped > 0 {
-                let _ = writeln!(
-                    out,
-                    "   the window held {} bursts; a sample of {} of them, spread over its time and \
-                     ranks, was clustered (analysis.max_window_bursts)",
-                    w.bursts_seen, w.bursts_analysed
-                );
-            }
-            let basis = Basis {
-                features: &w.features,
-                filter: &w.filter,
-                clustering: Some((&w.clustering, None)),
-            };
-            let rows: Vec<(String, &ClusterStats)> = w
-                .phases
-                .iter()
-                .map(|p| (p.id.to_string(), &p.stats))
-                .collect();
-            table(&mut out, &basis, "phase", &rows, w.noise.as_ref(), names);
-            let c = &s.event_counts;
-            let events: Vec<String> = [
-                (c.appear, "appear"),
-                (c.split, "split"),
-                (c.merge, "merge"),
-                (c.moved, "moved"),
-                (c.vanish, "vanish"),
-            ]
-            .iter()
-            .filter(|(n, _)| *n > 0)
-            .map(|(n, kind)| format!("{n} {kind}"))
-            .collect();
-            let active = active_phases(s);
-            let _ = writeln!(
-                out,
-                "   tracking: phases {} active{}; events since the job started: {}",
-                ids(&active),
-                if s.dormant_ids.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        ", {} dormant (not seen lately or merged; may come back)",
-                        ids(&s.dormant_ids)
-                    )
-                },
-                if events.is_empty() {
-                    "none".to_string()
-                } else {
-                    events.join(", ")
-                }
-            );
+            last_window(&mut out, job_id, s, w, now_ns, names);
+            tracking_line(&mut out, s);
             if current.window > w.window && current.bursts_seen > 0 {
-                current_line(&mut out, false);
+                current_window_line(&mut out, &current, now_ns, false);
             }
         }
     }
@@ -505,52 +406,189 @@ pub fn render_live_phases(
         let _ = writeln!(out, "   last analysis error: {e}");
     }
     if let Some(c) = &s.cumulative {
-        let _ = writeln!(
-            out,
-            "== whole job so far: {} in a sample of {} from {}{}, SPMD score {:.3}",
-            counted(c.clusters.len(), "cluster"),
-            counted(c.windows_sampled, "window"),
-            utc_span(
-                c.first_window * s.window_ns,
-                (c.last_window + 1) * s.window_ns
-            ),
-            if c.stride > 1 {
-                format!(" (one window in {})", c.stride)
-            } else {
-                String::new()
-            },
-            c.spmd_score
-        );
-        let _ = writeln!(
-            out,
-            "   statistics of the {} sampled bursts, not job totals; each row is keyed by the window \
-             phase holding most of its time{}",
-            c.bursts_analysed,
-            if c.clusters.iter().any(|k| k.part > 0) { " (phase.N: another behaviour of that phase)" } else { "" }
-        );
-        if c.clusters.iter().any(|k| k.phase == 0) {
-            let _ = writeln!(out, "   phase 0: bursts that were noise in their windows");
-        }
-        let basis = Basis {
-            features: &c.features,
-            filter: &c.filter,
-            clustering: None,
-        };
-        let rows: Vec<(String, &ClusterStats)> = c
-            .clusters
-            .iter()
-            .map(|k| {
-                let label = if k.part == 0 {
-                    k.phase.to_string()
-                } else {
-                    format!("{}.{}", k.phase, k.part)
-                };
-                (label, &k.stats)
-            })
-            .collect();
-        table(&mut out, &basis, "phase", &rows, c.noise.as_ref(), names);
+        whole_job(&mut out, s, c, names);
     }
     out
+}
+
+/// The line on the window still open at `now_ns`; `first` when no window was clustered yet.
+fn current_window_line(out: &mut String, current: &OpenWindow, now_ns: u64, first: bool) {
+    let _ = writeln!(
+        out,
+        "   {} current window, {}, holds {} so far; {}",
+        if first {
+            "windows are aligned to Unix time; the"
+        } else {
+            "the"
+        },
+        utc_span(current.start_ns, current.end_ns),
+        counted(current.bursts_seen as usize, "burst"),
+        match current.end_ns.checked_sub(now_ns).filter(|&wait| wait > 0) {
+            Some(wait) => format!(
+                "it is clustered a few seconds after it ends, in {}",
+                roughly(wait)
+            ),
+            None =>
+                "it has ended and is clustered within seconds (analysis.lateness_s)".to_string(),
+        }
+    );
+}
+
+/// Before the first window is clustered: when that will be.
+fn no_window_yet(
+    out: &mut String,
+    job_id: &JobId,
+    s: &PhasesSnapshot,
+    current: &OpenWindow,
+    now_ns: u64,
+) {
+    let window_s = s.window_ns as f64 / 1e9;
+    let _ = writeln!(
+        out,
+        "== phases of job {job_id}: no window clustered yet ({window_s} s windows)"
+    );
+    current_window_line(out, current, now_ns, true);
+    if s.totals.windows_carried > 0 {
+        let _ = writeln!(
+            out,
+            "   {} held too few bursts to be clustered alone (analysis.min_window_bursts); \
+             their bursts go to the next window",
+            counted(s.totals.windows_carried as usize, "earlier window")
+        );
+    }
+}
+
+/// The table of the last clustered window, keyed by stable phase ids.
+fn last_window(
+    out: &mut String,
+    job_id: &JobId,
+    s: &PhasesSnapshot,
+    w: &WindowView,
+    now_ns: u64,
+    names: &SiteNames,
+) {
+    let window_s = s.window_ns as f64 / 1e9;
+    let state = if w.partial {
+        "clustered early, while it was open".to_string()
+    } else if w.end_ns <= now_ns {
+        format!("ended {} ago", roughly(now_ns - w.end_ns))
+    } else {
+        "closed early".to_string()
+    };
+    let _ = writeln!(
+        out,
+        "== phases of job {job_id} in the last clustered window, {} ({window_s} s, {state}): {} over {}, SPMD score {:.3}",
+        utc_span(w.start_ns, w.end_ns),
+        counted(w.phases.len(), "phase"),
+        counted(s.ranks as usize, "rank"),
+        w.spmd_score
+    );
+    if w.bursts_dropped > 0 {
+        let _ = writeln!(
+            out,
+            "   the window held {} bursts; a sample of {} of them, spread over its time and \
+             ranks, was clustered (analysis.max_window_bursts)",
+            w.bursts_seen, w.bursts_analysed
+        );
+    }
+    let basis = Basis {
+        features: &w.features,
+        filter: &w.filter,
+        clustering: Some((&w.clustering, None)),
+    };
+    let rows: Vec<(String, &ClusterStats)> = w
+        .phases
+        .iter()
+        .map(|p| (p.id.to_string(), &p.stats))
+        .collect();
+    table(out, &basis, "phase", &rows, w.noise.as_ref(), names);
+}
+
+/// How the phases were tracked: the active and dormant ids, and the events so far.
+fn tracking_line(out: &mut String, s: &PhasesSnapshot) {
+    let c = &s.event_counts;
+    let events: Vec<String> = [
+        (c.appear, "appear"),
+        (c.split, "split"),
+        (c.merge, "merge"),
+        (c.moved, "moved"),
+        (c.vanish, "vanish"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, kind)| format!("{n} {kind}"))
+    .collect();
+    let active = active_phases(s);
+    let _ = writeln!(
+        out,
+        "   tracking: phases {} active{}; events since the job started: {}",
+        ids(&active),
+        if s.dormant_ids.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} dormant (not seen lately or merged; may come back)",
+                ids(&s.dormant_ids)
+            )
+        },
+        if events.is_empty() {
+            "none".to_string()
+        } else {
+            events.join(", ")
+        }
+    );
+}
+
+/// The table of the cumulative sample of the whole job.
+fn whole_job(out: &mut String, s: &PhasesSnapshot, c: &CumulativeView, names: &SiteNames) {
+    let _ = writeln!(
+        out,
+        "== whole job so far: {} in a sample of {} from {}{}, SPMD score {:.3}",
+        counted(c.clusters.len(), "cluster"),
+        counted(c.windows_sampled, "window"),
+        utc_span(
+            c.first_window * s.window_ns,
+            (c.last_window + 1) * s.window_ns
+        ),
+        if c.stride > 1 {
+            format!(" (one window in {})", c.stride)
+        } else {
+            String::new()
+        },
+        c.spmd_score
+    );
+    let _ = writeln!(
+        out,
+        "   statistics of the {} sampled bursts, not job totals; each row is keyed by the window \
+         phase holding most of its time{}",
+        c.bursts_analysed,
+        if c.clusters.iter().any(|k| k.part > 0) {
+            " (phase.N: another behaviour of that phase)"
+        } else {
+            ""
+        }
+    );
+    if c.clusters.iter().any(|k| k.phase == 0) {
+        let _ = writeln!(out, "   phase 0: bursts that were noise in their windows");
+    }
+    let basis = Basis {
+        features: &c.features,
+        filter: &c.filter,
+        clustering: None,
+    };
+    let rows: Vec<(String, &ClusterStats)> = c
+        .clusters
+        .iter()
+        .map(|k| {
+            let label = if k.part == 0 {
+                k.phase.to_string()
+            } else {
+                format!("{}.{}", k.phase, k.part)
+            };
+            (label, &k.stats)
+        })
+        .collect();
+    table(out, &basis, "phase", &rows, c.noise.as_ref(), names);
 }
 
 /// What the kernel's own duration filter kept out of the recording or the daemon, which the
