@@ -179,3 +179,139 @@ fn note_modules(resolver: &AddressResolver, job: &mut Job, sites: [&CallSite; 2]
     }
     added
 }
+
+#[cfg(test)]
+mod tests {
+    use profiler_common::{BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{
+        store::{members::NewMember, RankRecord},
+        test_support::JobMetaBuilder,
+    };
+
+    /// What the sink was given.
+    #[derive(Default)]
+    struct Seen {
+        jobs: Vec<JobMeta>,
+        bursts: Vec<(JobId, Burst, Option<[u64; 2]>)>,
+    }
+
+    impl BurstSink for Seen {
+        fn job(&mut self, meta: &JobMeta) {
+            self.jobs.push(meta.clone());
+        }
+
+        fn burst(&mut self, job: &JobId, burst: &Burst, event_counts: Option<[u64; 2]>) {
+            self.bursts.push((job.clone(), burst.clone(), event_counts));
+        }
+    }
+
+    fn names() -> FunctionNames {
+        FunctionNames::new(vec!["MPI_Send".into(), "MPI_Recv".into()])
+    }
+
+    /// A burst record of this process between two call sites in this test's own binary, so that
+    /// the resolver finds a module with a path.
+    fn record(start_ns: u64, flags: u32) -> BurstRecord {
+        let site = record as fn(u64, u32) -> BurstRecord as usize as u64;
+        BurstRecord {
+            pid: std::process::id(),
+            tid: std::process::id(),
+            start_ns,
+            duration_ns: 1_000,
+            oncpu_ns: 900,
+            counters: [7, 11],
+            start_site: site,
+            end_site: site + 4,
+            start_func: 1,
+            end_func: NO_FUNC,
+            flags,
+            ..BurstRecord::default()
+        }
+    }
+
+    #[test]
+    fn function_ids_become_names_and_unknown_ids_say_so() {
+        let names = names();
+        assert_eq!(names.shared(0).as_str(), "MPI_Send");
+        assert_eq!(names.shared(NO_FUNC).as_str(), "-");
+        assert_eq!(names.shared(9).as_str(), "?");
+        assert_eq!(names.name(1), "MPI_Recv");
+        assert_eq!(names.name(9), "#9");
+    }
+
+    #[test]
+    fn a_run_of_records_becomes_bursts_of_its_job_its_batch_and_the_sink() {
+        let clock = Clock::read();
+        let mut ingest = Ingest::new(names(), clock, false);
+        let mut store = JobStore::default();
+        let meta = JobMetaBuilder::new("j").build();
+        let rank = RankRecord {
+            call_sites: Vec::new(),
+            rank: 3,
+            pid: std::process::id(),
+            first_seen_ns: 0,
+            ended_ns: None,
+            totals: Default::default(),
+            functions: Default::default(),
+            region: Default::default(),
+        };
+        store.add_member(NewMember {
+            member: Arc::new(Member {
+                job: meta.id.clone(),
+                rank: 3,
+            }),
+            meta: meta.clone(),
+            rank,
+        });
+        let member = Member {
+            job: meta.id.clone(),
+            rank: 3,
+        };
+        let mut seen = Seen::default();
+        let run = [record(1_000, BURST_HAS_COUNTERS), record(5_000, 0)];
+        ingest.run(&run, &member, &mut store, 100, &mut seen);
+
+        let job = &store.jobs[&meta.id];
+        assert_eq!(job.bursts.len(), 2);
+        let burst = &job.bursts[0];
+        assert_eq!(
+            (burst.rank, burst.start_ns, burst.oncpu_ns),
+            (3, clock.unix_ns(1_000), 900)
+        );
+        assert_eq!(
+            (burst.start_func.as_str(), burst.end_func.as_str()),
+            ("MPI_Recv", "-")
+        );
+        // Software or absent counters are not instructions and cycles; the sink has the raw
+        // values of the burst that carried them.
+        assert!(burst.counters.is_none());
+        let counts: Vec<_> = seen.bursts.iter().map(|(_, _, c)| *c).collect();
+        assert_eq!(counts, [Some([7, 11]), None]);
+        // The module of this binary is noted once for the run, and the sink hears of it.
+        assert_eq!(job.meta.modules.len(), 1);
+        assert_eq!(seen.jobs.len(), 1);
+        let batch = ingest.take_batch();
+        assert_eq!(batch[&meta.id].0, 1, "the job's ranks on the node");
+        assert_eq!(batch[&meta.id].1.len(), 2);
+        assert!(ingest.take_batch().is_empty(), "a batch is taken once");
+    }
+
+    #[test]
+    fn the_bursts_of_a_job_no_longer_held_still_reach_the_sink() {
+        let mut ingest = Ingest::new(names(), Clock::read(), false);
+        let mut store = JobStore::default();
+        let member = Member {
+            job: JobId("gone".into()),
+            rank: 0,
+        };
+        let mut seen = Seen::default();
+        ingest.run(&[record(1, 0)], &member, &mut store, 100, &mut seen);
+        assert_eq!(seen.bursts.len(), 1);
+        assert!(store.jobs.is_empty());
+        assert!(ingest.take_batch().is_empty());
+    }
+}
