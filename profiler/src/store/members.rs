@@ -231,4 +231,33 @@ mod tests {
         assert_eq!(program_start(Some(1_004_321), None), Some(1_004_321));
         assert_eq!(program_start(None, None), None);
     }
+
+    #[test]
+    fn a_process_is_identified_once_and_its_rank_starts_no_earlier_than_the_daemon() {
+        let pid = std::process::id();
+        let mut members = Members::new("n".into(), String::new(), Clock::read());
+        let new = members
+            .identify(pid)
+            .expect("a process in no cgroup scope is profiled");
+        assert_eq!(new.meta.node, "n");
+        assert_eq!(new.member.job, new.meta.id);
+        assert_eq!((new.rank.pid, new.rank.rank), (pid, new.member.rank));
+        assert!(new.rank.first_seen_ns >= members.started_ns);
+        assert!(members.identify(pid).is_none(), "identified once");
+        assert_eq!(members.get(pid).map(|m| m.job.clone()), Some(new.meta.id));
+        assert!(members.gone().is_empty(), "this process lives");
+        members.forget(&[pid].into());
+        assert!(members.get(pid).is_none());
+    }
+
+    #[test]
+    fn a_process_outside_the_cgroup_scope_is_dropped_once_and_for_all() {
+        let pid = std::process::id();
+        let scope = "/mpiburst-test/no-such-cgroup".to_string();
+        let mut members = Members::new("n".into(), scope, Clock::read());
+        assert!(members.identify(pid).is_none());
+        assert!(members.outside.contains(&pid));
+        assert!(members.identify(pid).is_none());
+        assert!(members.get(pid).is_none());
+    }
 }
