@@ -140,9 +140,7 @@ impl Libraries {
         }
         false
     }
-}
 
-impl Libraries {
     /// Starts holding the processes that open an MPI library at a new path, unless
     /// `mpi.hold_new_libraries` is off; says which way a new library will be found.
     pub(super) fn watch_library_opens(&self, capture: &mut Capture) {
