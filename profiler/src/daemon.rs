@@ -164,10 +164,10 @@ impl Daemon {
         );
         loop {
             tokio::select! {
-                _ = drain.tick() => self.drain()?,
+                _ = drain.tick() => self.drain(),
                 ready = ring.readable() => {
                     if let Ok(mut guard) = ready {
-                        self.drain()?;
+                        self.drain();
                         guard.clear_ready();
                     }
                 }
@@ -225,7 +225,7 @@ impl Daemon {
     /// The drain step: exec notifications, pending library scans, and the burst ring buffer.
     /// Publishes when a process joined a job, so the API lists a new job before its first stats
     /// update.
-    fn drain(&mut self) -> Result<(), DaemonError> {
+    fn drain(&mut self) {
         self.libraries.handle_library_opens(&mut self.capture);
         let now = Instant::now();
         for exec in self.capture.drain_execs() {
@@ -256,7 +256,6 @@ impl Daemon {
         if self.members_changed {
             self.publish();
         }
-        Ok(())
     }
 
     /// The identify step for one process: its job and rank, found and registered in the store at
@@ -297,7 +296,7 @@ impl Daemon {
         // Liveness first: whatever the kernel holds for a pid already gone is final. Drain after
         // it, so the last bursts of a process that just ended reach its job before it is forgotten.
         let gone = self.members.gone();
-        self.drain()?;
+        self.drain();
         let now = unix_now_ns();
         let oldest_start = self.read_ranks(&gone, now)?;
         let io = self.capture.read_io()?;
