@@ -684,3 +684,34 @@ impl Drop for CpuHogs {
         }
     }
 }
+
+/// A cgroup for one simulated node's processes, removed on drop. Uses the cgroup2 hierarchy.
+pub struct Cgroup {
+    pub dir: PathBuf,
+    /// The path as /proc/PID/cgroup shows it.
+    pub path: String,
+}
+
+impl Cgroup {
+    pub fn new(name: &str) -> Cgroup {
+        require_root();
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(2) == Some(&"cgroup2"))
+            .map(|f| PathBuf::from(f[1]))
+            .expect("a cgroup2 hierarchy (mount -t cgroup2 none /sys/fs/cgroup/unified)");
+        let path = format!("/{name}-{}", std::process::id());
+        let dir = root.join(&path[1..]);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Cgroup { dir, path }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Empty once the ranks have exited; a cgroup with processes cannot be removed.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

@@ -61,6 +61,11 @@ pub enum Command {
     /// covers. The run time is the one `mpiburst report` shows: MPI_Init's return to
     /// MPI_Finalize's entry of the slowest rank.
     Predict(PredictArgs),
+    /// Serve one job-wide view of the jobs whose ranks run on many nodes: the daemons' API
+    /// (`/api/jobs`, `/api/jobs/JOB`, `/api/jobs/JOB/phases`) answered for the whole job, with
+    /// the ranks of every node and phases clustered over every node's samples. Stateless: it asks
+    /// the nodes on every request (`mpiburst report http://THIS --job JOB --phases` reads it).
+    Aggregate(AggregateArgs),
     /// Print configuration.
     Config {
         /// Print the complete default configuration file, with comments.
@@ -70,6 +75,40 @@ pub enum Command {
         #[arg(long, conflicts_with = "default")]
         file: Option<PathBuf>,
     },
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(group = clap::ArgGroup::new("nodes").required(true))]
+pub struct AggregateArgs {
+    /// Address to serve the job-wide API on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9465")]
+    pub listen: SocketAddr,
+    /// A node's daemon (HOST:PORT or http://HOST[:PORT]); repeat for every node. A job's nodes
+    /// are those of these daemons that list it.
+    #[arg(long = "daemon", value_name = "ADDRESS", group = "nodes", value_parser = parse_daemon)]
+    pub daemons: Vec<DaemonClient>,
+    /// The Prometheus server that scrapes the daemons (HOST:PORT or http://HOST[:PORT]): a job's
+    /// nodes are the instances of its `mpiburst_job_info` series of the last 10 minutes.
+    #[arg(long, value_name = "ADDRESS", group = "nodes", value_parser = parse_prometheus)]
+    pub prometheus: Option<DaemonClient>,
+}
+
+/// A daemon's address, its port the daemons' default when omitted.
+fn parse_daemon(arg: &str) -> Result<DaemonClient, String> {
+    parse_address(arg, Config::default().daemon.listen.port())
+}
+
+/// Prometheus's address, port 9090 when omitted.
+fn parse_prometheus(arg: &str) -> Result<DaemonClient, String> {
+    parse_address(arg, 9090)
+}
+
+fn parse_address(arg: &str, default_port: u16) -> Result<DaemonClient, String> {
+    match DaemonClient::parse(arg, default_port) {
+        Ok(Some(address)) => Ok(address),
+        Ok(None) => Err(format!("{arg}: expected HOST:PORT or http://HOST[:PORT]")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Args, Debug, Clone)]

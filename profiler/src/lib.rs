@@ -21,8 +21,10 @@
 //! 10. `config`: the configuration file, made of the stages' own sections.
 //! 11. `cli`: the command line's options over the configuration.
 //! 12. `daemon`: the loop that runs the stages as steps.
-//! 13. `fuzzing`: the entry points of the fuzz targets.
+//! 13. `aggregate`: the job-wide view over the daemons of a job's nodes (`mpiburst aggregate`).
+//! 14. `fuzzing`: the entry points of the fuzz targets.
 
+pub mod aggregate;
 pub mod analysis;
 pub mod capture;
 pub mod cli;

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser as _;
 use mpiburst::{
+    aggregate::Sources,
     analysis::{
         analyse,
         signature::{predict::predict, signature},
@@ -87,6 +88,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Report(args) => report_command(&args),
         Command::Compare(args) => compare_command(&args),
         Command::Predict(args) => predict_command(&args),
+        Command::Aggregate(args) => {
+            let sources = match args.prometheus {
+                Some(prometheus) => Sources::Prometheus(prometheus),
+                None => Sources::Daemons(args.daemons),
+            };
+            Ok(mpiburst::aggregate::run(args.listen, sources)?)
+        }
         Command::Config { default, file } => {
             if default {
                 print!("{}", Config::default_toml());

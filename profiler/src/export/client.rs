@@ -320,7 +320,17 @@ impl DaemonClient {
 
     fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let body = self.get(path)?;
-        serde_json::from_slice(&body).map_err(|cause| ClientError::Json {
+        self.decode(path, &body)
+    }
+
+    /// [`DaemonClient::get`]'s JSON, for async code (the aggregator's fan-out to the nodes).
+    pub async fn fetch_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let body = self.fetch(path).await?;
+        self.decode(path, &body)
+    }
+
+    fn decode<T: DeserializeOwned>(&self, path: &str, body: &[u8]) -> Result<T, ClientError> {
+        serde_json::from_slice(body).map_err(|cause| ClientError::Json {
             addr: self.to_string(),
             path: path.into(),
             cause,
@@ -344,17 +354,7 @@ impl DaemonClient {
     /// serves identity, ranks with their exact totals, and per-function calls, which is what the
     /// job report shows.
     pub fn job(&self, id: &JobId) -> Result<Job, ClientError> {
-        #[derive(Deserialize)]
-        struct Detail {
-            meta: JobMeta,
-            ranks: Vec<RankRecord>,
-            bursts_evicted: u64,
-        }
-        let d: Detail = self.get_json(&format!("/api/jobs/{}", encode_segment(&id.0)))?;
-        let mut job = Job::new(d.meta);
-        job.ranks = d.ranks.into_iter().map(|r| (r.rank, r)).collect();
-        job.bursts_evicted = d.bursts_evicted;
-        Ok(job)
+        self.get_json(&job_path(id)).map(ServedJob::into_job)
     }
 
     /// The online phase analysis of a job (`/api/jobs/{id}/phases`); `None` when the daemon has
@@ -399,10 +399,17 @@ impl DaemonClient {
         let metrics = String::from_utf8_lossy(&self.get("/metrics")?).into_owned();
         Ok(counters_note(&metrics))
     }
+
+    /// Whether the daemon reads hardware counters (instructions and cycles) per burst, from its
+    /// `mpiburst_counters_info` metric; `None` when its `/metrics` does not say.
+    pub async fn fetch_hardware_counters(&self) -> Result<Option<bool>, ClientError> {
+        let metrics = String::from_utf8_lossy(&self.fetch("/metrics").await?).into_owned();
+        Ok(counters_info(&metrics).map(|(_, hardware)| hardware == "true"))
+    }
 }
 
-/// The counters line of the job report from a `/metrics` exposition.
-fn counters_note(metrics: &str) -> String {
+/// The `event` and `hardware` labels of a `/metrics` exposition's `mpiburst_counters_info`.
+fn counters_info(metrics: &str) -> Option<(String, String)> {
     let label = |line: &str, name: &str| {
         let start = line.find(&format!("{name}=\""))? + name.len() + 2;
         let len = line[start..].find('"')?;
@@ -410,8 +417,13 @@ fn counters_note(metrics: &str) -> String {
     };
     let info = metrics
         .lines()
-        .find(|l| l.starts_with("mpiburst_counters_info{"));
-    match info.and_then(|l| Some((label(l, "event")?, label(l, "hardware")?))) {
+        .find(|l| l.starts_with("mpiburst_counters_info{"))?;
+    Some((label(info, "event")?, label(info, "hardware")?))
+}
+
+/// The counters line of the job report from a `/metrics` exposition.
+fn counters_note(metrics: &str) -> String {
+    match counters_info(metrics) {
         Some((events, _)) if events == "none" => {
             "no counters: bursts carry wall and on-CPU time only (the daemon's log says why)".into()
         }
@@ -419,6 +431,28 @@ fn counters_note(metrics: &str) -> String {
         Some((events, _)) => format!("software counters {events} (no instructions or cycles)"),
         None => "counters per burst: not reported by the daemon's /metrics".into(),
     }
+}
+
+/// A job as `/api/jobs/{id}` serves it (see [`DaemonClient::job`]).
+#[derive(Deserialize)]
+pub struct ServedJob {
+    meta: JobMeta,
+    ranks: Vec<RankRecord>,
+    bursts_evicted: u64,
+}
+
+impl ServedJob {
+    pub fn into_job(self) -> Job {
+        let mut job = Job::new(self.meta);
+        job.ranks = self.ranks.into_iter().map(|r| (r.rank, r)).collect();
+        job.bursts_evicted = self.bursts_evicted;
+        job
+    }
+}
+
+/// `/api/jobs/{id}`.
+pub fn job_path(id: &JobId) -> String {
+    format!("/api/jobs/{}", encode_segment(&id.0))
 }
 
 /// Everything but RFC 3986's unreserved characters.

@@ -1,5 +1,6 @@
 //! HTTP server: Prometheus `/metrics`, the JSON API (`/api/jobs`, `/api/jobs/{id}`,
-//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`, `/api/jobs/{id}/ranks`) and `/healthz` for the service manager
+//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`, `/api/jobs/{id}/ranks`,
+//! `/api/jobs/{id}/samples` for the job-wide analysis) and `/healthz` for the service manager
 //! and the node's health checks.
 //!
 //! The server runs on a thread of its own and reads only what the daemon last published (a
@@ -23,9 +24,10 @@ use axum::{
 use serde::Serialize;
 
 use crate::{
+    analysis::online::NodeSamples,
     export::{prometheus::Metrics, published::PublishedState, sites},
     model::JobId,
-    store::{CallStats, JobMeta, RankRecord, RankTotals},
+    store::{CallStats, Job, JobMeta, RankRecord, RankTotals},
     symbols::SiteResolver,
 };
 
@@ -36,14 +38,28 @@ struct JobSummary<'a> {
     mpi_ns: u64,
 }
 
+/// `/api/jobs/{id}`: the job's identity, its ranks with their exact totals, and its calls.
 #[derive(Serialize)]
-struct JobDetail<'a> {
+pub struct JobDetail<'a> {
     meta: &'a JobMeta,
     totals: RankTotals,
     ranks: Vec<&'a RankRecord>,
     functions: std::collections::BTreeMap<&'a str, CallStats>,
     bursts_held: usize,
     bursts_evicted: u64,
+}
+
+impl<'a> JobDetail<'a> {
+    pub fn of(job: &'a Job, bursts_held: usize) -> Self {
+        JobDetail {
+            meta: &job.meta,
+            totals: job.totals(),
+            ranks: job.ranks.values().collect(),
+            functions: job.functions(),
+            bursts_held,
+            bursts_evicted: job.bursts_evicted,
+        }
+    }
 }
 
 /// `/metrics`: the text exposition, or why there is none.
@@ -103,14 +119,7 @@ async fn job(State(state): State<PublishedState>, Path(id): Path<String>) -> imp
         )
             .into_response();
     };
-    let detail = JobDetail {
-        meta: &j.meta,
-        totals: j.totals(),
-        ranks: j.ranks.values().collect(),
-        functions: j.functions(),
-        bursts_held: s.bursts_held.get(&id).copied().unwrap_or_default(),
-        bursts_evicted: j.bursts_evicted,
-    };
+    let detail = JobDetail::of(j, s.bursts_held.get(&id).copied().unwrap_or_default());
     Json(serde_json::to_value(detail).unwrap_or_default()).into_response()
 }
 
@@ -151,6 +160,31 @@ async fn job_ranks(State(state): State<PublishedState>, Path(id): Path<String>) 
         )
             .into_response(),
     }
+}
+
+/// The samples of the job's last closed windows, with this node's ranks of the job: what the
+/// aggregator merges into the job-wide analysis (`mpiburst aggregate`).
+async fn job_samples(State(state): State<PublishedState>, Path(id): Path<String>) -> Response {
+    let s = state.borrow().clone();
+    let id = JobId(id);
+    let (Some(job), Some(snapshot)) = (s.store.jobs.get(&id), s.phases.get(&id)) else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!(
+                "no phase analysis for job {:?} on this node; GET /api/jobs lists the jobs",
+                id.0
+            ),
+        )
+            .into_response();
+    };
+    let samples = NodeSamples {
+        node: job.meta.node.clone(),
+        job: id,
+        world_size: job.meta.size,
+        ranks: job.ranks.keys().copied().collect(),
+        held: snapshot.samples.clone(),
+    };
+    Json(samples).into_response()
 }
 
 /// The snapshot, with `call_sites`: the names of its code regions' call sites, resolved here on
@@ -209,6 +243,7 @@ pub fn serve(
         )
         .route("/api/jobs/{id}/properties", get(job_properties))
         .route("/api/jobs/{id}/ranks", get(job_ranks))
+        .route("/api/jobs/{id}/samples", get(job_samples))
         .with_state(state);
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;

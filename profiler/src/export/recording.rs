@@ -26,7 +26,7 @@ use crate::{
     analysis::groups::GroupParams,
     capture::Lost,
     model::{Burst, JobId},
-    properties::{JobProperties, LiveEvaluator, PropertyConfig},
+    properties::{lifetime_properties, JobProperties, PropertyConfig},
     store::{CallStats, Job, JobMeta, RankRecord, RegionMarks},
 };
 
@@ -361,11 +361,7 @@ impl Recording {
     /// ranks' exact totals as the daemon evaluates them, without the kernel's resource usage and
     /// file I/O, which a recording does not hold.
     pub fn job_properties(&self, job: &Job, now_ns: u64, config: &PropertyConfig) -> JobProperties {
-        // The lifetime evaluation does not depend on the window length; any will do.
-        let window_ns = 1_000_000_000;
-        LiveEvaluator::new(window_ns, self.header.hardware_counters())
-            .update(job, None, 0, None, now_ns, config)
-            .job
+        lifetime_properties(job, self.header.hardware_counters(), now_ns, config)
     }
 }
 

@@ -99,6 +99,22 @@ fn pmu(record: &RankRecord) -> Option<PmuCounters> {
     })
 }
 
+/// The properties of `job` over its life from its ranks' exact totals alone (no kernel usage, no
+/// phases): what a recording or the job-wide merge of the nodes' ranks can evaluate.
+/// `hardware_counters`: the counter slots are instructions and cycles.
+pub fn lifetime_properties(
+    job: &Job,
+    hardware_counters: bool,
+    now_ns: u64,
+    config: &PropertyConfig,
+) -> JobProperties {
+    // The lifetime evaluation does not depend on the window length; any will do.
+    let window_ns = 1_000_000_000;
+    LiveEvaluator::new(window_ns, hardware_counters)
+        .update(job, None, 0, None, now_ns, config)
+        .job
+}
+
 impl LiveEvaluator {
     pub fn new(window_ns: u64, hardware_counters: bool) -> Self {
         assert!(window_ns > 0, "window length must be positive");

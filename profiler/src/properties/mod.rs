@@ -120,7 +120,7 @@ pub use engine::{
 };
 pub use error::PropertyError;
 pub use inputs::{IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage};
-pub use live::{LiveEvaluator, LiveProperties, WindowProperties};
+pub use live::{lifetime_properties, LiveEvaluator, LiveProperties, WindowProperties};
 pub use pop::{Aggregate, JobAggregates, PopEfficiencies, Reading};
 pub use quantiles::Summary;
 pub use window::Span;

@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod ingest;
+pub mod job_wide;
 pub mod members;
 pub mod readings;
 

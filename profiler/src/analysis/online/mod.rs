@@ -22,6 +22,7 @@
 //! * [`recluster`]: when a sample is clustered, and how its clustering becomes the job's views,
 //!   stable ids and events.
 //! * [`snapshot`]: what an exporter reads ([`PhasesSnapshot`]) and the job's run signature.
+//! * [`merge`]: the job-wide analysis of the window samples of all of a job's nodes.
 //! * [`params`]: what all of them can be told ([`OnlineParams`]).
 //!
 //! # Decisions
@@ -31,7 +32,8 @@
 //! * **Ranks**: m for [`analyse`] is the larger of the configured rank count and the number of
 //!   distinct ranks seen, so a rank count learned late never makes an analysis fail.
 //! * **Memory**: bursts held ≤ [`MAX_OPEN_WINDOWS`] × max_window_bursts + min_window_bursts
-//!   (windows and carry) + max_cumulative_bursts; model points ≤ max_window_bursts; tracked ids ≤
+//!   (windows and carry) + [`KEPT_WINDOW_SAMPLES`] × max_window_bursts (the samples of the last
+//!   closed windows, for the job-wide analysis) + max_cumulative_bursts; model points ≤ max_window_bursts; tracked ids ≤
 //!   [`TrackingParams::max_phases`]; events listed ≤ [`TrackingParams::max_events`]
 //!   ([`JobPhases::held`] reports them).
 //!
@@ -40,11 +42,13 @@
 //! [`TrackingParams::max_phases`]: crate::analysis::tracking::TrackingParams::max_phases
 //! [`TrackingParams::max_events`]: crate::analysis::tracking::TrackingParams::max_events
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use crate::analysis::tracking::Tracker;
 use crate::model::Burst;
 
+pub mod merge;
 pub mod model;
 pub mod params;
 pub mod recluster;
@@ -52,10 +56,14 @@ pub mod sample;
 pub mod snapshot;
 pub mod windows;
 
+pub use merge::{
+    merge_nodes, HeldSamples, MergeError, MergedPhases, NodeSamples, KEPT_WINDOW_SAMPLES,
+};
 use model::Model;
 pub use model::ProvisionalCounts;
 pub use params::{OnlineError, OnlineParams};
 pub use recluster::{PhaseEvent, ReclusterReason};
+pub use sample::WindowSample;
 use sample::{CumulativeSample, WindowBuffer};
 pub use snapshot::{
     CumulativeCluster, CumulativeView, Held, OpenWindow, PhaseShare, PhaseView, PhasesSnapshot,
@@ -76,6 +84,10 @@ pub struct JobPhases {
     carry: Vec<Burst>,
     /// Windows below this index are closed.
     closed_before: u64,
+    /// The samples of the last closed windows, oldest first, at most [`KEPT_WINDOW_SAMPLES`]…
+    samples: VecDeque<Arc<WindowSample>>,
+    /// …of every closed window from this one on.
+    samples_from: u64,
     model: Option<Model>,
     provisional: ProvisionalCounts,
     tracker: Tracker,
@@ -104,6 +116,8 @@ impl JobPhases {
             buffers: BTreeMap::new(),
             carry: Vec::new(),
             closed_before: 0,
+            samples: VecDeque::new(),
+            samples_from: 0,
             model: None,
             provisional: ProvisionalCounts::default(),
             tracker,
@@ -125,6 +139,15 @@ impl JobPhases {
 
     pub fn params(&self) -> &OnlineParams {
         &self.params
+    }
+
+    fn keep_sample(&mut self, sample: WindowSample) {
+        if self.samples.len() == KEPT_WINDOW_SAMPLES {
+            if let Some(dropped) = self.samples.pop_front() {
+                self.samples_from = dropped.window + 1;
+            }
+        }
+        self.samples.push_back(Arc::new(sample));
     }
 
     fn analysis_ranks(&self) -> u32 {

@@ -26,6 +26,8 @@
 //! [`OnlineParams::window_slots`]: super::OnlineParams::window_slots
 //! [`OnlineParams::cumulative_chunks`]: super::OnlineParams::cumulative_chunks
 
+use serde::{Deserialize, Serialize};
+
 use super::OnlineParams;
 use crate::analysis::hashing::{mix, FastMap};
 use crate::analysis::tracking::StableId;
@@ -70,6 +72,20 @@ impl WindowBuffer {
         self.dropped += dropped;
         dropped
     }
+}
+
+/// The sample of one closed window as this instance kept it, before any bursts carried from
+/// smaller windows: what a node contributes to the job-wide analysis of that window
+/// ([`super::merge`]). Windows are aligned to Unix time, so window k is the same on every node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WindowSample {
+    pub window: u64,
+    /// Bursts pushed for the window, their time, and those the bound left out.
+    pub seen: u64,
+    pub seen_time_ns: u64,
+    pub dropped: u64,
+    /// The kept bursts, by rank and then start time.
+    pub bursts: Vec<Burst>,
 }
 
 /// One window's contribution to the cumulative sample: bursts with the stable id their window

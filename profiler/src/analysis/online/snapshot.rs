@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{JobPhases, OnlineError, ProvisionalCounts};
+use super::{HeldSamples, JobPhases, OnlineError, ProvisionalCounts};
 use crate::analysis::tracking::{AppIdentity, EventCounts, RunSignature, StableId, TrackingEvent};
 use crate::analysis::{
     analyse, ClusterId, ClusterStats, ClusteringReport, FeatureReport, FilterReport,
@@ -113,6 +113,8 @@ pub struct Totals {
 pub struct Held {
     pub open_windows: usize,
     pub window_bursts: usize,
+    /// Bursts of the samples of the last closed windows, kept for the job-wide analysis.
+    pub sample_bursts: usize,
     pub cumulative_bursts: usize,
     pub model_points: usize,
     pub live_phases: usize,
@@ -148,6 +150,10 @@ pub struct PhasesSnapshot {
     pub totals: Totals,
     pub held: Held,
     pub last_error: Option<String>,
+    /// The samples of the last closed windows, for the job-wide analysis; served on their own
+    /// (`/api/jobs/{id}/samples`), not with the phases.
+    #[serde(skip)]
+    pub samples: HeldSamples,
 }
 
 impl JobPhases {
@@ -157,6 +163,7 @@ impl JobPhases {
             open_windows: self.buffers.len(),
             window_bursts: self.carry.len()
                 + self.buffers.values().map(|b| b.bursts.len()).sum::<usize>(),
+            sample_bursts: self.samples.iter().map(|s| s.bursts.len()).sum(),
             cumulative_bursts: self.cumulative.held(),
             model_points: self.model.as_ref().map_or(0, |m| m.points),
             live_phases: self.tracker.live_ids().count(),
@@ -190,6 +197,12 @@ impl JobPhases {
             totals: self.totals,
             held: self.held(),
             last_error: self.last_error.clone(),
+            samples: HeldSamples {
+                params: self.params.clone(),
+                samples_from: self.samples_from,
+                closed_before: self.closed_before,
+                windows: self.samples.iter().cloned().collect(),
+            },
         }
     }
 

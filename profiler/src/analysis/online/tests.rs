@@ -8,9 +8,9 @@ use crate::analysis::{AnalysisParams, FeatureSet};
 use crate::model::{CallSite, HwCounters, Name};
 
 /// A start time aligned to whole seconds.
-const T0: u64 = 1_700_000_000_000_000_000;
+pub(super) const T0: u64 = 1_700_000_000_000_000_000;
 const CLOCK_GHZ: f64 = 2.5;
-const E1_PHASES: [(f64, f64); 3] = [(1e6, 2.0), (5e6, 0.6), (2e7, 1.2)];
+pub(super) const E1_PHASES: [(f64, f64); 3] = [(1e6, 2.0), (5e6, 0.6), (2e7, 1.2)];
 
 /// A call site offset and the MPI function there.
 type Site<'a> = (u64, &'a Name);
@@ -20,7 +20,7 @@ type Site<'a> = (u64, &'a Name);
 /// instructions (the window of the phase's start, in windows of `window_ns` since T0); 0 or
 /// less skips the phase. Every burst goes to `sink`, phase by phase.
 #[allow(clippy::too_many_arguments)]
-fn spmd(
+pub(super) fn spmd(
     ranks: u32,
     counters: bool,
     phases: &[(f64, f64)],
@@ -142,7 +142,7 @@ fn spmd_noisy(
     }
 }
 
-fn test_params() -> OnlineParams {
+pub(super) fn test_params() -> OnlineParams {
     OnlineParams {
         window_s: 1.0,
         lateness_s: 0.05,
@@ -584,6 +584,10 @@ fn memory_stays_bounded_over_a_million_bursts() {
             "{held:?}"
         );
         assert!(held.cumulative_bursts <= max_cumulative, "{held:?}");
+        assert!(
+            held.sample_bursts <= KEPT_WINDOW_SAMPLES * max_window,
+            "{held:?}"
+        );
         largest.window_bursts = largest.window_bursts.max(held.window_bursts);
         largest.cumulative_bursts = largest.cumulative_bursts.max(held.cumulative_bursts);
     };

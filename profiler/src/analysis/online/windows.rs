@@ -16,6 +16,7 @@
 //! [`OnlineParams::min_window_bursts`]: super::OnlineParams::min_window_bursts
 
 use super::model::Provisional;
+use super::sample::WindowSample;
 use super::{JobPhases, PhaseEvent, ReclusterReason};
 use crate::model::Burst;
 
@@ -135,8 +136,20 @@ impl JobPhases {
             .expect("closing an open window");
         self.closed_before = self.closed_before.max(window + 1);
         self.totals.windows_closed += 1;
+        let mut own = buffer.bursts;
+        // By rank, then start: the order bursts arrived in (drains interleave the ranks, and the
+        // nodes of a job each hold some of them) does not change the clustering.
+        own.sort_by_key(|b| (b.rank, b.start_ns, b.tid));
+        self.keep_sample(WindowSample {
+            window,
+            seen: buffer.seen,
+            seen_time_ns: buffer.seen_time_ns,
+            dropped: buffer.dropped,
+            bursts: own.clone(),
+        });
         let mut bursts = std::mem::take(&mut self.carry);
-        bursts.extend(buffer.bursts);
+        bursts.extend(own);
+        bursts.sort_by_key(|b| (b.rank, b.start_ns, b.tid));
         if bursts.len() < self.params.min_window_bursts {
             self.totals.windows_carried += 1;
             self.carry = bursts;
