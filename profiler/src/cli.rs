@@ -83,12 +83,13 @@ pub struct AggregateArgs {
     /// Address to serve the job-wide API on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9465")]
     pub listen: SocketAddr,
-    /// A node's daemon (HOST:PORT or http://HOST[:PORT]); repeat for every node. A job's nodes
-    /// are those of these daemons that list it.
+    /// A node's daemon: HOST:PORT, or http://HOST:PORT (port 9464 when omitted); repeat for
+    /// every node. A job's nodes are those of these daemons that list it.
     #[arg(long = "daemon", value_name = "ADDRESS", group = "nodes", value_parser = parse_daemon)]
     pub daemons: Vec<DaemonClient>,
-    /// The Prometheus server that scrapes the daemons (HOST:PORT or http://HOST[:PORT]): a job's
-    /// nodes are the instances of its `mpiburst_job_info` series of the last 10 minutes.
+    /// The Prometheus server that scrapes the daemons: HOST:PORT, or http://HOST:PORT (port 9090
+    /// when omitted). A job's nodes are the instances of its `mpiburst_job_info` series of the
+    /// last 10 minutes.
     #[arg(long, value_name = "ADDRESS", group = "nodes", value_parser = parse_prometheus)]
     pub prometheus: Option<DaemonClient>,
 }
@@ -106,7 +107,7 @@ fn parse_prometheus(arg: &str) -> Result<DaemonClient, String> {
 fn parse_address(arg: &str, default_port: u16) -> Result<DaemonClient, String> {
     match DaemonClient::parse(arg, default_port) {
         Ok(Some(address)) => Ok(address),
-        Ok(None) => Err(format!("{arg}: expected HOST:PORT or http://HOST[:PORT]")),
+        Ok(None) => Err(format!("{arg}: expected HOST:PORT or http://HOST:PORT")),
         Err(e) => Err(e.to_string()),
     }
 }
