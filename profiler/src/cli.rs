@@ -46,10 +46,14 @@ pub enum Command {
     /// window, how the phases were tracked, and a table of a sample of the whole job so far.
     ///
     /// Either way the analysis covers the ranks that ran on that node: load balance and SPMD
-    /// scores are over those ranks, not over the whole job.
+    /// scores are over those ranks, not over the whole job. Given the recordings of all the
+    /// job's nodes, it covers the whole job: they are merged, jobs matched by id.
     Report(ReportArgs),
     /// Match the phases of two runs of the same application (two recordings) and print how each
     /// phase changed: duration, time share, and instructions and IPC when measured.
+    ///
+    /// A run recorded on several nodes is given as its nodes' recordings joined by commas
+    /// (n1.jsonl,n2.jsonl), merged into the job-wide run.
     Compare(CompareArgs),
     /// Predict the run time of an application at a new workload value (problem size, iteration
     /// count…) from recordings of the same build at two or more other values.
@@ -114,10 +118,13 @@ fn parse_address(arg: &str, default_port: u16) -> Result<DaemonClient, String> {
 
 #[derive(Args, Debug, Clone)]
 pub struct CompareArgs {
-    /// The earlier run's recording.
-    pub before: PathBuf,
-    /// The later run's recording.
-    pub after: PathBuf,
+    /// The earlier run's recording, or the recordings of its nodes joined by commas
+    /// (node1.jsonl,node2.jsonl): they are merged into the job-wide run.
+    #[arg(value_name = "RECORDING[,RECORDING…]", value_parser = RecordingSet::parse)]
+    pub before: RecordingSet,
+    /// The later run's recording, or the recordings of its nodes joined by commas.
+    #[arg(value_name = "RECORDING[,RECORDING…]", value_parser = RecordingSet::parse)]
+    pub after: RecordingSet,
     /// The job in the earlier recording, when it holds several.
     #[arg(long, value_name = "ID")]
     pub job_before: Option<String>,
@@ -136,7 +143,9 @@ pub struct PredictArgs {
     pub at: f64,
     /// Each recording with the workload value its run had, e.g. run-64.jsonl=64. A recording
     /// that holds several jobs names the one meant: run-64.jsonl#JOB=64 (or see --executable).
-    #[arg(value_name = "RECORDING[#JOB]=X", required = true, num_args = 2.., value_parser = RunArg::parse)]
+    /// A run recorded on several nodes is the recordings of its nodes joined by commas, merged
+    /// into the job-wide run: n1-64.jsonl,n2-64.jsonl=64 or n1-64.jsonl,n2-64.jsonl#JOB=64.
+    #[arg(value_name = "RECORDING[,RECORDING…][#JOB]=X", required = true, num_args = 2.., value_parser = RunArg::parse)]
     pub runs: Vec<RunArg>,
     /// In recordings that hold several jobs, take the one that ran this executable (its path,
     /// or its file name).
@@ -154,10 +163,40 @@ pub struct PredictArgs {
     pub format: OutputFormat,
 }
 
-/// One run of `mpiburst predict`: `RECORDING[#JOB]=X`.
+/// The recordings of one run: one file, or the files of its nodes joined by commas.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordingSet {
+    /// As given on the command line: what the reports call the run.
+    pub name: PathBuf,
+    /// The files, in the order given.
+    pub paths: Vec<PathBuf>,
+}
+
+impl RecordingSet {
+    /// Splits at the commas, unless a file of the whole name exists (a path may contain one).
+    pub fn parse(arg: &str) -> Result<RecordingSet, String> {
+        let paths: Vec<PathBuf> = if Path::new(arg).exists() {
+            vec![arg.into()]
+        } else {
+            arg.split(',').map(PathBuf::from).collect()
+        };
+        if paths.iter().any(|p| p.as_os_str().is_empty()) {
+            return Err(format!(
+                "expected RECORDING or RECORDING,RECORDING… (the recordings of one run's nodes), \
+                 got {arg}"
+            ));
+        }
+        Ok(RecordingSet {
+            name: arg.into(),
+            paths,
+        })
+    }
+}
+
+/// One run of `mpiburst predict`: `RECORDING[,RECORDING…][#JOB]=X`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunArg {
-    pub recording: PathBuf,
+    pub recordings: RecordingSet,
     pub job: Option<String>,
     pub workload: f64,
 }
@@ -176,13 +215,13 @@ impl RunArg {
             Some((path, job)) if !job.is_empty() => (path, Some(job.to_string())),
             _ => (run, None),
         };
-        if path.is_empty() || !workload.is_finite() {
+        if !workload.is_finite() {
             return Err(format!(
-                "expected RECORDING[#JOB]=X with a finite number X, got {arg}"
+                "expected RECORDING[,RECORDING…][#JOB]=X with a finite number X, got {arg}"
             ));
         }
         Ok(RunArg {
-            recording: PathBuf::from(path),
+            recordings: RecordingSet::parse(path)?,
             job,
             workload,
         })
@@ -228,9 +267,11 @@ impl ReportTarget {
 pub struct ReportArgs {
     /// A recording written by `mpiburst record`, or a running daemon: http://HOST:PORT or
     /// http://HOST (port 9464, the daemon's default) or HOST:PORT, the address it listens on
-    /// (`mpiburst run --listen`). An existing file of that name is read as a recording.
-    #[arg(value_name = "RECORDING|ADDRESS", value_parser = ReportTarget::parse)]
-    pub target: ReportTarget,
+    /// (`mpiburst run --listen`). An existing file of that name is read as a recording. Several
+    /// recordings, one per node of the same job (`mpiburst record --node NAME` on each), are
+    /// merged into the job-wide report: every number over all their ranks.
+    #[arg(value_name = "RECORDING…|ADDRESS", required = true, num_args = 1.., value_parser = ReportTarget::parse)]
+    pub targets: Vec<ReportTarget>,
     /// Also print each job's phase table: from a recording, its bursts clustered into phases;
     /// from a daemon, its online analysis (last window, tracking, whole job so far).
     #[arg(long)]
@@ -369,7 +410,10 @@ mod tests {
         let Command::Report(a) = cli.command else {
             panic!("parsed {:?}", cli.command)
         };
-        assert_eq!(a.target, ReportTarget::Recording(PathBuf::from("r.jsonl")));
+        assert_eq!(
+            a.targets,
+            [ReportTarget::Recording(PathBuf::from("r.jsonl"))]
+        );
         assert!(a.phases);
         assert_eq!(a.html, Some(PathBuf::from("o.html")));
         assert_eq!(a.job.as_deref(), Some("pmix:1"));
@@ -423,7 +467,7 @@ mod tests {
             let Command::Report(a) = cli.command else {
                 panic!("parsed {:?}", cli.command)
             };
-            Ok::<_, String>(a.target)
+            Ok::<_, String>(a.targets.into_iter().next().unwrap())
         };
         let daemon = |s: &str| ReportTarget::Daemon(DaemonClient::parse(s, 9464).unwrap().unwrap());
         assert_eq!(
@@ -445,5 +489,31 @@ mod tests {
         );
         let e = target("https://n1:9464").unwrap_err();
         assert!(e.contains("plain HTTP; pass http://n1:9464"), "{e}");
+    }
+
+    #[test]
+    fn a_run_is_one_recording_or_its_nodes_recordings() {
+        let set = |arg: &str| RecordingSet::parse(arg).map(|s| s.paths);
+        assert_eq!(set("r.jsonl"), Ok(vec![PathBuf::from("r.jsonl")]));
+        assert_eq!(
+            set("n1.jsonl,n2.jsonl"),
+            Ok(vec![PathBuf::from("n1.jsonl"), PathBuf::from("n2.jsonl")])
+        );
+        assert!(set("n1.jsonl,").is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("a,b.jsonl");
+        std::fs::write(&odd, "").unwrap();
+        assert_eq!(set(odd.to_str().unwrap()), Ok(vec![odd.clone()]));
+
+        let run = RunArg::parse("n1.jsonl,n2.jsonl#pmix:7=64").unwrap();
+        assert_eq!(run.recordings.paths.len(), 2);
+        assert_eq!(run.recordings.name, PathBuf::from("n1.jsonl,n2.jsonl"));
+        assert_eq!((run.job.as_deref(), run.workload), (Some("pmix:7"), 64.0));
+
+        let cli = Cli::parse_from(["mpiburst", "report", "n1.jsonl", "n2.jsonl", "--phases"]);
+        let Command::Report(a) = cli.command else {
+            panic!("parsed {:?}", cli.command)
+        };
+        assert_eq!(a.targets.len(), 2);
     }
 }

@@ -18,7 +18,7 @@ use mpiburst::{
         client::{ClientError, DaemonClient},
         groups, html,
         phases::{self, KernelFilter},
-        recording::Recording,
+        recording::{NodeRanks, Recording},
         report::JobReport,
         report_json::{
             AnalysisView, CompareDocument, JobDocument, OnlineView, PhasesDocument, ReportDocument,
@@ -114,12 +114,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// `mpiburst report`: the per-job report, and with `--phases` or `--html` the phases, from a
-/// recording or from a running daemon.
+/// running daemon, or from recordings: one, or those of one job's nodes, merged.
 fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
-    match &args.target {
-        ReportTarget::Recording(path) => report_recording(path, args),
-        ReportTarget::Daemon(daemon) => report_daemon(daemon, args),
+    if let [ReportTarget::Daemon(daemon)] = &args.targets[..] {
+        return report_daemon(daemon, args);
     }
+    let paths = args
+        .targets
+        .iter()
+        .map(|target| match target {
+            ReportTarget::Recording(path) => Ok(path.clone()),
+            ReportTarget::Daemon(daemon) => Err(anyhow::anyhow!(
+                "{daemon} is a daemon, which reports alone; pass either one daemon's address or \
+                 recordings (a file of that name is read as a recording)"
+            )),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    report_recording(&paths, args)
 }
 
 /// The jobs to report: the one `--job` names, or all of them. An unknown job is an error that
@@ -249,15 +260,24 @@ fn json_text(document: &impl serde::Serialize) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(document).context("serialise the JSON document")? + "\n")
 }
 
-/// The report of a recording: the phases of each job are clustered from its recorded bursts over
-/// the ranks this node ran (see [`Job::node_ranks`](mpiburst::store::Job::node_ranks)), the bottlenecks evaluated from the
+/// The report of a recording, or of the recordings of a job's nodes merged into one: the phases
+/// of each job are clustered from its recorded bursts over the ranks recorded (see
+/// [`Job::node_ranks`](mpiburst::store::Job::node_ranks)), the bottlenecks evaluated from the
 /// ranks' exact totals as the daemon evaluates them over a job's life.
-fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::Result<()> {
-    let path = recording.display();
-    let r = Recording::read(recording)?;
-    if r.end.is_none() {
-        eprintln!("note: {path} was cut short (no end record); showing what it holds");
+fn report_recording(paths: &[std::path::PathBuf], args: &ReportArgs) -> anyhow::Result<()> {
+    let path = paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let r = Recording::read_all(paths)?;
+    for part in r.parts.iter().filter(|p| p.cut_short) {
+        eprintln!(
+            "note: {} was cut short (no end record); showing what it holds",
+            part.path.display()
+        );
     }
+    let merged = r.parts.len() > 1;
     let now = r
         .end
         .as_ref()
@@ -278,9 +298,11 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
         let properties = r.job_properties(job, now, &PropertyConfig::default());
         let bottlenecks = Bottlenecks::new(&properties);
         let rank_groups = recorded_groups(&r, job, now);
+        let nodes = merged.then(|| r.nodes_of(id));
         out.text(&format!(
-            "{}{}\n{}\n",
+            "{}{}{}\n{}\n",
             report.text(),
+            nodes.as_deref().map(render_nodes).unwrap_or_default(),
             groups::render(&rank_groups, job.meta.first_seen_ns),
             bottlenecks.text(&over_its_life(job))
         ))?;
@@ -339,6 +361,7 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
                 signature: signature.and_then(Result::ok).map(SignatureView::from),
             }),
             rank_groups: Some(&rank_groups),
+            nodes,
         })?;
         if let (Some(html), Some(analysis), Some(names)) = (&args.html, &analysis, &names) {
             write_html(
@@ -351,6 +374,22 @@ fn report_recording(recording: &std::path::Path, args: &ReportArgs) -> anyhow::R
         }
     }
     out.finish()
+}
+
+/// The line of a job-wide report that says which node recorded which ranks.
+fn render_nodes(nodes: &[NodeRanks]) -> String {
+    let nodes: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            format!(
+                "{} (ranks {}, {})",
+                n.node,
+                groups::rank_list(n.ranks),
+                n.recording.display()
+            )
+        })
+        .collect();
+    format!("   nodes: {}\n", nodes.join("; "))
 }
 
 /// The rank groups of a recorded job, replayed with the settings of the daemon that recorded
@@ -451,6 +490,7 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
                 call_sites: names.entries(),
             }),
             rank_groups: rank_groups.as_ref(),
+            nodes: None,
         })?;
         if let (Some(html), Some(snapshot), Some(text)) = (&args.html, &snapshot, &text) {
             let page = html::render_live_html(&job, snapshot, text, &daemon.to_string(), &names);
@@ -505,7 +545,8 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
         (&args.before, args.job_before.as_deref()),
         (&args.after, args.job_after.as_deref()),
     ] {
-        let recording = Recording::read(path)?;
+        let recording = Recording::read_all(&path.paths)?;
+        let path = &path.name;
         let job = pick_job(
             &recording,
             path,
@@ -541,8 +582,8 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
             phases::render_run_match(&signatures[0], &signatures[1], &matched, &names)
         }
         OutputFormat::Json => json_text(&CompareDocument::new(
-            RunSide::new(&args.before, &signatures[0]),
-            RunSide::new(&args.after, &signatures[1]),
+            RunSide::new(&args.before.name, &signatures[0]),
+            RunSide::new(&args.after.name, &signatures[1]),
             &matched,
             names.entries(),
         ))?,
@@ -555,7 +596,7 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
 fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
     let mut recordings = Vec::new();
     for run in &args.runs {
-        recordings.push(Recording::read(&run.recording)?);
+        recordings.push(Recording::read_all(&run.recordings.paths)?);
     }
     let mut jobs: Vec<&Job> = Vec::new();
     for (run, recording) in args.runs.iter().zip(&recordings) {
@@ -565,12 +606,12 @@ fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
                 app_identity(first).same_application(&app_identity(job)),
                 "{} is a run of {} (build-id {}), not of {} (build-id {}) like {}: a prediction \
                  needs runs of one build",
-                run.recording.display(),
+                run.recordings.name.display(),
                 job.meta.executable,
                 job.meta.build_id.as_deref().unwrap_or("none"),
                 first.meta.executable,
                 first.meta.build_id.as_deref().unwrap_or("none"),
-                args.runs[0].recording.display()
+                args.runs[0].recordings.name.display()
             );
         }
         jobs.push(job);
@@ -578,7 +619,7 @@ fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
     let mut signatures = Vec::new();
     for ((run, recording), job) in args.runs.iter().zip(&recordings).zip(&jobs) {
         let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
-        let context = || format!("job {} in {}", job.meta.id, run.recording.display());
+        let context = || format!("job {} in {}", job.meta.id, run.recordings.name.display());
         let analysis = analyse(&bursts, job.node_ranks(), &AnalysisParams::default())
             .with_context(|| format!("phase analysis of {}", context()))?;
         let now = recording
@@ -602,7 +643,7 @@ fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
         .iter()
         .zip(&jobs)
         .zip(&signatures)
-        .map(|((run, job), s)| RunPoint::new(&run.recording, &job.meta.id.0, run.workload, s))
+        .map(|((run, job), s)| RunPoint::new(&run.recordings.name, &job.meta.id.0, run.workload, s))
         .collect();
     let metas: Vec<&JobMeta> = jobs.iter().map(|j| &j.meta).collect();
     let keys = prediction
@@ -625,7 +666,7 @@ fn predicted_job<'a>(
     run: &RunArg,
     executable: Option<&str>,
 ) -> anyhow::Result<&'a Job> {
-    let path = &run.recording;
+    let path = &run.recordings.name;
     if run.job.is_some() || executable.is_none() {
         return pick_job(
             recording,

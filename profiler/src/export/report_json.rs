@@ -17,6 +17,7 @@ use crate::{
     export::{
         bottlenecks::Bottlenecks,
         phases::{active_phases, current_window, KernelFilter},
+        recording::NodeRanks,
         report::JobReport,
     },
     symbols::SiteName,
@@ -60,6 +61,10 @@ pub struct JobDocument<'a> {
     /// The rank groups and behaviour changes (as `GET /api/jobs/{id}/ranks`); `None` from a
     /// daemon that has not grouped the job yet.
     pub rank_groups: Option<&'a RankGroupsView>,
+    /// In a report merged from the recordings of several nodes only: which node recorded which
+    /// ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<NodeRanks<'a>>>,
 }
 
 /// An application signature with the values its text section derives: PAET and coverage.
@@ -389,6 +394,7 @@ mod tests {
                 signature: None,
             }),
             rank_groups: None,
+            nodes: None,
         };
         let json =
             serde_json::to_string(&ReportDocument::new(vec![
