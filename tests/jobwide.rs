@@ -5,12 +5,7 @@
 //! recordings, merged, must give the phases, SPMD score, rank groups and POP efficiencies of the
 //! all-ranks recording, and `mpiburst predict` from the merged runs its prediction.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    sync::Mutex,
-    time::Duration,
-};
+use std::{path::Path, process::Command, sync::Mutex, time::Duration};
 
 use mpiburst_tests::*;
 use serde_json::Value;
@@ -26,41 +21,30 @@ static ONE_SPLIT_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// The simulated nodes: one cgroup each, removed at the end (empty once the ranks exited).
 struct Nodes {
-    dirs: Vec<PathBuf>,
+    cgroups: Vec<Cgroup>,
 }
 
 impl Nodes {
     fn new(count: usize) -> Nodes {
-        require_root();
-        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-        let root = mounts
-            .lines()
-            .find_map(
-                |line| match line.split_whitespace().collect::<Vec<_>>()[..] {
-                    [_, dir, "cgroup2", ..] => Some(PathBuf::from(dir)),
-                    _ => None,
-                },
-            )
-            .expect("a cgroup2 hierarchy (mount -t cgroup2 none /sys/fs/cgroup/unified)");
-        let dirs = (0..count)
-            .map(|i| {
-                let dir = root.join(format!("mpiburst-jobwide-{}-{i}", std::process::id()));
-                std::fs::create_dir_all(&dir)
-                    .unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-                dir
-            })
-            .collect();
-        Nodes { dirs }
+        Nodes {
+            cgroups: (0..count)
+                .map(|i| Cgroup::new(&format!("mpiburst-jobwide-{i}")))
+                .collect(),
+        }
     }
 
     /// Node `i`'s cgroup as /proc/PID/cgroup names it.
     fn cgroup(&self, i: usize) -> String {
-        format!("/{}", self.dirs[i].file_name().unwrap().to_string_lossy())
+        self.cgroups[i].path.clone()
     }
 
     /// Runs `program args` on the job's ranks, rank r on node r mod the node count.
     fn run(&self, program: &Path, args: &[String]) {
-        let dirs: Vec<String> = self.dirs.iter().map(|d| d.display().to_string()).collect();
+        let dirs: Vec<String> = self
+            .cgroups
+            .iter()
+            .map(|c| c.dir.display().to_string())
+            .collect();
         let mut cmd = MPI.launcher(RANKS);
         cmd.args([
             "sh",
@@ -77,14 +61,6 @@ impl Nodes {
         .args(args);
         let st = run_with_timeout(cmd, Duration::from_secs(120));
         assert!(st.success(), "{} {args:?} failed: {st}", program.display());
-    }
-}
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for dir in &self.dirs {
-            let _ = std::fs::remove_dir(dir);
-        }
     }
 }
 

@@ -31,13 +31,18 @@ use crate::{
     capture::Lost,
     model::{Burst, JobId},
     properties::{lifetime_properties, JobProperties, PropertyConfig},
-    store::{CallStats, Job, JobMeta, RankRecord, RegionMarks},
+    store::{
+        job_wide::{add_node_part, JobWideError},
+        CallStats, Job, JobMeta, RankRecord, RegionMarks,
+    },
 };
 
 pub const FORMAT_VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordingError {
+    #[error(transparent)]
+    JobWide(#[from] JobWideError),
     #[error("cannot write recording {path}: {source}")]
     Write {
         path: PathBuf,
@@ -353,23 +358,6 @@ fn job_ranks(job: &Job) -> Vec<u32> {
         .collect()
 }
 
-/// Adds the ranks and bursts of a job recorded on another node to the same job: its nodes are
-/// named together, its world is the larger, it lives from the first sight on any node to its end
-/// on the last (it runs while it runs on one).
-fn merge_job(job: &mut Job, other: Job) {
-    let (m, o) = (&mut job.meta, other.meta);
-    m.node = format!("{},{}", m.node, o.node);
-    m.size = m.size.max(o.size);
-    for (module, path) in o.modules {
-        m.modules.entry(module).or_insert(path);
-    }
-    m.first_seen_ns = m.first_seen_ns.min(o.first_seen_ns);
-    m.ended_ns = m.ended_ns.zip(o.ended_ns).map(|(a, b)| a.max(b));
-    job.ranks.extend(other.ranks);
-    job.bursts.extend(other.bursts);
-    job.bursts_evicted += other.bursts_evicted;
-}
-
 /// The readings of several nodes as one daemon would have taken them: each node reads its ranks
 /// at its first update after a window boundary, so the readings of one window are those nearest
 /// to its boundary, whatever the clocks of the nodes (they differ by far less than half a window).
@@ -612,7 +600,7 @@ impl Recording {
                 .or_default()
                 .extend(job_readings);
             match self.jobs.get_mut(&id) {
-                Some(mine) => merge_job(mine, job),
+                Some(mine) => add_node_part(mine, job)?,
                 None => {
                     self.jobs.insert(id, job);
                 }
