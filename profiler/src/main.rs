@@ -87,6 +87,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Report(args) => report_command(&args),
         Command::Compare(args) => compare_command(&args),
         Command::Predict(args) => predict_command(&args),
+        Command::HoldGuard(args) => Ok(mpiburst::capture::hold_guard::run(
+            args.map_fd,
+            args.daemon_fd,
+            std::time::Duration::from_millis(args.limit_ms),
+        )?),
         Command::Config { default, file } => {
             if default {
                 print!("{}", Config::default_toml());
