@@ -812,7 +812,7 @@ fn a_frozen_daemon_holds_a_process_no_longer_than_the_hold_limit() {
     // Held until the limit, then resumed by the guard within its look interval (the margin is
     // for a loaded machine).
     assert!(
-        open_s >= HOLD_LIMIT_S && open_s < HOLD_LIMIT_S + 3.0,
+        (HOLD_LIMIT_S..HOLD_LIMIT_S + 3.0).contains(&open_s),
         "the open took {open_s} s for a hold limit of {HOLD_LIMIT_S} s"
     );
     eprintln!(

@@ -3,7 +3,7 @@
 //! threads with it) or a dead one resumes nothing; the guard outlives it. The daemon starts it
 //! (`mpiburst hold-guard`, a hidden subcommand of the same binary) before the program is
 //! attached, and hands it the map HELD_PROCESSES (pid → CLOCK_MONOTONIC ns of the hold) and the
-//! read end of a pipe whose write end only the daemon holds. Every [`SWEEP_INTERVAL`] the guard
+//! read end of a pipe whose write end only the daemon holds. Every 100 ms the guard
 //! resumes the processes held longer than `mpi.hold_limit_s`; at the pipe's end of file (the
 //! daemon exited, however) or at SIGTERM or SIGINT (a service stop signals the whole cgroup) it
 //! resumes every held process and exits.
@@ -303,7 +303,7 @@ fn termination_signals() -> Result<OwnedFd, HoldGuardError> {
     }
 }
 
-/// Waits up to [`SWEEP_INTERVAL`] for the daemon's pipe or a signal.
+/// Waits up to `SWEEP_INTERVAL` for the daemon's pipe or a signal.
 fn wait(daemon: &OwnedFd, signals: &OwnedFd) -> Result<Wake, HoldGuardError> {
     let mut fds = [daemon, signals].map(|fd| libc::pollfd {
         fd: fd.as_raw_fd(),
