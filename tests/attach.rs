@@ -630,6 +630,30 @@ const TIMED_OPEN: &str = "import json, os, sys, time\n\
     held = time.monotonic() - t; os.close(fd)\n\
     print(json.dumps({'pid': os.getpid(), 'open_s': held}))";
 
+/// Starts a process that opens `library` as the dynamic loader does, timing its own open.
+fn timed_open(library: &Path) -> Started {
+    Started::piped(
+        Command::new(FUSE_PYTHON)
+            .args(["-c", TIMED_OPEN])
+            .arg(library),
+    )
+}
+
+/// The pid of a [`timed_open`] process and how long its open took, in s, once it exits (within
+/// 60 s: it was resumed).
+fn open_report(opener: &mut Started, daemon: &Daemon) -> (u32, f64) {
+    let opened = wait_with_timeout(&mut opener.0, Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("the opener was not resumed; log:\n{}", daemon.log_text()));
+    assert!(opened.success(), "the opener failed: {opened}");
+    let mut report = String::new();
+    std::io::Read::read_to_string(opener.0.stdout.as_mut().unwrap(), &mut report).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    (
+        report["pid"].as_u64().unwrap() as u32,
+        report["open_s"].as_f64().unwrap(),
+    )
+}
+
 /// Builds tests/fuse/map_file.c (a process that maps a file and waits) into `dir`.
 fn build_mapper(dir: &Path) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuse/map_file.c");
@@ -655,15 +679,13 @@ fn a_library_on_a_hung_file_system_neither_stops_the_daemon_nor_keeps_its_proces
         Err(reason) => return skip_at_run_time(TEST, &reason),
     };
     let (opened_file, mapped_file) = (hung.file("libmpi.so.40"), hung.file("libmpich.so.12"));
+    // The hold limit above the read timeout: the daemon's deadline resumes the opener, not the
+    // hold guard.
     let daemon = Daemon::with_config(
-        &format!("[mpi]\nlibrary_read_timeout_ms = {READ_TIMEOUT_MS}\n"),
+        &format!("[mpi]\nlibrary_read_timeout_ms = {READ_TIMEOUT_MS}\nhold_limit_s = 30\n"),
         &[],
     );
-    let mut opener = Started::piped(
-        Command::new(FUSE_PYTHON)
-            .args(["-c", TIMED_OPEN])
-            .arg(&opened_file),
-    );
+    let mut opener = timed_open(&opened_file);
     wait_until(
         &daemon,
         Duration::from_secs(30),
@@ -675,16 +697,7 @@ fn a_library_on_a_hung_file_system_neither_stops_the_daemon_nor_keeps_its_proces
     let (copy_dir, copy) = copied_library(Mpi::OpenMpi);
     let program = program("counts", Mpi::OpenMpi);
     let outputs = run_counts_on_copy(Mpi::OpenMpi, copy_dir.path());
-    let opened = wait_with_timeout(&mut opener.0, Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("the opener was not resumed; log:\n{}", daemon.log_text()));
-    assert!(opened.success(), "the opener failed: {opened}");
-    let mut report = String::new();
-    std::io::Read::read_to_string(opener.0.stdout.as_mut().unwrap(), &mut report).unwrap();
-    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
-    let (pid, held_s) = (
-        report["pid"].as_u64().unwrap(),
-        report["open_s"].as_f64().unwrap(),
-    );
+    let (pid, held_s) = open_report(&mut opener, &daemon);
     let timeout_s = READ_TIMEOUT_MS as f64 / 1e3;
     eprintln!(
         "the opener's open of the hung file took {held_s:.3} s (the read timeout is {timeout_s} s)"
@@ -744,4 +757,129 @@ fn a_library_on_a_hung_file_system_neither_stops_the_daemon_nor_keeps_its_proces
         stopping.elapsed().as_secs_f64()
     );
     drop(hung);
+}
+
+/// `mpi.hold_limit_s` by default.
+const HOLD_LIMIT_S: f64 = 2.0;
+
+/// The state letter of process `pid` (/proc/PID/stat: R, S, T for stopped, Z...); `None` once it
+/// is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name, in parentheses, may hold spaces: the state follows its closing one.
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// Process `pid` runs (or sleeps): neither gone nor a zombie.
+fn is_alive(pid: u32) -> bool {
+    !matches!(process_state(pid), None | Some('Z' | 'X'))
+}
+
+/// Sends `signal` (STOP, CONT) to process `pid`.
+fn send_signal(pid: u32, signal: &str) {
+    let st = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{signal} {pid}: {st}");
+}
+
+/// The pid of the daemon's hold guard, as its log names it.
+fn hold_guard_pid(daemon: &Daemon) -> u32 {
+    const NAMED: &str = "the hold guard (pid ";
+    let line = wait_for_log_line(daemon, NAMED);
+    let pid = line.split_once(NAMED).unwrap().1;
+    pid[..pid.find(')').unwrap()].parse().unwrap()
+}
+
+/// Waits until process `pid` is gone (or a zombie).
+fn wait_until_gone(daemon: &Daemon, pid: u32, what: &str) {
+    wait_until(daemon, Duration::from_secs(10), what, || !is_alive(pid));
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_frozen_daemon_holds_a_process_no_longer_than_the_hold_limit() {
+    let (_dir, copy) = copied_library(Mpi::OpenMpi);
+    let daemon = Daemon::start(&[]);
+    let guard = hold_guard_pid(&daemon);
+    send_signal(daemon.pid(), "STOP");
+    let mut opener = timed_open(&copy);
+    let (pid, open_s) = open_report(&mut opener, &daemon);
+    send_signal(daemon.pid(), "CONT");
+    eprintln!("the open took {open_s:.3} s with the daemon frozen (hold limit {HOLD_LIMIT_S} s)");
+    // Held until the limit, then resumed by the guard within its look interval (the margin is
+    // for a loaded machine).
+    assert!(
+        (HOLD_LIMIT_S..HOLD_LIMIT_S + 3.0).contains(&open_s),
+        "the open took {open_s} s for a hold limit of {HOLD_LIMIT_S} s"
+    );
+    eprintln!(
+        "{}",
+        wait_for_log_line(&daemon, &format!("hold guard: resumed pid {pid}, held"))
+    );
+    // The daemon, thawed, handles the report and finds the process resumed already.
+    wait_for_log_line(
+        &daemon,
+        &format!("pid {pid} had been resumed by the hold guard"),
+    );
+    daemon.stop();
+    assert!(
+        !is_alive(guard),
+        "the hold guard (pid {guard}) outlived the daemon's stop"
+    );
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_killed_daemon_leaves_no_process_held_and_a_new_daemon_holds_again() {
+    let copies = [copied_library(Mpi::OpenMpi), copied_library(Mpi::OpenMpi)];
+    // A limit far above the waits here: the processes run on because the daemon died.
+    let mut daemon = Daemon::with_config("[mpi]\nhold_limit_s = 60\n", &[]);
+    let old_guard = hold_guard_pid(&daemon);
+    send_signal(daemon.pid(), "STOP");
+    let mut openers = copies.each_ref().map(|(_, copy)| timed_open(copy));
+    wait_until(
+        &daemon,
+        Duration::from_secs(30),
+        "both openers held (stopped)",
+        || openers.iter().all(|o| process_state(o.0.id()) == Some('T')),
+    );
+    daemon.kill9();
+    for opener in &mut openers {
+        let (pid, open_s) = open_report(opener, &daemon);
+        eprintln!("pid {pid}: the open took {open_s:.3} s, its daemon killed while it was held");
+        assert!(open_s < 30.0, "pid {pid} was held {open_s} s");
+        wait_for_log_line(&daemon, &format!("hold guard: resumed pid {pid}, held"));
+    }
+    assert!(daemon
+        .log_text()
+        .contains("the daemon exited while holding it"));
+    wait_until_gone(&daemon, old_guard, "the old daemon's hold guard exited");
+    // A new daemon starts a guard of its own, and holds and resumes as before.
+    let daemon = Daemon::start(&[]);
+    let guard = hold_guard_pid(&daemon);
+    assert_ne!(guard, old_guard);
+    assert!(
+        !is_alive(old_guard),
+        "the old hold guard (pid {old_guard}) runs again"
+    );
+    let (_dir, copy) = copied_library(Mpi::OpenMpi);
+    let mut opener = timed_open(&copy);
+    let (pid, open_s) = open_report(&mut opener, &daemon);
+    eprintln!(
+        "{} (the opener timed {open_s:.3} s)",
+        wait_for_log_line(&daemon, &format!("pid {pid} held "))
+    );
+    let log = daemon.log_text();
+    assert!(
+        !log.contains(&format!("hold guard: resumed pid {pid},")),
+        "the new daemon did not resume pid {pid} itself:\n{log}"
+    );
+    daemon.stop();
+    assert!(
+        !is_alive(guard),
+        "the hold guard (pid {guard}) outlived the daemon's stop"
+    );
 }

@@ -8,7 +8,9 @@
 //! libmpi_mpifh.so, ...), it was opened for reading, and its path is not among the paths the
 //! daemon has handled, it tells the daemon (pid, descriptor, path) and stops the process with
 //! SIGSTOP, which takes effect on the return from openat, before the loader maps the file. The
-//! daemon attaches through /proc/PID/fd/FD and sends SIGCONT.
+//! daemon attaches through /proc/PID/fd/FD and sends SIGCONT. Every process held is also in
+//! HELD_PROCESSES, which the hold guard (a process of its own, profiler's capture/hold_guard.rs)
+//! watches: it resumes a process held too long, or every one when the daemon dies.
 
 use aya_ebpf::{
     bindings::{pt_regs, BPF_RB_FORCE_WAKEUP},
@@ -17,7 +19,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel, bpf_probe_read_user_str_bytes, bpf_send_signal, bpf_task_pt_regs,
     },
     macros::{map, tracepoint},
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
@@ -41,8 +43,13 @@ static LIBRARY_OPENS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
 /// Room to build one record (larger than the stack should hold).
 #[map]
 static LIBRARY_OPEN_SCRATCH: PerCpuArray<LibraryOpen> = PerCpuArray::with_max_entries(1, 0);
-/// Opens of a new library that could not be reported (the ring was full): the process was not
-/// held, and only the daemon's scan after its exec finds the library.
+/// The processes held now: pid → CLOCK_MONOTONIC ns of the hold. The daemon deletes a process's
+/// entry when it resumes it; the hold guard resumes and deletes those held past
+/// `mpi.hold_limit_s`, and all of them when the daemon dies.
+#[map]
+static HELD_PROCESSES: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+/// Opens of a new library that could not be reported (the ring or HELD_PROCESSES was full): the
+/// process was not held, and only the daemon's scan after its exec finds the library.
 #[map]
 static LIBRARY_OPENS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
@@ -132,16 +139,33 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
     if unsafe { bpf_send_signal(SIGSTOP) } != 0 {
         return None;
     }
+    // Listed only once the stop is pending, for the same reason: whoever deletes an entry and
+    // then sends SIGCONT (the daemon, the guard) resumes every hold that entry stood for.
+    if HELD_PROCESSES.insert(&pid, &record.opened_ns, 0).is_err() {
+        // Full: no guard would know of it, so it is not held.
+        release(pid, false);
+        return None;
+    }
     if LIBRARY_OPENS
         .output::<LibraryOpen>(record, BPF_RB_FORCE_WAKEUP as u64)
         .is_err()
     {
-        // Nobody will resume it: SIGCONT discards the pending stop (or ends it).
-        unsafe { bpf_send_signal(SIGCONT) };
-        if let Some(lost) = LIBRARY_OPENS_LOST.get_ptr_mut(0) {
-            unsafe { *lost += 1 };
-        }
+        release(pid, true);
         return None;
     }
     Some(())
+}
+
+/// Lets a process go that cannot be held after all: nobody would resume it. `listed`: its entry
+/// in HELD_PROCESSES is deleted first (then the SIGCONT covers the hold it stood for). SIGCONT
+/// discards the pending stop (or ends it); the open counts as not held.
+#[inline(always)]
+fn release(pid: u32, listed: bool) {
+    if listed {
+        let _ = HELD_PROCESSES.remove(&pid);
+    }
+    unsafe { bpf_send_signal(SIGCONT) };
+    if let Some(lost) = LIBRARY_OPENS_LOST.get_ptr_mut(0) {
+        unsafe { *lost += 1 };
+    }
 }

@@ -79,6 +79,24 @@ pub enum Command {
         #[arg(long, conflicts_with = "default")]
         file: Option<PathBuf>,
     },
+    /// The hold guard, which the daemon starts: resumes the processes the daemon holds when it
+    /// does not (see `mpi.hold_limit_s`).
+    #[command(name = crate::capture::hold_guard::SUBCOMMAND, hide = true)]
+    HoldGuard(HoldGuardArgs),
+}
+
+/// What the daemon passes its hold guard.
+#[derive(Args, Debug)]
+pub struct HoldGuardArgs {
+    /// The descriptor of the BPF map of held processes.
+    #[arg(long)]
+    pub map_fd: i32,
+    /// The read end of the pipe only the daemon writes to: its end of file says the daemon exited.
+    #[arg(long)]
+    pub daemon_fd: i32,
+    /// Resume a process held longer than this, in ms.
+    #[arg(long)]
+    pub limit_ms: u64,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -95,6 +95,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             Ok(mpiburst::aggregate::run(args.listen, sources)?)
         }
+        Command::HoldGuard(args) => Ok(mpiburst::capture::hold_guard::run(
+            args.map_fd,
+            args.daemon_fd,
+            std::time::Duration::from_millis(args.limit_ms),
+        )?),
         Command::Config { default, file } => {
             if default {
                 print!("{}", Config::default_toml());

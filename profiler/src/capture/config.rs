@@ -34,6 +34,11 @@ pub enum InvalidSetting {
          (a held process waits that long at most)"
     )]
     LibraryReadTimeout(u64),
+    #[error(
+        "mpi.hold_limit_s is {0}: give {MIN_HOLD_LIMIT_S} to {MAX_HOLD_LIMIT_S} s (a process held \
+         by a daemon that does not answer is resumed after that long)"
+    )]
+    HoldLimit(f64),
     #[error("mpi.functions has more than 65535 entries")]
     TooManyFunctions,
     #[error("mpi.functions: {0:?} is not a C MPI name; write it as MPI_Xxx")]
@@ -286,6 +291,11 @@ impl GovernorConfig {
 const DEFAULT_LIBRARY_READ_TIMEOUT_MS: u64 = 3000;
 /// Its largest value: a held process waits that long at most.
 const MAX_LIBRARY_READ_TIMEOUT_MS: u64 = 600_000;
+/// `mpi.hold_limit_s` by default: a hold the daemon handles lasts tens of ms.
+const DEFAULT_HOLD_LIMIT_S: f64 = 2.0;
+/// Its bounds: the hold guard looks every 100 ms, and a job must not wait for long.
+const MIN_HOLD_LIMIT_S: f64 = 0.2;
+const MAX_HOLD_LIMIT_S: f64 = 600.0;
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -303,6 +313,11 @@ pub struct MpiConfig {
     /// daemon's loop; past this, a held process is resumed and runs unprofiled, and the file is
     /// not read again until the stuck read returns (a hung NFS or FUSE mount).
     pub library_read_timeout_ms: u64,
+    /// The longest a process stays held, in s: past it the hold guard (a process the daemon
+    /// starts, which outlives it) resumes the process, probes attached or not, when the daemon
+    /// is stopped, hung or slow; when the daemon dies, the guard resumes every held process at
+    /// once. It also bounds the wait for a library read (`library_read_timeout_ms`).
+    pub hold_limit_s: f64,
     /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
     /// the (count, datatype) pair in the C binding whose product gives the call's bytes;
     /// `peer_arg` and `comm_arg` those of the peer rank (destination or source) and of its
@@ -466,6 +481,7 @@ impl Default for MpiConfig {
             libraries: Vec::new(),
             hold_new_libraries: true,
             library_read_timeout_ms: DEFAULT_LIBRARY_READ_TIMEOUT_MS,
+            hold_limit_s: DEFAULT_HOLD_LIMIT_S,
             functions,
         }
     }
@@ -483,12 +499,20 @@ impl MpiConfig {
         Duration::from_millis(self.library_read_timeout_ms)
     }
 
+    /// `hold_limit_s` as a duration.
+    pub fn hold_limit(&self) -> Duration {
+        Duration::from_secs_f64(self.hold_limit_s)
+    }
+
     /// Checks what the file format cannot express; the error says what to change.
     pub fn validate(&self) -> Result<(), InvalidSetting> {
         if !(1..=MAX_LIBRARY_READ_TIMEOUT_MS).contains(&self.library_read_timeout_ms) {
             return Err(InvalidSetting::LibraryReadTimeout(
                 self.library_read_timeout_ms,
             ));
+        }
+        if !(MIN_HOLD_LIMIT_S..=MAX_HOLD_LIMIT_S).contains(&self.hold_limit_s) {
+            return Err(InvalidSetting::HoldLimit(self.hold_limit_s));
         }
         let mut seen = std::collections::BTreeSet::new();
         if self.functions.len() > u16::MAX as usize {
@@ -530,6 +554,10 @@ impl MpiConfig {
              # unprofiled, the daemon logs a warning naming the pid and the file, and the file is\n\
              # not read again until the stuck read returns.\n\
              library_read_timeout_ms = {}\n\
+             # The longest a process stays held, in s. A separate process, the hold guard, resumes\n\
+             # a process held longer (the daemon is stopped, hung or slow: it runs on, perhaps\n\
+             # unprofiled), and every held process at once when the daemon dies.\n\
+             hold_limit_s = {:?}\n\
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
              # pair in the C binding; their product is the call's bytes. peer_arg/comm_arg: those of\n\
              # the peer rank and its communicator (peers in MPI_COMM_WORLD are summed per call site).\n\
@@ -537,7 +565,7 @@ impl MpiConfig {
              # \"datatype\" (MPI_Type_free) lets Open MPI's probes reuse a datatype's size until\n\
              # the next free instead of reading it at every call.\n\
              functions = [\n",
-            DEFAULT_LIBRARY_READ_TIMEOUT_MS
+            DEFAULT_LIBRARY_READ_TIMEOUT_MS, DEFAULT_HOLD_LIMIT_S
         );
         for f in &MpiConfig::default().functions {
             let class = toml::Value::try_from(f.class).expect("a function class is a TOML string");
@@ -557,5 +585,26 @@ impl MpiConfig {
         }
         out.push_str("]\n\n");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hold_limit_must_leave_the_guard_time_to_look_and_the_job_little_to_wait() {
+        let with_limit = |hold_limit_s| MpiConfig {
+            hold_limit_s,
+            ..MpiConfig::default()
+        };
+        assert_eq!(MpiConfig::default().hold_limit(), Duration::from_secs(2));
+        assert_eq!(with_limit(0.5).validate(), Ok(()));
+        for invalid in [0.0, 0.1, 601.0, f64::NAN] {
+            let error = with_limit(invalid).validate().unwrap_err();
+            assert!(error.to_string().contains("mpi.hold_limit_s"), "{error}");
+        }
+        let default: toml::Value = toml::from_str(&MpiConfig::default_toml()).unwrap();
+        assert_eq!(default["mpi"]["hold_limit_s"].as_float(), Some(2.0));
     }
 }

@@ -1,8 +1,13 @@
 //! The watch on library opens: the BPF program `library_open_exit` (profiler-ebpf's
 //! libraries.rs) holds a process that opens an MPI library at a path the daemon has not handled
-//! and reports it here; the daemon attaches, marks the path known, and resumes the process.
+//! and reports it here; the daemon attaches, marks the path known, and resumes the process. The
+//! hold guard (hold_guard.rs) resumes it instead when the daemon does not in time.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::{
+    os::fd::{AsFd, OwnedFd},
+    sync::Arc,
+    time::Duration,
+};
 
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
@@ -10,7 +15,10 @@ use aya::{
 };
 use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
 
-use super::{map_mut, map_ref, program_mut, read_record, take_map, tracefs, Capture, CaptureError};
+use super::{
+    hold_guard::HeldProcesses, map_mut, map_ref, program_mut, read_record, take_map, tracefs,
+    Capture, CaptureError,
+};
 
 /// The program and the tracepoint it runs at: the exit of openat, the call the dynamic loader
 /// opens libraries with.
@@ -32,30 +40,38 @@ pub struct LibraryOpenEvent {
     pub path: String,
 }
 
-/// A process the BPF program stopped: resumed (SIGCONT) when dropped, whatever happened to the
-/// event in between, so no error path of the daemon leaves it stopped.
+/// A process the BPF program stopped: resumed (SIGCONT) and taken off the held processes when
+/// dropped, whatever happened to the event in between, so no error path of the daemon leaves it
+/// stopped.
 #[derive(Debug)]
 pub struct HeldProcess {
     pub pid: u32,
+    /// Keeps the hold guard running until the process is resumed.
+    held: Arc<HeldProcesses>,
 }
 
 impl Drop for HeldProcess {
     fn drop(&mut self) {
         let pid = self.pid;
-        // SAFETY: kill has no memory preconditions.
-        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) } == 0 {
-            return;
-        }
-        let error = std::io::Error::last_os_error();
-        // A process that was killed while held has nothing left to resume.
-        if error.raw_os_error() != Some(libc::ESRCH) {
-            tracing::error!(
+        match self.held.resume(pid) {
+            (_, Err(error)) => tracing::error!(
                 "cannot resume pid {pid}, stopped while its MPI library was attached: {error}; \
                  resume it with `kill -CONT {pid}` (the daemon needs CAP_KILL for another user's \
                  process)"
-            );
+            ),
+            (false, Ok(())) => tracing::info!(
+                "pid {pid} had been resumed by the hold guard already: it was held longer than \
+                 mpi.hold_limit_s"
+            ),
+            (true, Ok(())) => {}
         }
     }
+}
+
+/// The watch on library opens: the ring the program reports them on, and the processes it holds.
+pub(super) struct LibraryWatch {
+    ring: RingBuf<MapData>,
+    held: Arc<HeldProcesses>,
 }
 
 /// The offset of the return value in sys_exit_openat's records, for the program's globals.
@@ -64,14 +80,16 @@ pub(super) fn openat_ret_offset() -> Result<u64, CaptureError> {
 }
 
 impl Capture {
-    /// Attaches the program that holds processes opening new MPI libraries.
-    pub fn watch_library_opens(&mut self) -> Result<(), CaptureError> {
+    /// Attaches the program that holds processes opening new MPI libraries, and starts the hold
+    /// guard, which resumes a process held longer than `hold_limit`. Returns the guard's pid.
+    pub fn watch_library_opens(&mut self, hold_limit: Duration) -> Result<u32, CaptureError> {
         if let Some(unavailable) = self.library_watch_unavailable.take() {
             return Err(unavailable);
         }
-        // The ring first: once attached, the program stops processes that only a drained ring
-        // resumes.
+        // The ring and the guard first: once attached, the program stops processes that only a
+        // drained ring or the guard resumes.
         let ring: RingBuf<MapData> = take_map(&mut self.ebpf, "LIBRARY_OPENS")?;
+        let held = HeldProcesses::start(take_map(&mut self.ebpf, "HELD_PROCESSES")?, hold_limit)?;
         let program: &mut TracePoint = program_mut(&mut self.ebpf, PROGRAM)?;
         let failed = |source| CaptureError::Program {
             program: PROGRAM,
@@ -79,8 +97,9 @@ impl Capture {
         };
         program.load().map_err(failed)?;
         program.attach(CATEGORY, EVENT).map_err(failed)?;
-        self.library_opens = Some(ring);
-        Ok(())
+        let guard_pid = held.guard_pid();
+        self.library_opens = Some(LibraryWatch { ring, held });
+        Ok(guard_pid)
     }
 
     /// Detaches the program: no process is held from now on (those already reported are still
@@ -96,9 +115,11 @@ impl Capture {
     /// A descriptor that becomes readable when a library open is reported; `None` while not
     /// watching.
     pub fn library_opens_wakeup(&self) -> Option<Result<OwnedFd, CaptureError>> {
-        let ring = self.library_opens.as_ref()?;
+        let watch = self.library_opens.as_ref()?;
         Some(
-            ring.as_fd()
+            watch
+                .ring
+                .as_fd()
                 .try_clone_to_owned()
                 .map_err(|source| CaptureError::Io {
                     what: "a descriptor of the library open ring buffer".into(),
@@ -109,11 +130,11 @@ impl Capture {
 
     /// The library opens reported since the last call: each process is stopped until resumed.
     pub fn drain_library_opens(&mut self) -> Vec<LibraryOpenEvent> {
-        let Some(ring) = self.library_opens.as_mut() else {
+        let Some(watch) = self.library_opens.as_mut() else {
             return Vec::new();
         };
         let mut events = Vec::new();
-        while let Some(item) = ring.next() {
+        while let Some(item) = watch.ring.next() {
             let Some(record) = read_record::<LibraryOpen>(&item) else {
                 continue;
             };
@@ -123,7 +144,10 @@ impl Capture {
                 .position(|&b| b == 0)
                 .unwrap_or(LIBRARY_PATH_BYTES);
             events.push(LibraryOpenEvent {
-                held: HeldProcess { pid: record.pid },
+                held: HeldProcess {
+                    pid: record.pid,
+                    held: watch.held.clone(),
+                },
                 fd: record.fd,
                 path_hash: record.path_hash,
                 opened_ns: record.opened_ns,
@@ -161,11 +185,13 @@ impl Capture {
             tracing::info!("resumed {released} held processes at shutdown");
         }
         // Nothing is reported any more: later drains find no ring, and a second call does nothing.
+        // The guard stops once the processes the daemon still holds (waiting for a read) are
+        // resumed too.
         self.library_opens = None;
     }
 
-    /// Opens of new libraries the program could not report (its ring was full): those processes
-    /// were not held.
+    /// Opens of new libraries the program could not report (its ring or its map of held
+    /// processes was full): those processes were not held.
     pub fn library_opens_lost(&self) -> u64 {
         map_ref::<PerCpuArray<&MapData, u64>>(&self.ebpf, "LIBRARY_OPENS_LOST")
             .ok()
@@ -189,7 +215,8 @@ pub struct LibraryOpenStats {
     pub held_ns: u64,
     /// Library files (MPI libraries and PMPI interposers) attached while a process was held.
     pub attached: u64,
-    /// Opens that could not be reported (the ring buffer was full): not held.
+    /// Opens that could not be reported (the ring buffer or the map of held processes was
+    /// full): not held.
     pub not_held: u64,
     /// Reads of library files found at run time that did not return within
     /// `mpi.library_read_timeout_ms` (a file system that does not answer).

@@ -6,6 +6,7 @@ pub mod config;
 mod counters;
 mod governed;
 pub mod governor;
+pub mod hold_guard;
 mod libraries;
 mod mapping;
 mod multi;
@@ -98,6 +99,8 @@ pub enum CaptureError {
     },
     #[error(transparent)]
     Tracefs(#[from] tracefs::TracefsError),
+    #[error(transparent)]
+    HoldGuard(#[from] hold_guard::HoldGuardError),
     #[error("tracepoint {event}: {detail}")]
     TracepointFormat { event: String, detail: String },
 }
@@ -249,7 +252,7 @@ pub struct Capture {
     bursts: RecordRing,
     execs: RingBuf<MapData>,
     /// Opens of new MPI libraries, while the daemon holds the processes that open them.
-    library_opens: Option<RingBuf<MapData>>,
+    library_opens: Option<libraries::LibraryWatch>,
     /// Why library opens cannot be watched on this kernel, if they cannot.
     library_watch_unavailable: Option<CaptureError>,
     /// Library files already attached, by (device, inode): a file is attached once however many

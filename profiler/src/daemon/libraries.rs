@@ -2,7 +2,8 @@
 //! those new processes map (the scans after exec), and the PMPI interposers of the processes
 //! that map an MPI library. Their files are read off the loop with a deadline
 //! (`mpi.library_read_timeout_ms`, file_reads.rs): a file on a hung mount delays no burst, and
-//! a held process waits for it that long at most.
+//! a held process waits for it that long at most (or `mpi.hold_limit_s`, when shorter: the hold
+//! guard resumes it then).
 
 use std::{
     collections::HashMap,
@@ -48,8 +49,9 @@ pub(super) enum ReadResult {
 pub(super) struct Libraries {
     pub(super) attacher: Attacher,
     /// Processes that open a library at a new path are held until it is attached
-    /// (`mpi.hold_new_libraries`).
+    /// (`mpi.hold_new_libraries`), this long at most (`mpi.hold_limit_s`).
     hold_new_libraries: bool,
+    hold_limit: Duration,
     /// What the reads share with the loop.
     files: Arc<SharedFiles>,
     reads: FileReads<ReadFor, ReadResult>,
@@ -75,12 +77,14 @@ impl Libraries {
         functions: &[String],
         specs: Vec<FunctionSpec>,
         hold_new_libraries: bool,
+        hold_limit: Duration,
         deadline: Duration,
     ) -> Self {
         let files = Arc::<SharedFiles>::default();
         Libraries {
             attacher: Attacher::new(functions.to_vec(), specs, files.clone()),
             hold_new_libraries,
+            hold_limit,
             files,
             reads: FileReads::new(deadline),
             functions: functions.into(),
@@ -151,12 +155,17 @@ impl Libraries {
             tracing::warn!("mpi.hold_new_libraries is off: {fallback}");
             return;
         }
-        match capture.watch_library_opens() {
-            Ok(()) => tracing::info!(
+        match capture.watch_library_opens(self.hold_limit) {
+            Ok(guard_pid) => tracing::info!(
                 "attaching to MPI libraries as processes open them: a process that opens one at \
-                 a new path is held until its probes are attached"
+                 a new path is held until its probes are attached, {:.1} s at most \
+                 (mpi.hold_limit_s): past it, or when the daemon exits, the hold guard (pid \
+                 {guard_pid}) resumes it",
+                self.hold_limit.as_secs_f64()
             ),
-            Err(e) => tracing::warn!("cannot watch library opens ({e}): {fallback}"),
+            Err(e) => tracing::warn!(
+                "cannot watch library opens, so no process is held ({e}): {fallback}"
+            ),
         }
     }
 

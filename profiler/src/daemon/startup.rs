@@ -98,6 +98,7 @@ impl Daemon {
                 &functions,
                 config.mpi.functions.clone(),
                 config.mpi.hold_new_libraries,
+                config.mpi.hold_limit(),
                 config.mpi.library_read_timeout(),
             ),
             members: Members::new(node, config.daemon.cgroup.clone(), clock),
