@@ -5,6 +5,10 @@
 //! * `/api/jobs/{id}/phases`: the job-wide phases of the last windows every node closed.
 //! * `/api/jobs/{id}/properties`: the properties over the job's life, evaluated from the exact
 //!   totals of all its ranks (POP over the whole job), as a recording's report evaluates them.
+//! * `/api/jobs/{id}/ranks`: the rank groups and lead ranks of all ranks, clustered from their
+//!   exact counts over the job so far (default `[groups]` settings). Behaviour changes need the
+//!   counts at every window boundary, which a stateless merge does not have: each node's own
+//!   `/ranks` lists those of its ranks.
 //! * `/healthz`, and `/metrics` with the aggregator's own counters.
 //!
 //! Each job answer carries `job_wide`: the nodes merged, the nodes that did not answer (with
@@ -28,9 +32,13 @@ use serde_json::Value;
 use super::fanout::{fan_out, Unreachable};
 use super::Sources;
 use crate::{
-    analysis::online::{merge_nodes, NodeSamples},
+    analysis::{
+        groups::{GroupParams, RankGroupTracker},
+        online::{merge_nodes, NodeSamples, OnlineParams},
+    },
     export::{
         client::{job_path, DaemonClient, ServedJob},
+        groups::job_counts,
         http::JobDetail,
     },
     model::{unix_now_ns, JobId},
@@ -63,6 +71,7 @@ pub fn router(sources: Sources) -> Router {
         .route("/api/jobs/{id}", get(job))
         .route("/api/jobs/{id}/phases", get(phases))
         .route("/api/jobs/{id}/properties", get(properties))
+        .route("/api/jobs/{id}/ranks", get(ranks))
         .with_state(Aggregator {
             sources: Arc::new(sources),
             counters: Arc::default(),
@@ -131,9 +140,15 @@ fn unreachable_note(unreachable: &[Unreachable]) -> String {
     format!(" (not answering: {})", names.join(", "))
 }
 
-/// The world ranks of a job of `size` ranks that `job` lacks.
-fn missing_ranks(size: u32, has: impl Fn(u32) -> bool) -> Vec<u32> {
-    (0..size).filter(|&r| !has(r)).collect()
+/// Who made up a merged job: its nodes, those that did not answer, the world ranks it lacks.
+fn job_coverage(job: &Job, unreachable: Vec<Unreachable>) -> Coverage<Vec<&str>> {
+    Coverage {
+        nodes: job.meta.node.split(',').collect(),
+        unreachable,
+        missing_ranks: (0..job.meta.size)
+            .filter(|r| !job.ranks.contains_key(r))
+            .collect(),
+    }
 }
 
 /// `value` (a JSON object) with `job_wide` added.
@@ -151,11 +166,7 @@ async fn job(State(aggregator): State<Aggregator>, Path(id): Path<String>) -> Re
     let id = JobId(id);
     match merged_job(&aggregator, &id).await {
         Ok((job, unreachable, _)) => {
-            let coverage = Coverage {
-                nodes: job.meta.node.split(',').collect::<Vec<_>>(),
-                unreachable,
-                missing_ranks: missing_ranks(job.meta.size, |r| job.ranks.contains_key(&r)),
-            };
+            let coverage = job_coverage(&job, unreachable);
             with_coverage(
                 serde_json::to_value(JobDetail::of(&job, 0)).unwrap_or_default(),
                 coverage,
@@ -181,16 +192,33 @@ async fn properties(State(aggregator): State<Aggregator>, Path(id): Path<String>
         }
     }
     let properties = lifetime_properties(&job, hardware, unix_now_ns(), &PropertyConfig::default());
-    let coverage = Coverage {
-        nodes: job.meta.node.split(',').collect::<Vec<_>>(),
-        unreachable,
-        missing_ranks: missing_ranks(job.meta.size, |r| job.ranks.contains_key(&r)),
-    };
+    let coverage = job_coverage(&job, unreachable);
     with_coverage(
         serde_json::json!({
             "job": properties,
             "job_recommendations": properties.recommendations(),
         }),
+        coverage,
+    )
+}
+
+/// The rank groups of all the job's ranks over the job so far.
+async fn ranks(State(aggregator): State<Aggregator>, Path(id): Path<String>) -> Response {
+    let id = JobId(id);
+    let (job, unreachable, _) = match merged_job(&aggregator, &id).await {
+        Ok(merged) => merged,
+        Err(failure) => return failure.into_response(),
+    };
+    let params = GroupParams::default();
+    let window_s = OnlineParams::default().window_s;
+    let mut tracker = RankGroupTracker::for_job(params, window_s, job.meta.first_seen_ns);
+    tracker.finish(
+        job.meta.ended_ns.unwrap_or_else(unix_now_ns),
+        &job_counts(&job),
+    );
+    let coverage = job_coverage(&job, unreachable);
+    with_coverage(
+        serde_json::to_value(tracker.view()).unwrap_or_default(),
         coverage,
     )
 }
