@@ -181,6 +181,15 @@ fn assert_job_wide_equal(aggregator: &str, all: &str, id: &str, count: usize) {
         "{}",
         job["job_wide"]
     );
+    let whole_job = get_json(all, &format!("/api/jobs/{}", encode(id)));
+    for (what, detail) in [("merged", &job), ("all ranks", &whole_job)] {
+        for rank in detail["ranks"].as_array().unwrap() {
+            eprintln!(
+                "{what}: rank {} pid {} seen {} ended {} region {}",
+                rank["rank"], rank["pid"], rank["first_seen_ns"], rank["ended_ns"], rank["region"]
+            );
+        }
+    }
     let (pop, expected_pop) = (pop_of(aggregator, id), pop_of(all, id));
     eprintln!("POP merged {pop}\nPOP all ranks {expected_pop}");
     for name in [
@@ -217,6 +226,40 @@ fn the_aggregator_merges_two_nodes_into_what_a_daemon_seeing_all_ranks_finds() {
     ));
     let scraped = Aggregator::start(&["--prometheus", &prometheus.addr]);
     assert_job_wide_equal(&scraped.addr, &all.addr, &id, 2);
+
+    // A restarted aggregator answers the same: it kept nothing of its own.
+    let before = get_json(
+        &aggregator.addr,
+        &format!("/api/jobs/{}/phases", encode(&id)),
+    );
+    drop(aggregator);
+    let aggregator = Aggregator::start(&["--daemon", addrs[0], "--daemon", addrs[1]]);
+    let after = get_json(
+        &aggregator.addr,
+        &format!("/api/jobs/{}/phases", encode(&id)),
+    );
+    assert_eq!(last_window(&after), last_window(&before), "after a restart");
+
+    // A frozen node is named once its answer is late; the others are merged.
+    let frozen = nodes[0].pid().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &frozen])
+        .status()
+        .unwrap()
+        .success());
+    let late = get_json(&aggregator.addr, &format!("/api/jobs/{}", encode(&id)));
+    assert!(Command::new("kill")
+        .args(["-CONT", &frozen])
+        .status()
+        .unwrap()
+        .success());
+    let coverage = &late["job_wide"];
+    assert_eq!(
+        coverage["missing_ranks"],
+        serde_json::json!([0, 2]),
+        "{coverage}"
+    );
+    assert_eq!(coverage["unreachable"][0]["node"], addrs[0], "{coverage}");
 
     // A node that is down is named, and its ranks are missing, never silently left out.
     let down = nodes[1].addr.clone();

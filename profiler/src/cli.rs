@@ -114,6 +114,19 @@ pub struct AggregateArgs {
     /// last 10 minutes.
     #[arg(long, value_name = "ADDRESS", group = "nodes", value_parser = parse_prometheus)]
     pub prometheus: Option<DaemonClient>,
+    /// Seconds a node's daemon may take to connect, to answer, and for each read of its answer;
+    /// a node that takes longer is named as not answering and the others are merged.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3.0, value_parser = parse_node_timeout)]
+    pub node_timeout: f64,
+}
+
+fn parse_node_timeout(arg: &str) -> Result<f64, String> {
+    match arg.parse::<f64>() {
+        Ok(s) if (0.1..=600.0).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "{arg}: give the seconds as a number from 0.1 to 600"
+        )),
+    }
 }
 
 /// A daemon's address, its port the daemons' default when omitted.

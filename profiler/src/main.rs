@@ -89,9 +89,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Compare(args) => compare_command(&args),
         Command::Predict(args) => predict_command(&args),
         Command::Aggregate(args) => {
+            let node_timeout = std::time::Duration::from_secs_f64(args.node_timeout);
             let sources = match args.prometheus {
-                Some(prometheus) => Sources::Prometheus(prometheus),
-                None => Sources::Daemons(args.daemons),
+                Some(server) => Sources::Prometheus {
+                    server,
+                    node_timeout,
+                },
+                None => Sources::Daemons(
+                    args.daemons
+                        .into_iter()
+                        .map(|d| d.with_timeout(node_timeout))
+                        .collect(),
+                ),
             };
             Ok(mpiburst::aggregate::run(args.listen, sources)?)
         }

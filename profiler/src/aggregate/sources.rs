@@ -2,7 +2,10 @@
 //! daemons a Prometheus server scrapes, each job on the `instance`s of its `mpiburst_job_info`
 //! series. Either way the aggregator keeps no list of its own: it asks on every request.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use serde::Deserialize;
 
@@ -20,8 +23,12 @@ const NODES_SEEN_WITHIN: &str = "10m";
 pub enum Sources {
     /// These daemons; a job's nodes are those that list it.
     Daemons(Vec<DaemonClient>),
-    /// The daemons this Prometheus server scrapes, found by their `mpiburst_job_info` series.
-    Prometheus(DaemonClient),
+    /// The daemons this Prometheus server scrapes, found by their `mpiburst_job_info` series,
+    /// each asked with the time limit `node_timeout`.
+    Prometheus {
+        server: DaemonClient,
+        node_timeout: Duration,
+    },
 }
 
 /// The nodes of each job, and the daemons that could not be asked.
@@ -36,7 +43,10 @@ impl Sources {
     pub async fn job_nodes(&self, job: Option<&JobId>) -> Result<JobNodes, AggregateError> {
         match self {
             Sources::Daemons(daemons) => Ok(listed_jobs(daemons, job).await),
-            Sources::Prometheus(prometheus) => scraped_jobs(prometheus, job).await,
+            Sources::Prometheus {
+                server,
+                node_timeout,
+            } => scraped_jobs(server, *node_timeout, job).await,
         }
     }
 }
@@ -66,6 +76,7 @@ async fn listed_jobs(daemons: &[DaemonClient], job: Option<&JobId>) -> JobNodes 
 /// Asks Prometheus which daemons reported which jobs lately.
 async fn scraped_jobs(
     prometheus: &DaemonClient,
+    node_timeout: Duration,
     job: Option<&JobId>,
 ) -> Result<JobNodes, AggregateError> {
     #[derive(Deserialize)]
@@ -111,7 +122,7 @@ async fn scraped_jobs(
         for instance in instances {
             // An instance is the HOST:PORT Prometheus scrapes: the daemon's API is there too.
             match DaemonClient::parse(&instance, 0) {
-                Ok(Some(daemon)) => daemons.push(daemon),
+                Ok(Some(daemon)) => daemons.push(daemon.with_timeout(node_timeout)),
                 _ => found.unreachable.push(Unreachable {
                     node: instance.clone(),
                     error: format!(
@@ -132,10 +143,10 @@ impl std::fmt::Display for Sources {
                 let list: Vec<String> = daemons.iter().map(ToString::to_string).collect();
                 write!(f, "the jobs of the daemons at {}", list.join(", "))
             }
-            Sources::Prometheus(prometheus) => {
+            Sources::Prometheus { server, .. } => {
                 write!(
                     f,
-                    "the jobs of the daemons that Prometheus at {prometheus} scrapes"
+                    "the jobs of the daemons that Prometheus at {server} scrapes"
                 )
             }
         }

@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// How long connecting, sending the request with reading the answer's header, and each read of
-/// the answer's body may take.
+/// the answer's body may take, unless [`DaemonClient::with_timeout`] says otherwise.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +53,13 @@ pub enum ClientError {
     #[error(
         "{addr} did not answer GET {path} within {} s; check that it is an mpiburst daemon and \
          that no firewall drops the connection",
-        TIMEOUT.as_secs()
+        limit.as_secs_f64()
     )]
-    Timeout { addr: String, path: String },
+    Timeout {
+        addr: String,
+        path: String,
+        limit: Duration,
+    },
     #[error("GET {path} from {addr} failed: {cause}")]
     Io {
         addr: String,
@@ -91,6 +95,7 @@ pub enum ClientError {
 pub struct DaemonClient {
     host: String,
     port: u16,
+    timeout: Duration,
 }
 
 impl std::fmt::Display for DaemonClient {
@@ -168,6 +173,7 @@ impl DaemonClient {
                 Ok(Some(DaemonClient {
                     host: host.to_string(),
                     port: port.unwrap_or(default_port),
+                    timeout: TIMEOUT,
                 }))
             }
             Some(_) => Err(bad("the daemon speaks http://")),
@@ -176,9 +182,18 @@ impl DaemonClient {
                 Ok((host, Some(port))) => Ok(Some(DaemonClient {
                     host: host.to_string(),
                     port,
+                    timeout: TIMEOUT,
                 })),
                 _ => Ok(None),
             },
+        }
+    }
+
+    /// The same daemon, each step of a request limited to `limit` instead of [`TIMEOUT`].
+    pub fn with_timeout(self, limit: Duration) -> Self {
+        DaemonClient {
+            timeout: limit,
+            ..self
         }
     }
 
@@ -206,7 +221,7 @@ impl DaemonClient {
         // The connection reads and writes the socket; its errors reach the request's future too,
         // and it ends with the runtime.
         tokio::spawn(connection);
-        let response = timeout(TIMEOUT, sender.send_request(request))
+        let response = timeout(self.timeout, sender.send_request(request))
             .await
             .map_err(|_| self.timeout_error(path))?
             .map_err(|e| self.http_error(path, e))?;
@@ -217,7 +232,7 @@ impl DaemonClient {
             .and_then(|v| v.to_str().ok()?.trim().parse::<usize>().ok());
         let mut body = response.into_body();
         let mut received = Vec::new();
-        while let Some(frame) = timeout(TIMEOUT, body.frame())
+        while let Some(frame) = timeout(self.timeout, body.frame())
             .await
             .map_err(|_| self.timeout_error(path))?
         {
@@ -265,6 +280,7 @@ impl DaemonClient {
         ClientError::Timeout {
             addr: self.to_string(),
             path: path.to_string(),
+            limit: self.timeout,
         }
     }
 
@@ -302,7 +318,7 @@ impl DaemonClient {
             .collect();
         let mut last = None;
         for candidate in candidates {
-            match timeout(TIMEOUT, TcpStream::connect(candidate)).await {
+            match timeout(self.timeout, TcpStream::connect(candidate)).await {
                 Ok(Ok(stream)) => return Ok(stream),
                 Ok(Err(e)) => last = Some(e),
                 Err(_) => last = Some(ErrorKind::TimedOut.into()),
@@ -575,6 +591,7 @@ mod tests {
             DaemonClient {
                 host: "127.0.0.1".into(),
                 port,
+                timeout: TIMEOUT,
             },
             handle,
         )
@@ -702,6 +719,7 @@ mod tests {
         let client = DaemonClient {
             host: "127.0.0.1".into(),
             port,
+            timeout: TIMEOUT,
         };
         let e = client.jobs().unwrap_err().to_string();
         assert_eq!(
