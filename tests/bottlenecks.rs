@@ -2,7 +2,7 @@
 //! tracepoints (request sizes and the consolidation recommendation), and a job split over two
 //! daemons with distinct node identities whose job-wide load balance Prometheus computes exactly.
 
-use std::{path::PathBuf, process::Stdio, time::Duration};
+use std::{process::Stdio, time::Duration};
 
 use mpiburst_tests::*;
 
@@ -71,37 +71,6 @@ fn io_request_sizes_and_the_small_request_recommendation() {
         "the small-request recommendation fires for 64 KiB requests only"
     );
     daemon.stop();
-}
-
-/// A cgroup for one half of a job's ranks, removed on drop. Uses the cgroup2 hierarchy.
-struct Cgroup {
-    dir: PathBuf,
-    /// The path as /proc/PID/cgroup shows it.
-    path: String,
-}
-
-impl Cgroup {
-    fn new(name: &str) -> Cgroup {
-        require_root();
-        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-        let root = mounts
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .find(|f| f.get(2) == Some(&"cgroup2"))
-            .map(|f| PathBuf::from(f[1]))
-            .expect("a cgroup2 hierarchy (mount -t cgroup2 none /sys/fs/cgroup/unified)");
-        let path = format!("/{name}-{}", std::process::id());
-        let dir = root.join(&path[1..]);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        Cgroup { dir, path }
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // Empty once the ranks have exited; a cgroup with processes cannot be removed.
-        let _ = std::fs::remove_dir(&self.dir);
-    }
 }
 
 #[test]

@@ -321,6 +321,146 @@ pub fn kill_daemon_left_running(child: &mut Child, log: impl FnOnce() -> String)
     }
 }
 
+/// A cgroup of the cgroup2 hierarchy, removed on drop: a simulated node's, or part of a job's
+/// ranks. Its name ends in this test process's pid.
+pub struct Cgroup {
+    pub dir: PathBuf,
+    /// The path as /proc/PID/cgroup shows it.
+    pub path: String,
+}
+
+impl Cgroup {
+    pub fn new(name: &str) -> Cgroup {
+        require_root();
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(2) == Some(&"cgroup2"))
+            .map(|f| PathBuf::from(f[1]))
+            .expect("a cgroup2 hierarchy (mount -t cgroup2 none /sys/fs/cgroup/unified)");
+        let path = format!("/{name}-{}", std::process::id());
+        let dir = root.join(&path[1..]);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Cgroup { dir, path }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Empty once the ranks have exited; a cgroup with processes cannot be removed.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Nodes of a cluster simulated on this machine, for a job over several nodes. Each node is a
+/// cgroup with a daemon of its own (`--node NAME --cgroup PATH`). A command runs on a node
+/// through the launchers' remote-start agent, [`SimulatedNodes::agent`]: a script called as ssh
+/// is (`[-x] HOST command…`, the command one shell text) that moves itself into HOST's cgroup and
+/// runs the command under host name HOST, in a UTS namespace of its own. Its mount namespace
+/// sees an /etc/hosts in which every node's name is a loopback address of its own, as Hydra
+/// needs (its proxies reach mpiexec, and MPICH's ranks each other, by host name); Open MPI's
+/// daemons reach mpirun by address, and take names that are this machine's own addresses for
+/// this machine.
+pub struct SimulatedNodes {
+    pub nodes: Vec<SimulatedNode>,
+    pub agent: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+pub struct SimulatedNode {
+    pub name: String,
+    pub cgroup: Cgroup,
+    pub daemon: Daemon,
+}
+
+impl SimulatedNodes {
+    /// The nodes `names`, each with its daemon running.
+    pub fn start(names: &[&str]) -> SimulatedNodes {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes: Vec<SimulatedNode> = names
+            .iter()
+            .map(|&name| {
+                let cgroup = Cgroup::new(&format!("mpiburst-node-{name}"));
+                let daemon = Daemon::start(&["--node", name, "--cgroup", &cgroup.path]);
+                SimulatedNode {
+                    name: name.to_string(),
+                    cgroup,
+                    daemon,
+                }
+            })
+            .collect();
+        let mut hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+        let mut cgroups = String::new();
+        for (n, node) in nodes.iter().enumerate() {
+            hosts += &format!("127.0.2.{} {}\n", n + 1, node.name);
+            cgroups += &format!("  {}) cgroup={} ;;\n", node.name, node.cgroup.dir.display());
+        }
+        let hosts_file = dir.path().join("hosts");
+        std::fs::write(&hosts_file, hosts).unwrap();
+        let agent = dir.path().join("agent");
+        std::fs::write(
+            &agent,
+            format!(
+                "#!/bin/sh\n\
+                 # Runs a command on a simulated node; called as ssh is: [-x] HOST command...\n\
+                 [ \"$1\" = -x ] && shift\n\
+                 host=$1; shift\n\
+                 case $host in\n{cgroups}  *) echo \"no simulated node $host\" >&2; exit 255 ;;\nesac\n\
+                 echo $$ > \"$cgroup/cgroup.procs\" || exit 255\n\
+                 exec unshare --mount --uts sh -c 'mount --bind \"$0\" /etc/hosts && hostname \"$1\" && exec sh -c \"$2\"' {} \"$host\" \"$*\"\n",
+                hosts_file.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        SimulatedNodes { nodes, agent, dir }
+    }
+
+    /// `command` run on node `node` through the agent.
+    pub fn on(&self, node: &str, command: &Command) -> Command {
+        let quote =
+            |word: &std::ffi::OsStr| format!("'{}'", word.to_string_lossy().replace('\'', r"'\''"));
+        let text: Vec<String> = std::iter::once(command.get_program())
+            .chain(command.get_args())
+            .map(quote)
+            .collect();
+        let mut on = Command::new(&self.agent);
+        on.arg(node).arg(text.join(" "));
+        on
+    }
+
+    /// `mpi`'s launcher for `ranks` ranks over all the nodes, `slots` ranks a node at most,
+    /// starting its remote side through the agent.
+    pub fn launcher(&self, mpi: Mpi, ranks: u32, slots: u32) -> Command {
+        let mut cmd = mpi.launcher(ranks);
+        let agent = self.agent.display().to_string();
+        match mpi {
+            Mpi::OpenMpi => {
+                let hostfile = self.dir.path().join("hostfile");
+                let lines: String = self
+                    .nodes
+                    .iter()
+                    .map(|node| format!("{} slots={slots}\n", node.name))
+                    .collect();
+                std::fs::write(&hostfile, lines).unwrap();
+                cmd.args(["--mca", "plm", "rsh", "--mca", "plm_rsh_agent", &agent]);
+                cmd.arg("--hostfile").arg(hostfile);
+            }
+            Mpi::Mpich => {
+                let hosts: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|node| format!("{}:{slots}", node.name))
+                    .collect();
+                cmd.args(["-bootstrap-exec", &agent, "-hosts", &hosts.join(",")]);
+            }
+        }
+        cmd
+    }
+}
+
 /// Every rank's calls per MPI function, as the daemon recorded them, equal the program's own.
 pub fn assert_calls_exact(job: &Job, outputs: &[serde_json::Value], what: &str) {
     assert_eq!(job.ranks.len(), outputs.len(), "{what}: ranks seen");

@@ -2,7 +2,8 @@
 //! configuration it writes into a temporary directory, and runs MPI jobs with srun under Open MPI
 //! (`--mpi=pmix`) and MPICH (`--mpi=pmi2`). The daemon names each job by its Slurm job and step
 //! ids, counts every rank's calls exactly, records the job's cgroup, profiles that job alone when
-//! `--cgroup` names it, and sees the job end.
+//! `--cgroup` names it, and sees the job end. A job that mpirun or Hydra's mpiexec launches
+//! inside an allocation is named by its launcher, with the allocation's Slurm job beside.
 //!
 //! Where the cluster cannot start on this machine (Slurm or munge not installed, a Slurm daemon
 //! that exits or never brings the node up, e.g. cgroup v2 without systemd's delegation), the test
@@ -270,15 +271,39 @@ impl Cluster {
             .output()
             .expect("run salloc");
         let said = String::from_utf8_lossy(&out.stderr).into_owned();
-        said.lines()
-            .find_map(|l| l.split("Granted job allocation ").nth(1))
-            .and_then(|id| id.trim().parse().ok())
-            .unwrap_or_else(|| {
-                panic!(
-                    "salloc did not grant an allocation ({}): {said}",
-                    out.status
-                )
-            })
+        granted_job(&said).unwrap_or_else(|| {
+            panic!(
+                "salloc did not grant an allocation ({}): {said}",
+                out.status
+            )
+        })
+    }
+
+    /// `mpi`'s own launcher (mpirun, Hydra's mpiexec) of the `counts` program inside a new
+    /// allocation of `RANKS` tasks, which salloc runs on this node as a batch script would: the
+    /// allocation's job id, the program and its ranks' own counts.
+    fn mpirun_counts_in_allocation(&self, mpi: Mpi) -> (u32, PathBuf, Vec<serde_json::Value>) {
+        let out = tempfile::tempdir().unwrap();
+        let program = program("counts", mpi);
+        let launcher = mpi.launcher(RANKS);
+        let said = out.path().join("salloc.err");
+        let mut cmd = self.command("salloc");
+        cmd.args(["-n", &RANKS.to_string(), "--overcommit"])
+            .arg(launcher.get_program())
+            .args(launcher.get_args())
+            .arg(&program)
+            .arg(out.path())
+            .stdin(Stdio::null())
+            .stderr(fs::File::create(&said).unwrap());
+        let status = run_with_timeout(cmd, Duration::from_secs(180));
+        let said = fs::read_to_string(&said).unwrap_or_default();
+        assert!(
+            status.success(),
+            "{mpi:?} launcher in salloc failed ({status}): {said}"
+        );
+        let job = granted_job(&said)
+            .unwrap_or_else(|| panic!("salloc did not say its allocation: {said}"));
+        (job, program, rank_outputs(out.path(), "counts", RANKS))
     }
 
     /// The cgroup Slurm puts job `job` in, as its next step (one task) finds in its own
@@ -419,6 +444,13 @@ fn mpi_plugin(mpi: Mpi) -> &'static str {
     }
 }
 
+/// The job id in what salloc said (`salloc: Granted job allocation <id>`).
+fn granted_job(said: &str) -> Option<u32> {
+    said.lines()
+        .find_map(|l| l.split("Granted job allocation ").nth(1))
+        .and_then(|id| id.trim().parse().ok())
+}
+
 fn on_path(program: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
@@ -535,4 +567,51 @@ fn with_cgroup_set_to_a_slurm_jobs_cgroup_the_daemon_profiles_that_job_alone() {
         &outputs,
         &what,
     );
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn mpirun_inside_an_allocation_names_the_job_itself_and_keeps_the_slurm_job() {
+    let Some((_turn, cluster)) = cluster_for_this_test() else {
+        return;
+    };
+    let daemon = Daemon::start(&[]);
+    // Open MPI's mpirun starts the ranks itself; Hydra's mpiexec starts its proxy with srun, so
+    // its ranks have the Slurm variables of that step, and mpirun's those of the allocation.
+    let runs: Vec<_> = [(Mpi::OpenMpi, "pmix:"), (Mpi::Mpich, "hydra:")]
+        .into_iter()
+        .map(|(mpi, prefix)| (mpi, prefix, cluster.mpirun_counts_in_allocation(mpi)))
+        .collect();
+    let listed = get_json(&daemon.addr, "/api/jobs");
+    let recording = daemon.stop();
+    for (mpi, prefix, (slurm_job, program, outputs)) in &runs {
+        let what = format!("counts under {mpi:?}'s own launcher in Slurm job {slurm_job}");
+        // One job for all ranks (job_of), each counted exactly under its world rank.
+        let job = job_of(&recording, program);
+        eprintln!("{what}: recorded as {} ({})", job.meta.id, job.meta.source);
+        assert!(
+            job.meta.id.0.starts_with(prefix),
+            "{what}: job id {}",
+            job.meta.id
+        );
+        assert_eq!(job.meta.size, RANKS, "{what}: job size");
+        let slurm_job = slurm_job.to_string();
+        assert_eq!(
+            job.meta.scheduler_job.as_deref(),
+            Some(slurm_job.as_str()),
+            "{what}: Slurm job"
+        );
+        assert_calls_exact(job, outputs, &what);
+        let entry = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["meta"]["id"] == job.meta.id.0.as_str())
+            .unwrap_or_else(|| panic!("{what}: no job {} in /api/jobs: {listed}", job.meta.id));
+        assert_eq!(
+            entry["meta"]["scheduler_job"],
+            slurm_job.as_str(),
+            "{what}: {entry}"
+        );
+    }
 }
