@@ -80,6 +80,15 @@ impl Mpi {
         }
     }
 
+    /// The variable that tells a rank its rank in the world, under this implementation's own
+    /// launcher.
+    pub fn rank_variable(self) -> &'static str {
+        match self {
+            Mpi::OpenMpi => "OMPI_COMM_WORLD_RANK",
+            Mpi::Mpich => "PMI_RANK",
+        }
+    }
+
     /// The launcher, set up for any number of cores (oversubscription allowed, and idle ranks
     /// yield instead of busy-polling).
     pub fn launcher(self, ranks: u32) -> Command {
@@ -370,6 +379,8 @@ pub struct SimulatedNodes {
 
 pub struct SimulatedNode {
     pub name: String,
+    /// The node's loopback address, which its name resolves to on the simulated nodes.
+    pub address: String,
     pub cgroup: Cgroup,
     pub daemon: Daemon,
 }
@@ -380,11 +391,13 @@ impl SimulatedNodes {
         let dir = tempfile::tempdir().unwrap();
         let nodes: Vec<SimulatedNode> = names
             .iter()
-            .map(|&name| {
+            .enumerate()
+            .map(|(n, &name)| {
                 let cgroup = Cgroup::new(&format!("mpiburst-node-{name}"));
                 let daemon = Daemon::start(&["--node", name, "--cgroup", &cgroup.path]);
                 SimulatedNode {
                     name: name.to_string(),
+                    address: format!("127.0.2.{}", n + 1),
                     cgroup,
                     daemon,
                 }
@@ -392,8 +405,8 @@ impl SimulatedNodes {
             .collect();
         let mut hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
         let mut cgroups = String::new();
-        for (n, node) in nodes.iter().enumerate() {
-            hosts += &format!("127.0.2.{} {}\n", n + 1, node.name);
+        for node in &nodes {
+            hosts += &format!("{} {}\n", node.address, node.name);
             cgroups += &format!("  {}) cgroup={} ;;\n", node.name, node.cgroup.dir.display());
         }
         let hosts_file = dir.path().join("hosts");
@@ -418,16 +431,11 @@ impl SimulatedNodes {
         SimulatedNodes { nodes, agent, dir }
     }
 
-    /// `command` run on node `node` through the agent.
+    /// `command` run on node `node` through the agent, which execs it: the pid of the returned
+    /// command's process is `command`'s, to stop it by.
     pub fn on(&self, node: &str, command: &Command) -> Command {
-        let quote =
-            |word: &std::ffi::OsStr| format!("'{}'", word.to_string_lossy().replace('\'', r"'\''"));
-        let text: Vec<String> = std::iter::once(command.get_program())
-            .chain(command.get_args())
-            .map(quote)
-            .collect();
         let mut on = Command::new(&self.agent);
-        on.arg(node).arg(text.join(" "));
+        on.arg(node).arg(format!("exec {}", shell_text(command)));
         on
     }
 
@@ -459,6 +467,92 @@ impl SimulatedNodes {
         }
         cmd
     }
+
+    /// Adds to `launch` (`mpi`'s launcher) the `counts` program, writing to `out`: each rank
+    /// first notes the node it runs on in `out/node.<rank>`, the placement against which
+    /// [`SimulatedNodes::stop_and_check_counts`] checks what each node's daemon saw. Returns the
+    /// program.
+    pub fn counts_noting_node(launch: &mut Command, mpi: Mpi, out: &Path) -> PathBuf {
+        let program = program("counts", mpi);
+        let rank = mpi.rank_variable();
+        launch
+            .args([
+                "sh",
+                "-c",
+                &format!("hostname > \"$0/node.${rank}\" && exec \"$1\" \"$0\""),
+            ])
+            .arg(out)
+            .arg(&program);
+        program
+    }
+
+    /// Stops the nodes' daemons and asserts, for each run of `counts` that
+    /// [`SimulatedNodes::counts_noting_node`] made (its program and output folder, `ranks` ranks),
+    /// that all daemons name the job alike, that each saw exactly the ranks that ran on its node,
+    /// that these are together the ranks 0..`ranks` of a world of `ranks`, and that each counted
+    /// its ranks' calls exactly. Returns each run's job as the first node recorded it.
+    pub fn stop_and_check_counts(self, runs: &[(&Path, &Path)], ranks: u32) -> Vec<Job> {
+        let recordings: Vec<(String, Recording)> = self
+            .nodes
+            .into_iter()
+            .map(|node| (node.name, node.daemon.stop()))
+            .collect();
+        runs.iter()
+            .map(|&(program, out)| {
+                let outputs = rank_outputs(out, "counts", ranks);
+                let node_of = |rank: u32| {
+                    let path = out.join(format!("node.{rank}"));
+                    let text = std::fs::read_to_string(&path)
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    text.trim().to_string()
+                };
+                let mut ids = std::collections::BTreeSet::new();
+                let mut seen = Vec::new();
+                for (node, recording) in &recordings {
+                    let job = job_of(recording, program);
+                    let what = format!("{} on node {node}", program.display());
+                    let here: Vec<u32> = job.ranks.keys().copied().collect();
+                    let placed: Vec<u32> = (0..ranks).filter(|&r| node_of(r) == *node).collect();
+                    assert_eq!(here, placed, "{what}: ranks seen against those run there");
+                    assert_eq!(job.meta.size, ranks, "{what}: world size");
+                    assert_eq!(&job.meta.node, node, "{what}: node");
+                    let own: Vec<serde_json::Value> = outputs
+                        .iter()
+                        .filter(|out| placed.contains(&(out["rank"].as_u64().unwrap() as u32)))
+                        .cloned()
+                        .collect();
+                    assert_calls_exact(job, &own, &what);
+                    eprintln!(
+                        "{what}: job {} ({}), ranks {here:?}",
+                        job.meta.id, job.meta.source
+                    );
+                    ids.insert(job.meta.id.clone());
+                    seen.extend(here);
+                }
+                assert_eq!(
+                    ids.len(),
+                    1,
+                    "{}: one job id on all nodes: {ids:?}",
+                    program.display()
+                );
+                seen.sort_unstable();
+                assert_eq!(seen, (0..ranks).collect::<Vec<_>>(), "ranks over all nodes");
+                job_of(&recordings[0].1, program).clone()
+            })
+            .collect()
+    }
+}
+
+/// The words of `command` as one shell text, each quoted: what ssh, and an agent called as ssh
+/// is, run.
+pub fn shell_text(command: &Command) -> String {
+    let quote =
+        |word: &std::ffi::OsStr| format!("'{}'", word.to_string_lossy().replace('\'', r"'\''"));
+    let words: Vec<String> = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(quote)
+        .collect();
+    words.join(" ")
 }
 
 /// Every rank's calls per MPI function, as the daemon recorded them, equal the program's own.
