@@ -80,6 +80,15 @@ impl Mpi {
         }
     }
 
+    /// The variable that tells a rank its rank in the world, under this implementation's own
+    /// launcher.
+    pub fn rank_variable(self) -> &'static str {
+        match self {
+            Mpi::OpenMpi => "OMPI_COMM_WORLD_RANK",
+            Mpi::Mpich => "PMI_RANK",
+        }
+    }
+
     /// The launcher, set up for any number of cores (oversubscription allowed, and idle ranks
     /// yield instead of busy-polling).
     pub fn launcher(self, ranks: u32) -> Command {
@@ -319,6 +328,231 @@ pub fn kill_daemon_left_running(child: &mut Child, log: impl FnOnce() -> String)
     if thread::panicking() {
         eprintln!("the daemon's log:\n{}", log());
     }
+}
+
+/// A cgroup of the cgroup2 hierarchy, removed on drop: a simulated node's, or part of a job's
+/// ranks. Its name ends in this test process's pid.
+pub struct Cgroup {
+    pub dir: PathBuf,
+    /// The path as /proc/PID/cgroup shows it.
+    pub path: String,
+}
+
+impl Cgroup {
+    pub fn new(name: &str) -> Cgroup {
+        require_root();
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(2) == Some(&"cgroup2"))
+            .map(|f| PathBuf::from(f[1]))
+            .expect("a cgroup2 hierarchy (mount -t cgroup2 none /sys/fs/cgroup/unified)");
+        let path = format!("/{name}-{}", std::process::id());
+        let dir = root.join(&path[1..]);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Cgroup { dir, path }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Empty once the ranks have exited; a cgroup with processes cannot be removed.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Nodes of a cluster simulated on this machine, for a job over several nodes. Each node is a
+/// cgroup with a daemon of its own (`--node NAME --cgroup PATH`). A command runs on a node
+/// through the launchers' remote-start agent, [`SimulatedNodes::agent`]: a script called as ssh
+/// is (`[-x] HOST command…`, the command one shell text) that moves itself into HOST's cgroup and
+/// runs the command under host name HOST, in a UTS namespace of its own. Its mount namespace
+/// sees an /etc/hosts in which every node's name is a loopback address of its own, as Hydra
+/// needs (its proxies reach mpiexec, and MPICH's ranks each other, by host name); Open MPI's
+/// daemons reach mpirun by address, and take names that are this machine's own addresses for
+/// this machine.
+pub struct SimulatedNodes {
+    pub nodes: Vec<SimulatedNode>,
+    pub agent: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+pub struct SimulatedNode {
+    pub name: String,
+    /// The node's loopback address, which its name resolves to on the simulated nodes.
+    pub address: String,
+    pub cgroup: Cgroup,
+    pub daemon: Daemon,
+}
+
+impl SimulatedNodes {
+    /// The nodes `names`, each with its daemon running.
+    pub fn start(names: &[&str]) -> SimulatedNodes {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes: Vec<SimulatedNode> = names
+            .iter()
+            .enumerate()
+            .map(|(n, &name)| {
+                let cgroup = Cgroup::new(&format!("mpiburst-node-{name}"));
+                let daemon = Daemon::start(&["--node", name, "--cgroup", &cgroup.path]);
+                SimulatedNode {
+                    name: name.to_string(),
+                    address: format!("127.0.2.{}", n + 1),
+                    cgroup,
+                    daemon,
+                }
+            })
+            .collect();
+        let mut hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+        let mut cgroups = String::new();
+        for node in &nodes {
+            hosts += &format!("{} {}\n", node.address, node.name);
+            cgroups += &format!("  {}) cgroup={} ;;\n", node.name, node.cgroup.dir.display());
+        }
+        let hosts_file = dir.path().join("hosts");
+        std::fs::write(&hosts_file, hosts).unwrap();
+        let agent = dir.path().join("agent");
+        std::fs::write(
+            &agent,
+            format!(
+                "#!/bin/sh\n\
+                 # Runs a command on a simulated node; called as ssh is: [-x] HOST command...\n\
+                 [ \"$1\" = -x ] && shift\n\
+                 host=$1; shift\n\
+                 case $host in\n{cgroups}  *) echo \"no simulated node $host\" >&2; exit 255 ;;\nesac\n\
+                 echo $$ > \"$cgroup/cgroup.procs\" || exit 255\n\
+                 exec unshare --mount --uts sh -c 'mount --bind \"$0\" /etc/hosts && hostname \"$1\" && exec sh -c \"$2\"' {} \"$host\" \"$*\"\n",
+                hosts_file.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        SimulatedNodes { nodes, agent, dir }
+    }
+
+    /// `command` run on node `node` through the agent, which execs it: the pid of the returned
+    /// command's process is `command`'s, to stop it by.
+    pub fn on(&self, node: &str, command: &Command) -> Command {
+        let mut on = Command::new(&self.agent);
+        on.arg(node).arg(format!("exec {}", shell_text(command)));
+        on
+    }
+
+    /// `mpi`'s launcher for `ranks` ranks over all the nodes, `slots` ranks a node at most,
+    /// starting its remote side through the agent.
+    pub fn launcher(&self, mpi: Mpi, ranks: u32, slots: u32) -> Command {
+        let mut cmd = mpi.launcher(ranks);
+        let agent = self.agent.display().to_string();
+        match mpi {
+            Mpi::OpenMpi => {
+                let hostfile = self.dir.path().join("hostfile");
+                let lines: String = self
+                    .nodes
+                    .iter()
+                    .map(|node| format!("{} slots={slots}\n", node.name))
+                    .collect();
+                std::fs::write(&hostfile, lines).unwrap();
+                cmd.args(["--mca", "plm", "rsh", "--mca", "plm_rsh_agent", &agent]);
+                cmd.arg("--hostfile").arg(hostfile);
+            }
+            Mpi::Mpich => {
+                let hosts: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|node| format!("{}:{slots}", node.name))
+                    .collect();
+                cmd.args(["-bootstrap-exec", &agent, "-hosts", &hosts.join(",")]);
+            }
+        }
+        cmd
+    }
+
+    /// Adds to `launch` (`mpi`'s launcher) the `counts` program, writing to `out`: each rank
+    /// first notes the node it runs on in `out/node.<rank>`, the placement against which
+    /// [`SimulatedNodes::stop_and_check_counts`] checks what each node's daemon saw. Returns the
+    /// program.
+    pub fn counts_noting_node(launch: &mut Command, mpi: Mpi, out: &Path) -> PathBuf {
+        let program = program("counts", mpi);
+        let rank = mpi.rank_variable();
+        launch
+            .args([
+                "sh",
+                "-c",
+                &format!("hostname > \"$0/node.${rank}\" && exec \"$1\" \"$0\""),
+            ])
+            .arg(out)
+            .arg(&program);
+        program
+    }
+
+    /// Stops the nodes' daemons and asserts, for each run of `counts` that
+    /// [`SimulatedNodes::counts_noting_node`] made (its program and output folder, `ranks` ranks),
+    /// that all daemons name the job alike, that each saw exactly the ranks that ran on its node,
+    /// that these are together the ranks 0..`ranks` of a world of `ranks`, and that each counted
+    /// its ranks' calls exactly. Returns each run's job as the first node recorded it.
+    pub fn stop_and_check_counts(self, runs: &[(&Path, &Path)], ranks: u32) -> Vec<Job> {
+        let recordings: Vec<(String, Recording)> = self
+            .nodes
+            .into_iter()
+            .map(|node| (node.name, node.daemon.stop()))
+            .collect();
+        runs.iter()
+            .map(|&(program, out)| {
+                let outputs = rank_outputs(out, "counts", ranks);
+                let node_of = |rank: u32| {
+                    let path = out.join(format!("node.{rank}"));
+                    let text = std::fs::read_to_string(&path)
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    text.trim().to_string()
+                };
+                let mut ids = std::collections::BTreeSet::new();
+                let mut seen = Vec::new();
+                for (node, recording) in &recordings {
+                    let job = job_of(recording, program);
+                    let what = format!("{} on node {node}", program.display());
+                    let here: Vec<u32> = job.ranks.keys().copied().collect();
+                    let placed: Vec<u32> = (0..ranks).filter(|&r| node_of(r) == *node).collect();
+                    assert_eq!(here, placed, "{what}: ranks seen against those run there");
+                    assert_eq!(job.meta.size, ranks, "{what}: world size");
+                    assert_eq!(&job.meta.node, node, "{what}: node");
+                    let own: Vec<serde_json::Value> = outputs
+                        .iter()
+                        .filter(|out| placed.contains(&(out["rank"].as_u64().unwrap() as u32)))
+                        .cloned()
+                        .collect();
+                    assert_calls_exact(job, &own, &what);
+                    eprintln!(
+                        "{what}: job {} ({}), ranks {here:?}",
+                        job.meta.id, job.meta.source
+                    );
+                    ids.insert(job.meta.id.clone());
+                    seen.extend(here);
+                }
+                assert_eq!(
+                    ids.len(),
+                    1,
+                    "{}: one job id on all nodes: {ids:?}",
+                    program.display()
+                );
+                seen.sort_unstable();
+                assert_eq!(seen, (0..ranks).collect::<Vec<_>>(), "ranks over all nodes");
+                job_of(&recordings[0].1, program).clone()
+            })
+            .collect()
+    }
+}
+
+/// The words of `command` as one shell text, each quoted: what ssh, and an agent called as ssh
+/// is, run.
+pub fn shell_text(command: &Command) -> String {
+    let quote =
+        |word: &std::ffi::OsStr| format!("'{}'", word.to_string_lossy().replace('\'', r"'\''"));
+    let words: Vec<String> = std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(quote)
+        .collect();
+    words.join(" ")
 }
 
 /// Every rank's calls per MPI function, as the daemon recorded them, equal the program's own.
@@ -682,36 +916,5 @@ impl Drop for CpuHogs {
             let _ = hog.kill();
             let _ = hog.wait();
         }
-    }
-}
-
-/// A cgroup for one simulated node's processes, removed on drop. Uses the cgroup2 hierarchy.
-pub struct Cgroup {
-    pub dir: PathBuf,
-    /// The path as /proc/PID/cgroup shows it.
-    pub path: String,
-}
-
-impl Cgroup {
-    pub fn new(name: &str) -> Cgroup {
-        require_root();
-        let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-        let root = mounts
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .find(|f| f.get(2) == Some(&"cgroup2"))
-            .map(|f| PathBuf::from(f[1]))
-            .expect("a cgroup2 hierarchy (mount -t cgroup2 none /sys/fs/cgroup/unified)");
-        let path = format!("/{name}-{}", std::process::id());
-        let dir = root.join(&path[1..]);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        Cgroup { dir, path }
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // Empty once the ranks have exited; a cgroup with processes cannot be removed.
-        let _ = std::fs::remove_dir(&self.dir);
     }
 }

@@ -2,7 +2,8 @@
 //! configuration it writes into a temporary directory, and runs MPI jobs with srun under Open MPI
 //! (`--mpi=pmix`) and MPICH (`--mpi=pmi2`). The daemon names each job by its Slurm job and step
 //! ids, counts every rank's calls exactly, records the job's cgroup, profiles that job alone when
-//! `--cgroup` names it, and sees the job end.
+//! `--cgroup` names it, and sees the job end. A job that mpirun or Hydra's mpiexec launches
+//! inside an allocation is named by its launcher, with the allocation's Slurm job beside.
 //!
 //! Where the cluster cannot start on this machine (Slurm or munge not installed, a Slurm daemon
 //! that exits or never brings the node up, e.g. cgroup v2 without systemd's delegation), the test
@@ -27,21 +28,30 @@ static CLUSTER_LOCK: Mutex<()> = Mutex::new(());
 /// Ranks of every MPI job here: more than two cores' worth, so srun must overcommit.
 const RANKS: u32 = 3;
 
-/// One node's Slurm. Its daemons are stopped by pid, in reverse order of start, when it is
-/// dropped (also when a test panics), after its jobs are cancelled.
+/// A Slurm cluster: this machine as its one node, or simulated nodes ([`SimulatedNodes`]) with
+/// a slurmd each. Its daemons are stopped by pid, in reverse order of start, when it is dropped
+/// (also when a test panics), after its jobs are cancelled.
 struct Cluster {
     dir: tempfile::TempDir,
     conf: PathBuf,
-    daemons: Vec<(&'static str, Child)>,
+    daemons: Vec<(String, Child)>,
     /// The job cgroups its jobs ran in: slurmd leaves the empty directories above them.
     cgroups: RefCell<Vec<String>>,
 }
 
 impl Cluster {
-    /// Starts munged, slurmctld and slurmd, and waits for the node to be idle; or says why the
-    /// cluster cannot run on this machine.
-    fn start() -> Result<Cluster, String> {
-        for program in ["munged", "slurmctld", "slurmd", "srun", "salloc", "sinfo"] {
+    /// Starts munged, slurmctld and a slurmd for this machine, or for each of `nodes`, and waits
+    /// for the nodes to be idle; or says why the cluster cannot run on this machine.
+    fn start(nodes: Option<&SimulatedNodes>) -> Result<Cluster, String> {
+        for program in [
+            "munged",
+            "slurmctld",
+            "slurmd",
+            "srun",
+            "salloc",
+            "sbatch",
+            "sinfo",
+        ] {
             if !on_path(program) {
                 return Err(format!(
                     "{program} is not installed: `cargo xtask install-deps` installs Slurm and munge"
@@ -57,10 +67,20 @@ impl Cluster {
         };
         let socket = cluster.path("munge.socket");
         cluster.start_munged(&socket)?;
-        cluster.write_config(&socket)?;
+        cluster.write_config(&socket, nodes)?;
         let conf = cluster.conf.display().to_string();
         cluster.spawn("slurmctld", &["-D", "-f", &conf])?;
-        cluster.spawn("slurmd", &["-D", "-f", &conf])?;
+        match nodes {
+            None => cluster.spawn("slurmd", &["-D", "-f", &conf])?,
+            Some(nodes) => {
+                for node in &nodes.nodes {
+                    let mut slurmd = Command::new("slurmd");
+                    slurmd.args(["-D", "-N", &node.name, "-f", &conf]);
+                    let name = format!("slurmd_{}", node.name);
+                    cluster.spawn_command(name, nodes.on(&node.name, &slurmd))?;
+                }
+            }
+        }
         cluster.wait_until_idle()?;
         for plugin in [Mpi::OpenMpi, Mpi::Mpich].map(mpi_plugin) {
             let list = cluster.output(cluster.command("srun").arg("--mpi=list"))?;
@@ -105,9 +125,15 @@ impl Cluster {
     }
 
     /// slurm.conf (and cgroup.conf beside it): this node, as `slurmd -C` finds its hardware,
-    /// is the controller and the only compute node, everything listens on loopback ports that
-    /// are free now, and all state stays in the temporary directory.
-    fn write_config(&self, munge_socket: &Path) -> Result<(), String> {
+    /// is the controller and the only compute node, or each simulated node of `nodes` is a
+    /// compute node with that hardware (at 127.0.0.1, on a slurmd port of its own);
+    /// everything listens on loopback ports that are free now, and all state stays in the
+    /// temporary directory.
+    fn write_config(
+        &self,
+        munge_socket: &Path,
+        nodes: Option<&SimulatedNodes>,
+    ) -> Result<(), String> {
         let hardware = self.output(Command::new("slurmd").arg("-C"))?;
         let node = hardware
             .lines()
@@ -117,26 +143,58 @@ impl Cluster {
             .split_whitespace()
             .next()
             .unwrap_or_default();
-        let port = |addr: String| addr.rsplit_once(':').unwrap().1.to_string();
+        let port = || {
+            let addr = free_loopback_addr();
+            addr.rsplit_once(':').unwrap().1.to_string()
+        };
+        // With several nodes on one host, srun and slurmd listen on any address: bound to the
+        // configured ones (NoInAddrAny), a simulated node's steps could not connect back to
+        // srun. slurmctld still listens on loopback only.
+        let (node_lines, names, listen) = match nodes {
+            None => (
+                format!("{node} NodeAddr=127.0.0.1 State=UNKNOWN\n"),
+                vec![name],
+                "NoInAddrAny,NoCtldInAddrAny",
+            ),
+            Some(nodes) => {
+                let hardware = node.split_once(' ').map_or("", |(_, rest)| rest);
+                let lines = nodes
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        format!(
+                            "NodeName={name} NodeHostname={name} NodeAddr={address} Port={port} \
+                             {hardware} State=UNKNOWN\n",
+                            name = n.name,
+                            address = n.address,
+                            port = port()
+                        )
+                    })
+                    .collect();
+                let names = nodes.nodes.iter().map(|n| n.name.as_str()).collect();
+                (lines, names, "NoCtldInAddrAny")
+            }
+        };
         let d = self.dir.path().display();
         let config = format!(
             "ClusterName=mpiburst\n\
              SlurmctldHost={name}(127.0.0.1)\n\
              SlurmctldPort={ctld}\n\
              SlurmdPort={slurmd}\n\
-             # Listen on the configured (loopback) addresses only, srun included.\n\
-             CommunicationParameters=NoInAddrAny,NoCtldInAddrAny\n\
+             # Listen on the configured (loopback) addresses only (see above).\n\
+             CommunicationParameters={listen}\n\
              AuthType=auth/munge\n\
              CredType=cred/munge\n\
              AuthInfo=socket={socket}\n\
              SlurmUser=root\n\
              SlurmdUser=root\n\
              StateSaveLocation={d}/state\n\
-             SlurmdSpoolDir={d}/spool\n\
+             # %n: the node's name, for each slurmd of a host its own.\n\
+             SlurmdSpoolDir={d}/spool_%n\n\
              SlurmctldPidFile={d}/slurmctld.pid\n\
-             SlurmdPidFile={d}/slurmd.pid\n\
+             SlurmdPidFile={d}/slurmd_%n.pid\n\
              SlurmctldLogFile={d}/slurmctld.log\n\
-             SlurmdLogFile={d}/slurmd.log\n\
+             SlurmdLogFile={d}/slurmd_%n.log\n\
              # Each step in a cgroup of its job, which the daemon records and --cgroup selects.\n\
              ProctrackType=proctrack/cgroup\n\
              TaskPlugin=task/none\n\
@@ -149,16 +207,18 @@ impl Cluster {
              # Slurm names cgroups by job id: ids of this test process's own, apart from those\n\
              # of a test run from another checkout at the same time.\n\
              FirstJobId={first_job}\n\
-             {node} NodeAddr=127.0.0.1 State=UNKNOWN\n\
-             PartitionName=test Nodes={name} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE\n",
-            ctld = port(free_loopback_addr()),
-            slurmd = port(free_loopback_addr()),
+             {node_lines}\
+             PartitionName=test Nodes={partition} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE\n",
+            ctld = port(),
+            slurmd = port(),
+            partition = names.join(","),
             socket = munge_socket.display(),
             // Below Slurm's largest job id (67043328) for any pid (at most 2^22).
             first_job = std::process::id() * 8,
         );
-        for sub in ["state", "spool"] {
-            fs::create_dir(self.path(sub)).unwrap();
+        fs::create_dir(self.path("state")).unwrap();
+        for name in &names {
+            fs::create_dir(self.path(&format!("spool_{name}"))).unwrap();
         }
         fs::write(&self.conf, config).unwrap();
         // cgroup v1 or v2, whichever this machine mounts.
@@ -167,9 +227,9 @@ impl Cluster {
     }
 
     fn wait_until_idle(&mut self) -> Result<(), String> {
-        self.wait_for("the node to be idle", Duration::from_secs(60), |cluster| {
+        self.wait_for("the nodes to be idle", Duration::from_secs(60), |cluster| {
             let state = cluster.output(cluster.command("sinfo").args(["-h", "-N", "-o", "%T"]));
-            Ok(state.is_ok_and(|s| s.trim() == "idle"))
+            Ok(state.is_ok_and(|s| s.lines().all(|node| node.trim() == "idle")))
         })
     }
 
@@ -180,12 +240,18 @@ impl Cluster {
         cmd
     }
 
-    /// Starts a daemon in the foreground, logging to `<name>.out` in the temporary directory.
-    fn spawn(&mut self, name: &'static str, args: &[&str]) -> Result<(), String> {
+    /// Starts daemon `name` in the foreground, logging to `<name>.out` in the temporary
+    /// directory.
+    fn spawn(&mut self, name: &str, args: &[&str]) -> Result<(), String> {
+        let mut command = self.command(name);
+        command.args(args);
+        self.spawn_command(name.to_string(), command)
+    }
+
+    /// Starts the daemon that `command` runs in the foreground, as [`Cluster::spawn`] does.
+    fn spawn_command(&mut self, name: String, mut command: Command) -> Result<(), String> {
         let out = fs::File::create(self.path(&format!("{name}.out"))).unwrap();
-        let child = self
-            .command(name)
-            .args(args)
+        let child = command
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -208,7 +274,7 @@ impl Cluster {
             let exited = self
                 .daemons
                 .iter_mut()
-                .find_map(|(name, child)| Some((*name, child.try_wait().ok()??)));
+                .find_map(|(name, child)| Some((name.clone(), child.try_wait().ok()??)));
             if let Some((name, status)) = exited {
                 return Err(format!(
                     "{name} exited ({status}) while waiting for {what}; {}",
@@ -228,13 +294,18 @@ impl Cluster {
     /// The last lines of every daemon's log.
     fn logs(&self) -> String {
         let mut text = String::new();
-        for name in [
-            "munged.out",
-            "munged.log",
-            "slurmctld.out",
-            "slurmd.out",
-            "slurmd.log",
-        ] {
+        let mut slurmd: Vec<String> = fs::read_dir(self.dir.path())
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.starts_with("slurmd"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        slurmd.sort();
+        let daemons = ["munged.out", "munged.log", "slurmctld.out"].map(String::from);
+        for name in daemons.iter().chain(&slurmd) {
             if let Ok(log) = fs::read_to_string(self.path(name)) {
                 let lines: Vec<&str> = log.lines().collect();
                 let tail = lines[lines.len().saturating_sub(8)..].join("\n");
@@ -270,15 +341,69 @@ impl Cluster {
             .output()
             .expect("run salloc");
         let said = String::from_utf8_lossy(&out.stderr).into_owned();
-        said.lines()
-            .find_map(|l| l.split("Granted job allocation ").nth(1))
-            .and_then(|id| id.trim().parse().ok())
-            .unwrap_or_else(|| {
-                panic!(
-                    "salloc did not grant an allocation ({}): {said}",
-                    out.status
-                )
-            })
+        granted_job(&said).unwrap_or_else(|| {
+            panic!(
+                "salloc did not grant an allocation ({}): {said}",
+                out.status
+            )
+        })
+    }
+
+    /// `mpi`'s own launcher (mpirun, Hydra's mpiexec) of the `counts` program inside a new
+    /// allocation of `RANKS` tasks, which salloc runs on this node as a batch script would: the
+    /// allocation's job id, the program and its ranks' own counts.
+    fn mpirun_counts_in_allocation(&self, mpi: Mpi) -> (u32, PathBuf, Vec<serde_json::Value>) {
+        let out = tempfile::tempdir().unwrap();
+        let program = program("counts", mpi);
+        let launcher = mpi.launcher(RANKS);
+        let said = out.path().join("salloc.err");
+        let mut cmd = self.command("salloc");
+        cmd.args(["-n", &RANKS.to_string(), "--overcommit"])
+            .arg(launcher.get_program())
+            .args(launcher.get_args())
+            .arg(&program)
+            .arg(out.path())
+            .stdin(Stdio::null())
+            .stderr(fs::File::create(&said).unwrap());
+        let status = run_with_timeout(cmd, Duration::from_secs(180));
+        let said = fs::read_to_string(&said).unwrap_or_default();
+        assert!(
+            status.success(),
+            "{mpi:?} launcher in salloc failed ({status}): {said}"
+        );
+        let job = granted_job(&said)
+            .unwrap_or_else(|| panic!("salloc did not say its allocation: {said}"));
+        (job, program, rank_outputs(out.path(), "counts", RANKS))
+    }
+
+    /// A batch job of `tasks` tasks over `nodes` nodes that runs `command` and is waited for
+    /// (`sbatch --wait`, at most 2 minutes), writing its output to `out/batch.out`: its job id.
+    fn sbatch(&self, command: &Command, nodes: &[&str], tasks: u32, out: &Path) -> u32 {
+        let log = out.join("batch.out");
+        let said = self
+            .output(self.command("sbatch").args([
+                "--wait",
+                // A job that hangs is ended by Slurm, and the test fails with its output.
+                "--time=2",
+                "--overcommit",
+                &format!("--nodelist={}", nodes.join(",")),
+                &format!("--ntasks={tasks}"),
+                &format!("--output={}", log.display()),
+                &format!("--wrap={}", shell_text(command)),
+            ]))
+            .unwrap_or_else(|e| {
+                let log = fs::read_to_string(&log).unwrap_or_default();
+                panic!("{e}; the batch job's output:\n{log}")
+            });
+        let job =
+            submitted_job(&said).unwrap_or_else(|| panic!("sbatch did not say its job: {said:?}"));
+        // proctrack/cgroup makes /slurm_<node>/uid_<uid>/job_<id> on each node.
+        self.cgroups.borrow_mut().extend(
+            nodes
+                .iter()
+                .map(|node| format!("/slurm_{node}/uid_0/job_{job}")),
+        );
+        job
     }
 
     /// The cgroup Slurm puts job `job` in, as its next step (one task) finds in its own
@@ -419,6 +544,20 @@ fn mpi_plugin(mpi: Mpi) -> &'static str {
     }
 }
 
+/// The job id in what sbatch said (`Submitted batch job <id>`).
+fn submitted_job(said: &str) -> Option<u32> {
+    said.split("Submitted batch job ")
+        .nth(1)
+        .and_then(|id| id.trim().parse().ok())
+}
+
+/// The job id in what salloc said (`salloc: Granted job allocation <id>`).
+fn granted_job(said: &str) -> Option<u32> {
+    said.lines()
+        .find_map(|l| l.split("Granted job allocation ").nth(1))
+        .and_then(|id| id.trim().parse().ok())
+}
+
 fn on_path(program: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
@@ -428,10 +567,12 @@ fn on_path(program: &str) -> bool {
 
 /// The calling test's turn and cluster, or `None` when the cluster cannot run here and the test
 /// has reported itself skipped.
-fn cluster_for_this_test() -> Option<(MutexGuard<'static, ()>, Cluster)> {
+fn cluster_for_this_test(
+    nodes: Option<&SimulatedNodes>,
+) -> Option<(MutexGuard<'static, ()>, Cluster)> {
     require_root();
     let turn = CLUSTER_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
-    match Cluster::start() {
+    match Cluster::start(nodes) {
         Ok(cluster) => Some((turn, cluster)),
         Err(reason) => {
             // libtest runs each test on a thread named after it.
@@ -470,7 +611,7 @@ fn assert_slurm_job(
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn srun_jobs_are_named_by_slurm_job_and_step_counted_exactly_and_seen_to_end() {
-    let Some((_turn, cluster)) = cluster_for_this_test() else {
+    let Some((_turn, cluster)) = cluster_for_this_test(None) else {
         return;
     };
     let daemon = Daemon::start(&[]);
@@ -505,7 +646,7 @@ fn srun_jobs_are_named_by_slurm_job_and_step_counted_exactly_and_seen_to_end() {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn with_cgroup_set_to_a_slurm_jobs_cgroup_the_daemon_profiles_that_job_alone() {
-    let Some((_turn, cluster)) = cluster_for_this_test() else {
+    let Some((_turn, cluster)) = cluster_for_this_test(None) else {
         return;
     };
     let chosen = cluster.allocate();
@@ -535,4 +676,100 @@ fn with_cgroup_set_to_a_slurm_jobs_cgroup_the_daemon_profiles_that_job_alone() {
         &outputs,
         &what,
     );
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn mpirun_inside_an_allocation_names_the_job_itself_and_keeps_the_slurm_job() {
+    let Some((_turn, cluster)) = cluster_for_this_test(None) else {
+        return;
+    };
+    let daemon = Daemon::start(&[]);
+    // Open MPI's mpirun starts the ranks itself; Hydra's mpiexec starts its proxy with srun, so
+    // its ranks have the Slurm variables of that step, and mpirun's those of the allocation.
+    let runs: Vec<_> = [(Mpi::OpenMpi, "pmix:"), (Mpi::Mpich, "hydra:")]
+        .into_iter()
+        .map(|(mpi, prefix)| (mpi, prefix, cluster.mpirun_counts_in_allocation(mpi)))
+        .collect();
+    let listed = get_json(&daemon.addr, "/api/jobs");
+    let recording = daemon.stop();
+    for (mpi, prefix, (slurm_job, program, outputs)) in &runs {
+        let what = format!("counts under {mpi:?}'s own launcher in Slurm job {slurm_job}");
+        // One job for all ranks (job_of), each counted exactly under its world rank.
+        let job = job_of(&recording, program);
+        eprintln!("{what}: recorded as {} ({})", job.meta.id, job.meta.source);
+        assert!(
+            job.meta.id.0.starts_with(prefix),
+            "{what}: job id {}",
+            job.meta.id
+        );
+        assert_eq!(job.meta.size, RANKS, "{what}: job size");
+        let slurm_job = slurm_job.to_string();
+        assert_eq!(
+            job.meta.scheduler_job.as_deref(),
+            Some(slurm_job.as_str()),
+            "{what}: Slurm job"
+        );
+        assert_calls_exact(job, outputs, &what);
+        let entry = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["meta"]["id"] == job.meta.id.0.as_str())
+            .unwrap_or_else(|| panic!("{what}: no job {} in /api/jobs: {listed}", job.meta.id));
+        assert_eq!(
+            entry["meta"]["scheduler_job"],
+            slurm_job.as_str(),
+            "{what}: {entry}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn mpirun_in_a_batch_job_over_two_nodes_is_one_job_on_both() {
+    const NODES: [&str; 2] = ["n1", "n2"];
+    const TASKS: u32 = 4;
+    require_root();
+    let nodes = SimulatedNodes::start(&NODES);
+    let Some((turn, cluster)) = cluster_for_this_test(Some(&nodes)) else {
+        return;
+    };
+    // The batch script runs on n1: Open MPI's mpirun starts the ranks there itself, with the
+    // script's Slurm variables, and those of n2 through an orted that srun starts. Hydra's
+    // mpiexec starts a proxy on each node with srun.
+    let runs: Vec<_> = Mpi::ALL
+        .into_iter()
+        .map(|mpi| {
+            let out = tempfile::tempdir().unwrap();
+            let mut launch = mpi.launcher(TASKS);
+            let program = SimulatedNodes::counts_noting_node(&mut launch, mpi, out.path());
+            let job = cluster.sbatch(&launch, &NODES, TASKS, out.path());
+            (mpi, job, program, out)
+        })
+        .collect();
+    // Slurm's daemons leave the nodes' cgroups before they are removed.
+    drop(cluster);
+    drop(turn);
+    let checked: Vec<(&Path, &Path)> = runs
+        .iter()
+        .map(|(_, _, program, out)| (program.as_path(), out.path()))
+        .collect();
+    let jobs = nodes.stop_and_check_counts(&checked, TASKS);
+    for ((mpi, slurm_job, ..), job) in runs.iter().zip(&jobs) {
+        let prefix = match mpi {
+            Mpi::OpenMpi => "pmix:".to_string(),
+            Mpi::Mpich => format!("hydra:{}:", NODES[0]),
+        };
+        assert!(
+            job.meta.id.0.starts_with(&prefix),
+            "{mpi:?}: job id {}",
+            job.meta.id
+        );
+        assert_eq!(
+            job.meta.scheduler_job,
+            Some(slurm_job.to_string()),
+            "{mpi:?}: Slurm job"
+        );
+    }
 }

@@ -61,10 +61,11 @@ pub fn proc_maps(data: &[u8]) {
     }
 }
 
-/// A /proc/PID/environ file, and the job, rank and size its launcher variables name.
+/// A /proc/PID/environ file, and the job, rank and size its launcher variables name (with no
+/// Hydra job above the process).
 pub fn proc_environ(data: &[u8]) {
     let env = LaunchEnv::parse(data);
-    env.job();
+    let _ = env.job(|| Ok(None));
     env.rank();
     env.size();
 }

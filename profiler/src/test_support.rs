@@ -10,7 +10,7 @@
 use crate::{model::JobId, store::JobMeta};
 
 /// Builds a [`JobMeta`] for a test. Unless set, the job runs 2 ranks on node `n`, was found by
-/// the `test` source running `/bin/app` (no build-id, no cgroup, no modules), was first seen at
+/// the `test` source running `/bin/app` (no build-id, no Slurm job or cgroup, no modules), was first seen at
 /// time 0 and has not ended.
 #[derive(Clone, Debug)]
 pub struct JobMetaBuilder {
@@ -28,6 +28,7 @@ impl JobMetaBuilder {
                 source: "test".into(),
                 executable: "/bin/app".into(),
                 build_id: None,
+                scheduler_job: None,
                 cgroup: None,
                 modules: Default::default(),
                 first_seen_ns: 0,
@@ -60,6 +61,12 @@ impl JobMetaBuilder {
     /// The executable's GNU build-id in hex.
     pub fn build_id(mut self, build_id: impl Into<String>) -> Self {
         self.meta.build_id = Some(build_id.into());
+        self
+    }
+
+    /// The Slurm job the job ran in.
+    pub fn scheduler_job(mut self, scheduler_job: impl Into<String>) -> Self {
+        self.meta.scheduler_job = Some(scheduler_job.into());
         self
     }
 

@@ -12,8 +12,8 @@ use crate::proc::{self, read_maps, read_stat, ProcError, ProcStat};
 use super::error::DiscoveryError;
 use super::libraries::is_mpi_library_name;
 
-/// Where the rank of a [`ProcessIdentity`] came from. The job id's prefix (`slurm:`, `pmix:` or a
-/// launcher name) says where the job came from.
+/// Where the rank of a [`ProcessIdentity`] came from. The job id's prefix (`slurm:`, `pmix:`,
+/// `hydra:` or a launcher name) says where the job came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum IdentitySource {
     /// `OMPI_COMM_WORLD_RANK`, set by Open MPI's launchers.
@@ -36,6 +36,9 @@ pub struct ProcessIdentity {
     pub size: u32,
     pub node: String,
     pub source: IdentitySource,
+    /// The Slurm job id (`SLURM_JOB_ID`) the process runs in, whoever launched it: an mpirun
+    /// inside an allocation names the job itself, and this is how it is found by its Slurm job.
+    pub scheduler_job: Option<String>,
     /// The Slurm job's cgroup (the `job_<id>` directory above the process's step cgroup, as
     /// /proc/PID/cgroup names it), when Slurm's cgroup plugins put the process in one: the path
     /// to give `--cgroup` to profile this job alone.
@@ -44,28 +47,40 @@ pub struct ProcessIdentity {
 
 /// Identifies MPI process `pid` on node `node`.
 ///
-/// The job is the Slurm step (`slurm:<job>.<step>`) if there is one, else the PMIx namespace
-/// (`pmix:<ns>`), else the outermost launcher process above `pid` (`<comm>:<pid>@<start time>`,
-/// so a reused pid is a different job). A process without any launcher is a singleton: its own
-/// job, of size 1. Hydra exports no job id, so MPICH jobs outside Slurm are named by their
-/// launcher, which keeps concurrent jobs on one node apart.
+/// The job id is the same on every node of the job, for each node's daemon names the job on its
+/// own. It is, in this order:
+/// 1. the MPI launcher's own: Open MPI's PMIx namespace (`pmix:<ns>`; ORTE names it after its
+///    job id, `OMPI_MCA_ess_base_jobid`, which gives the same id), unless srun is the launcher
+///    (Slurm's PMIx plugin names it `slurm.pmix.<job>.<step>`);
+/// 2. else the Hydra job's (`hydra:<host>:<port>`, mpiexec's control port, which every node's
+///    `hydra_pmi_proxy` is given on its command line: Hydra exports no job id);
+/// 3. else the Slurm step (`slurm:<job>.<step>`), as under srun;
+/// 4. else the outermost launcher process above `pid` (`<comm>:<pid>@<start time>`, so a reused
+///    pid is a different job), which is only right on the launching node. A process without
+///    any launcher is a singleton: its own job, of size 1.
+///
+/// The launcher's id comes before Slurm's step: an mpirun or mpiexec inside an allocation passes
+/// the batch script's Slurm variables on to the ranks of its own node, and those of the srun that
+/// started its remote daemons to the others. The Slurm job is kept beside, as
+/// [`ProcessIdentity::scheduler_job`].
 pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError> {
     let env = LaunchEnv::read(pid)?;
     let own = read_stat(pid)?;
     // The walk up the process tree is needed only when the environment does not say it all.
-    let mut launcher = None;
-    let mut root = || -> Result<ProcStat, DiscoveryError> {
-        if let Some(known) = &launcher {
-            return Ok(ProcStat::clone(known));
+    let mut walked = None;
+    let mut ancestry = || -> Result<Ancestry, DiscoveryError> {
+        if let Some(known) = &walked {
+            return Ok(Ancestry::clone(known));
         }
-        let found = outermost_launcher(&own)?.unwrap_or_else(|| own.clone());
-        launcher = Some(found.clone());
+        let found = Ancestry::of(&own)?;
+        walked = Some(found.clone());
         Ok(found)
     };
-    let job = match env.job() {
+    let root = |ancestry: Ancestry| ancestry.outermost.unwrap_or_else(|| own.clone());
+    let job = match env.job(|| ancestry()?.hydra_job())? {
         Some(job) => job,
         None => {
-            let root = root()?;
+            let root = root(ancestry()?);
             format!("{}:{}@{}", root.comm, root.pid, root.start_time)
         }
     };
@@ -73,12 +88,12 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
         Some((rank, source)) => {
             let size = match env.size() {
                 Some(size) => size,
-                None => job_members(&root()?)?.len() as u32,
+                None => job_members(&root(ancestry()?))?.len() as u32,
             };
             (rank, size, source)
         }
         None => {
-            let members = job_members(&root()?)?;
+            let members = job_members(&root(ancestry()?))?;
             let rank = members
                 .iter()
                 .position(|m| m.pid == pid)
@@ -97,6 +112,7 @@ pub fn identify(pid: u32, node: &str) -> Result<ProcessIdentity, DiscoveryError>
         size,
         node: node.to_string(),
         source,
+        scheduler_job: env.slurm_job_id,
         cgroup,
     })
 }
@@ -218,22 +234,25 @@ impl LaunchEnv {
         }
     }
 
-    /// The job id the variables name: the Slurm step, else the PMIx namespace. `None` when they
-    /// name no job, which is then named by its launcher.
-    pub(crate) fn job(&self) -> Option<String> {
-        match (
-            &self.slurm_job_id,
-            &self.slurm_step_id,
-            &self.pmix_namespace,
-            &self.ompi_jobid,
-        ) {
-            (Some(job), Some(step), _, _) => Some(format!("slurm:{job}.{step}")),
-            // Open MPI (ORTE) names its PMIx namespace after the job id: both give the same id.
-            (_, _, Some(namespace), _) | (_, _, None, Some(namespace)) => {
-                Some(format!("pmix:{namespace}"))
-            }
+    /// The job id by the first three rules of [`identify`], with `hydra_job` finding the id of
+    /// the Hydra job above the process; `None` when they name no job, which is then named by
+    /// its launcher.
+    pub(crate) fn job(
+        &self,
+        hydra_job: impl FnOnce() -> Result<Option<String>, DiscoveryError>,
+    ) -> Result<Option<String>, DiscoveryError> {
+        let slurm_step = match (&self.slurm_job_id, &self.slurm_step_id) {
+            (Some(job), Some(step)) => Some(format!("slurm:{job}.{step}")),
             _ => None,
+        };
+        if let Some(namespace) = self.pmix_namespace.as_ref().or(self.ompi_jobid.as_ref()) {
+            let srun_launched = namespace.starts_with("slurm.pmix.") && slurm_step.is_some();
+            if !srun_launched {
+                return Ok(Some(format!("pmix:{namespace}")));
+            }
+            return Ok(slurm_step);
         }
+        Ok(hydra_job()?.or(slurm_step))
     }
 
     /// MPI launchers' variables come before Slurm's: an mpirun inside a batch script passes the
@@ -263,7 +282,7 @@ const LAUNCHERS: [&str; 11] = [
     "orted",
     "prted",
     "mpiexec.hydra",
-    "hydra_pmi_proxy",
+    HYDRA_PROXY,
     "srun",
     "slurmstepd",
 ];
@@ -277,24 +296,71 @@ pub(crate) fn is_launcher(comm: &str) -> bool {
     })
 }
 
-/// The outermost known launcher above a process: on the launching node that is mpirun or
-/// mpiexec rather than the per-node proxy below it, so all local ranks of a job share it.
-fn outermost_launcher(process: &ProcStat) -> Result<Option<ProcStat>, DiscoveryError> {
-    let mut outermost = None;
-    let mut ppid = process.ppid;
-    while ppid > 1 {
-        let parent = match read_stat(ppid) {
-            Ok(parent) => parent,
-            // A parent that exited leaves the child to a reaper; the chain above is gone.
-            Err(ProcError::ProcessGone { .. }) => break,
-            Err(e) => return Err(e.into()),
+/// What the walk up the process tree finds above a process.
+#[derive(Clone, Debug, Default)]
+struct Ancestry {
+    /// The outermost known launcher: on the launching node that is mpirun or mpiexec rather than
+    /// the per-node proxy below it, so all local ranks of a job share it.
+    outermost: Option<ProcStat>,
+    /// The innermost Hydra proxy (`hydra_pmi_proxy`), the one that started the process.
+    hydra_proxy: Option<u32>,
+}
+
+impl Ancestry {
+    fn of(process: &ProcStat) -> Result<Ancestry, DiscoveryError> {
+        let mut found = Ancestry::default();
+        let mut ppid = process.ppid;
+        while ppid > 1 {
+            let parent = match read_stat(ppid) {
+                Ok(parent) => parent,
+                // A parent that exited leaves the child to a reaper; the chain above is gone.
+                Err(ProcError::ProcessGone { .. }) => break,
+                Err(e) => return Err(e.into()),
+            };
+            ppid = parent.ppid;
+            if is_launcher(&parent.comm) {
+                if parent.comm == HYDRA_PROXY && found.hydra_proxy.is_none() {
+                    found.hydra_proxy = Some(parent.pid);
+                }
+                found.outermost = Some(parent);
+            }
+        }
+        Ok(found)
+    }
+
+    /// The id of the Hydra job the process belongs to, from its proxy's command line; `None`
+    /// without a proxy, or one that has exited.
+    fn hydra_job(&self) -> Result<Option<String>, DiscoveryError> {
+        let Some(proxy) = self.hydra_proxy else {
+            return Ok(None);
         };
-        ppid = parent.ppid;
-        if is_launcher(&parent.comm) {
-            outermost = Some(parent);
+        match proc::cmdline(proxy) {
+            Ok(cmdline) => Ok(hydra_job_of(&cmdline)),
+            Err(ProcError::ProcessGone { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
-    Ok(outermost)
+}
+
+/// The name the kernel reports for Hydra's per-node proxy, which starts the ranks of a node.
+const HYDRA_PROXY: &str = "hydra_pmi_proxy";
+
+/// The job id of a Hydra job from the command line of one of its proxies: every node's proxy
+/// gets the same `--control-port HOST:PORT`, mpiexec's, so `hydra:HOST:PORT` names the job alike
+/// on every node. The processes of a later MPI_Comm_spawn get proxies of their own process group
+/// (`--pgid N`, 0 for the job's first), with ranks of their own: `hydra:HOST:PORT.N` for them.
+fn hydra_job_of(cmdline: &[u8]) -> Option<String> {
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    let value = |option: &[u8]| {
+        let at = args.iter().position(|arg| *arg == option)?;
+        let value = std::str::from_utf8(args.get(at + 1)?).ok()?;
+        Some(value).filter(|v| !v.is_empty())
+    };
+    let control = value(b"--control-port")?;
+    Some(match value(b"--pgid") {
+        None | Some("0") => format!("hydra:{control}"),
+        Some(group) => format!("hydra:{control}.{group}"),
+    })
 }
 
 /// The MPI processes of the job under `root`, in rank order. They are the topmost processes in
@@ -445,8 +511,8 @@ mod tests {
         }
         assert_ne!(ompi_ids[0].job, mpich_ids[0].job);
         assert!(ompi_ids[0].job.0.starts_with("pmix:"), "{:?}", ompi_ids[0]);
-        // The outermost launcher, not Hydra's per-node proxy between it and the ranks.
-        let expected = format!("mpirun.mpich:{}@", mpich.pid());
+        // mpiexec's control port, which Hydra's proxy between it and the ranks was given.
+        let expected = format!("hydra:{}:", hostname().unwrap());
         assert!(
             mpich_ids[0].job.0.starts_with(&expected),
             "{:?}",
@@ -489,7 +555,7 @@ mod tests {
     }
 
     #[test]
-    fn slurm_step_takes_precedence_over_pmix() {
+    fn sruns_pmix_namespace_gives_way_to_its_slurm_step() {
         let process = with_env(&[
             ("SLURM_JOB_ID", "4242"),
             ("SLURM_STEP_ID", "7"),
@@ -504,6 +570,111 @@ mod tests {
             (id.rank, id.size, id.source),
             (3, 8, IdentitySource::SlurmEnv)
         );
+        assert_eq!(id.scheduler_job.as_deref(), Some("4242"));
+    }
+
+    /// The job id `environ` names, with `hydra` as the Hydra job above the process.
+    fn job_with(environ: &[u8], hydra: Option<&str>) -> Option<String> {
+        LaunchEnv::parse(environ)
+            .job(|| Ok(hydra.map(str::to_owned)))
+            .unwrap()
+    }
+
+    #[test]
+    fn an_mpi_launchers_job_id_comes_before_the_slurm_step_it_runs_in() {
+        // Open MPI's mpirun in an allocation: its own node's ranks have the batch script's Slurm
+        // variables, those of the other nodes the srun that started their orted.
+        let open_mpi = b"OMPI_MCA_ess_base_jobid=1371602945\0PMIX_NAMESPACE=1371602945\0";
+        for slurm in [
+            &b"SLURM_JOB_ID=42\0SLURM_STEP_ID=4294967291\0"[..],
+            b"SLURM_JOB_ID=42\0SLURM_STEP_ID=0\0",
+            b"SLURM_JOB_ID=42\0",
+        ] {
+            let environ = [open_mpi, slurm].concat();
+            assert_eq!(
+                job_with(&environ, Some("hydra:not-asked:1")).as_deref(),
+                Some("pmix:1371602945")
+            );
+            // Hydra's mpiexec there: its ranks have PMI variables only.
+            let environ = [b"PMI_RANK=1\0PMI_SIZE=4\0", slurm].concat();
+            assert_eq!(
+                job_with(&environ, Some("hydra:n1:43419")).as_deref(),
+                Some("hydra:n1:43419")
+            );
+            assert_eq!(
+                LaunchEnv::parse(&environ).slurm_job_id.as_deref(),
+                Some("42")
+            );
+        }
+    }
+
+    #[test]
+    fn where_srun_is_the_launcher_its_step_names_the_job() {
+        // MPICH under srun's PMI-2: no Hydra proxy above the ranks.
+        let pmi2 = b"PMI_RANK=2\0PMI_SIZE=3\0SLURM_JOB_ID=42\0SLURM_STEP_ID=1\0";
+        assert_eq!(job_with(pmi2, None).as_deref(), Some("slurm:42.1"));
+        // Open MPI under srun's PMIx: the namespace is Slurm's own.
+        let pmix =
+            b"PMIX_NAMESPACE=slurm.pmix.42.1\0PMIX_RANK=0\0SLURM_JOB_ID=42\0SLURM_STEP_ID=1\0";
+        assert_eq!(job_with(pmix, None).as_deref(), Some("slurm:42.1"));
+        // Without the step it names, Slurm's namespace is still an id of the job.
+        let bare = b"PMIX_NAMESPACE=slurm.pmix.42.1\0";
+        assert_eq!(
+            job_with(bare, None).as_deref(),
+            Some("pmix:slurm.pmix.42.1")
+        );
+        // Hydra outside Slurm, and nothing at all.
+        assert_eq!(
+            job_with(b"PMI_RANK=0\0", Some("hydra:n1:1")).as_deref(),
+            Some("hydra:n1:1")
+        );
+        assert_eq!(job_with(b"PMI_RANK=0\0", None), None);
+    }
+
+    #[test]
+    fn a_hydra_job_is_named_by_the_control_port_every_proxy_is_given() {
+        // The arguments of a real `mpiexec.mpich -bootstrap-exec … -hosts n1,n2`.
+        let proxy = |id: &str, group: &str| {
+            [
+                "/usr/bin/hydra_pmi_proxy",
+                "--control-port",
+                "vm:43419",
+                "--rmk",
+                "user",
+                "--launcher",
+                "ssh",
+                "--demux",
+                "poll",
+                "--pgid",
+                group,
+                "--retries",
+                "10",
+                "--proxy-id",
+                id,
+                "",
+            ]
+            .join("\0")
+        };
+        for id in ["0", "1"] {
+            assert_eq!(
+                hydra_job_of(proxy(id, "0").as_bytes()).as_deref(),
+                Some("hydra:vm:43419")
+            );
+        }
+        assert_eq!(
+            hydra_job_of(proxy("0", "2").as_bytes()).as_deref(),
+            Some("hydra:vm:43419.2"),
+            "the processes of an MPI_Comm_spawn"
+        );
+        for args in [
+            &["/usr/bin/hydra_pmi_proxy", "--pgid", "0"][..],
+            &["/usr/bin/hydra_pmi_proxy", "--control-port"],
+            &["/usr/bin/hydra_pmi_proxy", "--control-port", ""],
+            &[],
+        ] {
+            let cmdline: String = args.iter().map(|arg| format!("{arg}\0")).collect();
+            assert_eq!(hydra_job_of(cmdline.as_bytes()), None, "{args:?}");
+        }
     }
 
     #[test]
@@ -569,16 +740,19 @@ mod tests {
 
     #[test]
     fn environ_entries_are_split_at_their_first_equals_sign_and_the_first_name_counts() {
-        let env = LaunchEnv::parse(
-            b"PMIX_RANK=3\0NOT A VARIABLE\0PMIX_NAMESPACE=ns=1\0PMIX_RANK=9\0PMI_SIZE=x\0=\0",
-        );
+        let environ =
+            b"PMIX_RANK=3\0NOT A VARIABLE\0PMIX_NAMESPACE=ns=1\0PMIX_RANK=9\0PMI_SIZE=x\0=\0";
+        let env = LaunchEnv::parse(environ);
         assert_eq!(env.rank(), Some((3, IdentitySource::PmixEnv)));
-        assert_eq!(env.job().as_deref(), Some("pmix:ns=1"));
+        assert_eq!(job_with(environ, None).as_deref(), Some("pmix:ns=1"));
         assert_eq!(env.size(), None, "a size that is no number is no size");
-        let slurm = LaunchEnv::parse(b"SLURM_JOB_ID=42\0SLURM_STEPID=0\0SLURM_PROCID=1");
-        assert_eq!(slurm.job().as_deref(), Some("slurm:42.0"));
-        assert_eq!(slurm.rank(), Some((1, IdentitySource::SlurmEnv)));
-        assert!(LaunchEnv::parse(b"").job().is_none());
+        let slurm = b"SLURM_JOB_ID=42\0SLURM_STEPID=0\0SLURM_PROCID=1";
+        assert_eq!(job_with(slurm, None).as_deref(), Some("slurm:42.0"));
+        assert_eq!(
+            LaunchEnv::parse(slurm).rank(),
+            Some((1, IdentitySource::SlurmEnv))
+        );
+        assert!(job_with(b"", None).is_none());
     }
 
     #[test]

@@ -249,7 +249,12 @@ fn job_families(f: &mut Families, jobs: &LabelledJobs<'_>) {
         "Always 1; identifies a job seen on this node, with where its identity came from.",
         jobs.iter().map(|(l, j)| {
             let l = with(l, "source", j.meta.source_kind());
-            (with(&l, "executable", &j.meta.executable), 1.0)
+            let l = with(&l, "executable", &j.meta.executable);
+            // Only for a job inside a Slurm allocation: an empty label is no label.
+            match &j.meta.scheduler_job {
+                Some(scheduler_job) => (with(&l, "scheduler_job", scheduler_job), 1.0),
+                None => (l, 1.0),
+            }
         }),
     );
     f.gauge(
@@ -984,6 +989,29 @@ mod tests {
         let types: Vec<_> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
         let unique: std::collections::BTreeSet<_> = types.iter().collect();
         assert_eq!(types.len(), unique.len());
+    }
+
+    #[test]
+    fn job_info_names_the_slurm_job_of_a_job_inside_an_allocation_only() {
+        let mut shared = Published::default();
+        for meta in [
+            JobMetaBuilder::new("pmix:1371602945")
+                .source("OpenMpiEnv")
+                .scheduler_job("4242")
+                .build(),
+            JobMetaBuilder::new("hydra:n1:43419")
+                .source("HydraEnv")
+                .build(),
+        ] {
+            shared.store.jobs.insert(meta.id.clone(), Job::new(meta));
+        }
+        let text = exposition(shared, || 0);
+        for line in [
+            r#"mpiburst_job_info{mpi_job="pmix:1371602945",node="n",source="OpenMpiEnv",executable="/bin/app",scheduler_job="4242"} 1"#,
+            r#"mpiburst_job_info{mpi_job="hydra:n1:43419",node="n",source="HydraEnv",executable="/bin/app"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
     }
 
     /// Series of one job in the exposition: everything labelled with its id. (Phase series are

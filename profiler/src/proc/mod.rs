@@ -1,6 +1,6 @@
 //! Reading /proc, below capture and discovery, which both read it through this module. Of a
 //! process: whether it still runs, its executable, its stat line (command name, parent, start
-//! time, CPU time), its memory maps, its environment, its cgroups, its resident memory and the
+//! time, CPU time), its memory maps, its environment, its command line, its cgroups, its resident memory and the
 //! CPUs it may run on (statm and status), and the path of a file as it sees it (its root) or as
 //! it has it open (its descriptors). Of this process: its status (capabilities). Of the node: its
 //! processes, its memory (meminfo) and the kernel's settings (/proc/sys/kernel). Also the kernel's CPU list format, which
@@ -145,6 +145,12 @@ pub fn in_root(pid: u32, path: &Path) -> PathBuf {
 /// ended by a NUL byte.
 pub fn environ(pid: u32) -> Result<Vec<u8>, ProcError> {
     read_process_file(pid, "environ")
+}
+
+/// The command line of process `pid` as /proc/PID/cmdline holds it: its arguments, each ended
+/// by a NUL byte.
+pub fn cmdline(pid: u32) -> Result<Vec<u8>, ProcError> {
+    read_process_file(pid, "cmdline")
 }
 
 /// The pids of the node's processes.

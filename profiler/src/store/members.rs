@@ -162,6 +162,7 @@ impl Members {
                     build_id: discovery::build_id(&proc::executable_file(pid))
                         .ok()
                         .flatten(),
+                    scheduler_job: id.scheduler_job.clone(),
                     cgroup: id.cgroup.clone(),
                     modules: Default::default(),
                     first_seen_ns,
@@ -179,6 +180,7 @@ impl Members {
                         source: format!("unidentified ({e})"),
                         executable: String::new(),
                         build_id: None,
+                        scheduler_job: None,
                         cgroup: None,
                         modules: Default::default(),
                         first_seen_ns,

@@ -188,6 +188,10 @@ pub struct JobMeta {
     /// from runs of a rebuilt one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_id: Option<String>,
+    /// The Slurm job the job ran in, whoever launched it (see
+    /// [`crate::discovery::ProcessIdentity::scheduler_job`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_job: Option<String>,
     /// The Slurm job's cgroup, when Slurm put the job in one (see
     /// [`crate::discovery::ProcessIdentity::cgroup`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
