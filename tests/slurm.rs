@@ -207,6 +207,8 @@ impl Cluster {
              # Slurm names cgroups by job id: ids of this test process's own, apart from those\n\
              # of a test run from another checkout at the same time.\n\
              FirstJobId={first_job}\n\
+             # The packaged epilog, which stores a job's summary once a test configures it.\n\
+             EpilogSlurmctld={d}/epilog\n\
              {node_lines}\
              PartitionName=test Nodes={partition} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE\n",
             ctld = port(),
@@ -221,9 +223,59 @@ impl Cluster {
             fs::create_dir(self.path(&format!("spool_{name}"))).unwrap();
         }
         fs::write(&self.conf, config).unwrap();
+        let epilog = self.path("epilog");
+        fs::write(
+            &epilog,
+            format!(
+                "#!/bin/sh\nexport SLURM_CONF={conf} MPIBURST_EPILOG_CONF={d}/mpiburst-epilog.conf\n\
+                 exec {packaged}\n",
+                conf = self.conf.display(),
+                packaged = Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../packaging/slurm/mpiburst-epilog.sh")
+                    .canonicalize()
+                    .unwrap()
+                    .display(),
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&epilog, fs::Permissions::from_mode(0o755)).unwrap();
         // cgroup v1 or v2, whichever this machine mounts.
         fs::write(self.path("cgroup.conf"), "CgroupPlugin=autodetect\n").unwrap();
         Ok(())
+    }
+
+    /// From now on the epilog stores the summary of each job that ends, from the daemon or
+    /// aggregator at `url`, as a file in the cluster's directory (this cluster has no slurmdbd,
+    /// which the AdminComment needs).
+    fn store_summaries_from(&self, url: &str) {
+        fs::write(
+            self.path("mpiburst-epilog.conf"),
+            format!(
+                "MPIBURST_URL={url}\nMPIBURST={}\nMPIBURST_SUMMARY_DIR={}\nMPIBURST_ADMIN_COMMENT=no\n",
+                daemon_binary().display(),
+                self.path("summaries").display()
+            ),
+        )
+        .unwrap();
+    }
+
+    /// The summary the epilog stored of job `job`, once there.
+    fn stored_summary(&self, job: u32) -> serde_json::Value {
+        let file = self.path(&format!("summaries/{job}.json.gz"));
+        for _ in 0..60 {
+            if file.exists() {
+                let json = self
+                    .output(Command::new("gunzip").arg("-c").arg(&file))
+                    .expect("decompress the stored summary");
+                return serde_json::from_str(&json).expect("the stored summary is JSON");
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
+        panic!(
+            "no mpiburst summary stored of Slurm job {job}; {}",
+            self.logs()
+        );
     }
 
     fn wait_until_idle(&mut self) -> Result<(), String> {
@@ -304,7 +356,8 @@ impl Cluster {
             })
             .unwrap_or_default();
         slurmd.sort();
-        let daemons = ["munged.out", "munged.log", "slurmctld.out"].map(String::from);
+        let daemons =
+            ["munged.out", "munged.log", "slurmctld.out", "slurmctld.log"].map(String::from);
         for name in daemons.iter().chain(&slurmd) {
             if let Ok(log) = fs::read_to_string(self.path(name)) {
                 let lines: Vec<&str> = log.lines().collect();
@@ -772,4 +825,38 @@ fn mpirun_in_a_batch_job_over_two_nodes_is_one_job_on_both() {
             "{mpi:?}: Slurm job"
         );
     }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn the_epilog_stores_the_jobs_summary_with_the_slurm_job() {
+    let Some((_turn, cluster)) = cluster_for_this_test(None) else {
+        return;
+    };
+    let daemon = Daemon::start(&[]);
+    cluster.store_summaries_from(&format!("http://{}", daemon.addr));
+    let job = cluster.allocate();
+    let (program, outputs) = cluster.srun_counts(job, Mpi::OpenMpi).finish();
+    // The allocation ends: slurmctld runs the epilog.
+    cluster
+        .output(cluster.command("scancel").arg(job.to_string()))
+        .unwrap();
+    let summary = cluster.stored_summary(job);
+    let jobs = summary["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len(), 1, "{summary}");
+    let stored = &jobs[0];
+    assert_eq!(
+        stored["meta"]["scheduler_job"],
+        job.to_string().as_str(),
+        "{stored}"
+    );
+    let pop = &stored["bottlenecks"]["properties"]["pop"];
+    assert_eq!(pop["ranks"], RANKS, "{pop}");
+    assert_eq!(pop["parallel_efficiency"]["status"], "measured", "{pop}");
+    let recording = daemon.stop();
+    assert_calls_exact(
+        job_of(&recording, &program),
+        &outputs,
+        "counts under the epilog",
+    );
 }

@@ -315,8 +315,12 @@ pub struct ReportArgs {
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<PathBuf>,
     /// Only this job (as printed in the report's first line).
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", conflicts_with = "slurm_job")]
     pub job: Option<String>,
+    /// Only the jobs of this Slurm job (its steps, and what mpirun or mpiexec launched in it): the
+    /// job's summary by its scheduler id, e.g. from a Slurm epilog (packaging/slurm/).
+    #[arg(long, value_name = "SLURM_JOB_ID")]
+    pub slurm_job: Option<String>,
     /// What to print: tables for people, or one JSON document for scripts (docs/report-json.md).
     #[arg(long, value_enum, default_value_t)]
     pub format: OutputFormat,

@@ -147,36 +147,48 @@ fn report_command(args: &ReportArgs) -> anyhow::Result<()> {
     report_recording(&paths, args)
 }
 
-/// The jobs to report: the one `--job` names, or all of them. An unknown job is an error that
-/// lists the known ones; no jobs at all is one when phases were asked for (`hint` says how to get
-/// some), else a note.
+/// The jobs to report: the one `--job` names, those of the Slurm job `--slurm-job` names, or all
+/// of them. An unknown job is an error that lists the known ones; no jobs at all is one when
+/// phases were asked for (`hint` says how to get some), else a note.
 fn select_jobs(
-    known: Vec<JobId>,
+    known: Vec<&JobMeta>,
     args: &ReportArgs,
     place: &str,
     hint: &str,
 ) -> anyhow::Result<Vec<JobId>> {
+    let listing = || {
+        if known.is_empty() {
+            "it holds no jobs".to_string()
+        } else {
+            let ids: Vec<String> = known
+                .iter()
+                .map(|m| match &m.scheduler_job {
+                    Some(slurm) => format!("{} (Slurm job {slurm})", m.id),
+                    None => m.id.0.clone(),
+                })
+                .collect();
+            format!("pass one of: {}", ids.join(", "))
+        }
+    };
     if let Some(id) = &args.job {
         let id = JobId(id.clone());
-        if known.contains(&id) {
+        if known.iter().any(|m| m.id == id) {
             return Ok(vec![id]);
         }
-        anyhow::bail!(
-            "job {id} is not in {place}; {}",
-            if known.is_empty() {
-                "it holds no jobs".to_string()
-            } else {
-                format!(
-                    "pass one of: {}",
-                    known
-                        .iter()
-                        .map(|j| j.0.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            }
-        );
+        anyhow::bail!("job {id} is not in {place}; {}", listing());
     }
+    if let Some(slurm) = &args.slurm_job {
+        let ids: Vec<JobId> = known
+            .iter()
+            .filter(|m| m.scheduler_job.as_deref() == Some(slurm.as_str()))
+            .map(|m| m.id.clone())
+            .collect();
+        if ids.is_empty() {
+            anyhow::bail!("no job of Slurm job {slurm} is in {place}; {}", listing());
+        }
+        return Ok(ids);
+    }
+    let known: Vec<JobId> = known.into_iter().map(|m| m.id.clone()).collect();
     if known.is_empty() {
         if args.phases || args.html.is_some() {
             anyhow::bail!("{place} holds no jobs, so there are no phases to show; {hint}");
@@ -298,7 +310,7 @@ fn report_recording(paths: &[std::path::PathBuf], args: &ReportArgs) -> anyhow::
         .map(|e| e.ended_ns)
         .unwrap_or_else(unix_now_ns);
     let ids = select_jobs(
-        r.jobs.keys().cloned().collect(),
+        r.jobs.values().map(|j| &j.meta).collect(),
         args,
         &path.to_string(),
         "record while an MPI program runs (`mpiburst record -o FILE`, then start the job)",
@@ -429,9 +441,9 @@ fn recorded_groups(
 /// life, the phases from its online analysis.
 fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()> {
     let place = format!("the daemon at {daemon}");
-    let known = daemon.jobs()?.into_iter().map(|meta| meta.id).collect();
+    let known = daemon.jobs()?;
     let ids = select_jobs(
-        known,
+        known.iter().collect(),
         args,
         &place,
         "start an MPI program while the daemon runs",

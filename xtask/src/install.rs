@@ -27,6 +27,8 @@ struct Layout {
     unit: PathBuf,
     sysusers: PathBuf,
     docs: PathBuf,
+    /// The Slurm epilog that stores a job's summary with the job.
+    epilog: PathBuf,
 }
 
 impl Layout {
@@ -37,6 +39,7 @@ impl Layout {
             unit: prefix.join("lib/systemd/system/mpiburst.service"),
             sysusers: prefix.join("lib/sysusers.d/mpiburst.conf"),
             docs: prefix.join("share/doc/mpiburst/deploy.md"),
+            epilog: prefix.join("lib/mpiburst/mpiburst-epilog.sh"),
         }
     }
 }
@@ -115,6 +118,11 @@ pub fn install(bin: &Path) -> Result<()> {
         &target(&layout.docs),
         &read(crate::root().join("docs/deploy.md"))?,
         0o644,
+    )?;
+    write(
+        &target(&layout.epilog),
+        &read(packaging.join("slurm/mpiburst-epilog.sh"))?,
+        0o755,
     )?;
     // An administrator's edits are kept: the defaults are always at `mpiburst config --default`.
     let config_path = target(Path::new(CONFIG));
