@@ -128,6 +128,10 @@ fn split_over(count: usize) -> (Vec<Daemon>, Daemon, String, Vec<Cgroup>) {
     let st = run_with_timeout(cmd, Duration::from_secs(180));
     assert!(st.success(), "phases over {count} cgroups failed: {st}");
     let id = job_id(&all.addr, &program, &[]);
+    // Every daemon has read the ranks' final totals: what is compared is the ended job.
+    for daemon in nodes.iter().chain([&all]) {
+        ended_job_properties(&daemon.addr, &id);
+    }
     (nodes, all, id, cgroups)
 }
 
