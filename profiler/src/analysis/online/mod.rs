@@ -84,8 +84,10 @@ pub struct JobPhases {
     window_ns: u64,
     lateness_ns: u64,
     seen_ranks: BTreeSet<u32>,
-    /// The ranks whose strata the window samples keep, drawn from the job's ranks.
+    /// The ranks whose strata the window samples keep, drawn from the job's ranks…
     rank_sample: RankSample,
+    /// …and how many of the ranks seen it keeps.
+    sampled_seen: u32,
     buffers: BTreeMap<u64, WindowBuffer>,
     /// Bursts of closed windows too small to be clustered alone, for the next window.
     carry: Vec<Burst>,
@@ -117,6 +119,7 @@ impl JobPhases {
         Ok(JobPhases {
             ranks,
             rank_sample: RankSample::new(ranks, &params),
+            sampled_seen: 0,
             window_ns: windows::window_ns(&params),
             lateness_ns: (params.lateness_s * 1e9).round() as u64,
             params,
@@ -169,12 +172,24 @@ impl JobPhases {
         let ranks = self.job_ranks();
         if self.rank_sample.ranks() != ranks {
             self.rank_sample = RankSample::new(ranks, &self.params);
+            let sample = &self.rank_sample;
+            self.sampled_seen = self.seen_ranks.iter().filter(|&&r| sample.keeps(r)).count() as u32;
         }
     }
 
-    /// m of the analysis: the ranks the window samples keep.
+    /// Counts a rank seen for the first time.
+    fn see_rank(&mut self, rank: u32) {
+        if self.seen_ranks.insert(rank) {
+            self.sampled_seen += u32::from(self.rank_sample.keeps(rank));
+            self.resample_ranks();
+        }
+    }
+
+    /// m of the analysis: the ranks the window samples keep. Ranks numbered beyond the job's
+    /// rank count (a node's ranks of a larger job) may make them more than the sample is sized
+    /// for.
     fn analysis_ranks(&self) -> u32 {
-        self.rank_sample.kept()
+        self.rank_sample.kept().max(self.sampled_seen)
     }
 }
 

@@ -90,7 +90,7 @@ impl RankSample {
         self.ranks
     }
 
-    /// How many ranks the sample keeps.
+    /// How many of ranks 0..[`ranks`](Self::ranks) the sample keeps, and what it is sized for.
     pub fn kept(&self) -> u32 {
         self.kept
     }
@@ -99,8 +99,10 @@ impl RankSample {
     pub fn keeps(&self, rank: u32) -> bool {
         match self.last_kept {
             None => true,
-            // A rank number beyond the job's is none of the sampled ones.
-            Some(last) => rank < self.ranks && (rank_hash(rank), rank) <= last,
+            // Also for rank numbers beyond `ranks`: a node's daemon counts its own ranks but
+            // sees their world numbers. As the last kept hash of ranks 0..n can only fall as n
+            // grows, it keeps at least the ranks that the sample of the whole job keeps.
+            Some(last) => (rank_hash(rank), rank) <= last,
         }
     }
 
@@ -287,8 +289,23 @@ mod tests {
                 fill > params.max_window_bursts - slots * MIN_STRATUM_BURSTS,
                 "{ranks} ranks: {fill}"
             );
-            assert!(!sample.keeps(ranks), "no rank beyond the job's");
         }
+    }
+
+    #[test]
+    fn a_node_with_more_ranks_than_fit_keeps_every_rank_the_job_wide_sample_keeps() {
+        let params = OnlineParams::default();
+        let job = RankSample::new(128_000, &params);
+        // Node 3 of a job of 500-rank nodes: its daemon counts 500 ranks, numbered 1500….
+        let node = RankSample::new(500, &params);
+        assert_eq!(node.kept(), job.kept());
+        let ranks = 1_500..2_000;
+        assert!(ranks
+            .clone()
+            .filter(|&r| job.keeps(r))
+            .all(|r| node.keeps(r)));
+        let kept = ranks.filter(|&r| node.keeps(r)).count();
+        assert!((100..220).contains(&kept), "{kept} of the node's ranks");
     }
 
     #[test]

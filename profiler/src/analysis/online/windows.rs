@@ -78,9 +78,7 @@ impl JobPhases {
         let run_ns: u64 = run.iter().map(|b| b.duration_ns).sum();
         self.totals.bursts_seen += run.len() as u64;
         self.totals.time_seen_ns += run_ns;
-        if self.seen_ranks.insert(first.rank) {
-            self.resample_ranks();
-        }
+        self.see_rank(first.rank);
         if window < self.closed_before {
             self.totals.late_bursts += run.len() as u64;
             return;
