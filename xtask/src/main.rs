@@ -125,6 +125,9 @@ enum Bench {
     Overhead,
     /// Clustering speed
     Cluster,
+    /// The job-wide analysis of one 30 s window of a job of up to 2,000 nodes × 64 ranks: bytes
+    /// per node on the wire, the aggregator's decode and merge CPU and memory
+    Jobwide,
     /// The daemon under a burst storm: CPU per 10⁵ bursts/s, losses, peak memory, /metrics
     /// latency while windows are clustered
     Daemon,
@@ -171,6 +174,7 @@ fn main() -> Result<()> {
         Task::Bench { bench } => match bench {
             Bench::Overhead => bench_overhead(),
             Bench::Cluster => status(&mut example("bench_cluster")),
+            Bench::Jobwide => status(&mut example("bench_jobwide")),
             Bench::Daemon => bench_daemon(),
             Bench::Apps { rounds } => bench_apps(rounds),
         },
@@ -995,6 +999,7 @@ mod tests {
         for (name, bench) in [
             ("overhead", Bench::Overhead),
             ("cluster", Bench::Cluster),
+            ("jobwide", Bench::Jobwide),
             ("daemon", Bench::Daemon),
             ("apps", Bench::Apps { rounds: None }),
         ] {

@@ -163,7 +163,8 @@ async fn job_ranks(State(state): State<PublishedState>, Path(id): Path<String>) 
 }
 
 /// The samples of the job's last closed windows, with this node's ranks of the job: what the
-/// aggregator merges into the job-wide analysis (`mpiburst aggregate`).
+/// aggregator merges into the job-wide analysis (`mpiburst aggregate`), trimmed to what the merge
+/// keeps and in the compact form of [`crate::analysis::online::wire`].
 async fn job_samples(State(state): State<PublishedState>, Path(id): Path<String>) -> Response {
     let s = state.borrow().clone();
     let id = JobId(id);
@@ -177,13 +178,13 @@ async fn job_samples(State(state): State<PublishedState>, Path(id): Path<String>
         )
             .into_response();
     };
-    let samples = NodeSamples {
-        node: job.meta.node.clone(),
-        job: id,
-        world_size: job.meta.size,
-        ranks: job.ranks.keys().copied().collect(),
-        held: snapshot.samples.clone(),
-    };
+    let samples = NodeSamples::new(
+        job.meta.node.clone(),
+        id,
+        job.meta.size,
+        job.ranks.keys().copied().collect(),
+        &snapshot.samples,
+    );
     Json(samples).into_response()
 }
 

@@ -12,6 +12,11 @@
 //! bursts by rank and start time wherever they came from). Clock skew between nodes moves a
 //! burst between slots only at slot edges.
 //!
+//! What a node sends is only what that cut keeps ([`NodeSamples::new`]): the strata of the
+//! ranks in the job's [`RankSample`], each trimmed to the quota of the job's world size, so a
+//! node of a large job sends a few bursts per window however many its daemon keeps for its own
+//! analysis ([`super::wire`] encodes them compactly).
+//!
 //! Only windows that every node has closed and still holds are merged, so a node that is late
 //! or lost its samples never makes a window look smaller than it was; the nodes, the windows
 //! merged and the world ranks no node sent are reported beside the phases, never left out.
@@ -20,7 +25,8 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
-use super::{JobPhases, OnlineError, OnlineParams, PhasesSnapshot, WindowSample};
+use super::windows::{slot_of, window_ns};
+use super::{JobPhases, OnlineError, OnlineParams, PhasesSnapshot, RankSample, WindowSample};
 use crate::model::JobId;
 
 /// Closed windows whose samples a node keeps: the last one, and two before it for a node that
@@ -40,8 +46,9 @@ pub struct HeldSamples {
     pub windows: Vec<Arc<WindowSample>>,
 }
 
-/// What one node holds of a job for the job-wide analysis, and whose it is.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// What one node holds of a job for the job-wide analysis, and whose it is. On the wire in the
+/// compact form of [`super::wire`].
+#[derive(Clone, Debug, PartialEq)]
 pub struct NodeSamples {
     pub node: String,
     pub job: JobId,
@@ -49,8 +56,59 @@ pub struct NodeSamples {
     pub world_size: u32,
     /// The world ranks that ran on this node.
     pub ranks: Vec<u32>,
-    #[serde(flatten)]
     pub held: HeldSamples,
+}
+
+impl NodeSamples {
+    /// What node `node` sends of job `job` (`world_size` ranks, `ranks` of them here) from the
+    /// samples it holds: of each window, the bursts the merge keeps (see the module docs).
+    pub fn new(
+        node: String,
+        job: JobId,
+        world_size: u32,
+        ranks: Vec<u32>,
+        held: &HeldSamples,
+    ) -> NodeSamples {
+        let params = &held.params;
+        let sample = RankSample::new(world_size, params);
+        let quota = sample.stratum_quota(params) as usize;
+        let window_ns = window_ns(params);
+        let trim = |window: &Arc<WindowSample>| {
+            // The bursts are by rank and start, so each stratum is one stretch of them.
+            let mut bursts = Vec::new();
+            let mut stratum = None;
+            let mut in_stratum = 0;
+            for burst in window.bursts.iter().filter(|b| sample.keeps(b.rank)) {
+                let (_, slot, _, _) = slot_of(burst.start_ns, window_ns, params.window_slots);
+                if stratum != Some((burst.rank, slot)) {
+                    stratum = Some((burst.rank, slot));
+                    in_stratum = 0;
+                }
+                if in_stratum < quota {
+                    bursts.push(burst.clone());
+                    in_stratum += 1;
+                }
+            }
+            let left_out = (window.bursts.len() - bursts.len()) as u64;
+            Arc::new(WindowSample {
+                dropped: window.dropped + left_out,
+                bursts,
+                ..**window
+            })
+        };
+        NodeSamples {
+            node,
+            job,
+            world_size,
+            ranks,
+            held: HeldSamples {
+                params: params.clone(),
+                samples_from: held.samples_from,
+                closed_before: held.closed_before,
+                windows: held.windows.iter().map(trim).collect(),
+            },
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -244,12 +302,23 @@ mod tests {
     /// One daemon's analysis of the bursts of `ranks` of a 4-rank SPMD job, 6 s long, on a node
     /// whose clock is `skew_ns` behind.
     fn profiled(ranks: &[u32], skew_ns: u64, counters: bool) -> JobPhases {
-        let params = test_params();
+        profiled_in(4, ranks, &test_params(), skew_ns, counters)
+    }
+
+    /// One daemon's analysis of the bursts of `ranks` of a `world`-rank SPMD job, 6 s long,
+    /// analysed with `params`, on a node whose clock is `skew_ns` behind.
+    fn profiled_in(
+        world: u32,
+        ranks: &[u32],
+        params: &OnlineParams,
+        skew_ns: u64,
+        counters: bool,
+    ) -> JobPhases {
         let window_ns = (params.window_s * 1e9) as u64;
-        let mut phases = JobPhases::new(ranks.len() as u32, params).unwrap();
+        let mut phases = JobPhases::new(ranks.len() as u32, params.clone()).unwrap();
         let mut pushed = 0u64;
         spmd(
-            4,
+            world,
             counters,
             &E1_PHASES,
             window_ns,
@@ -273,14 +342,21 @@ mod tests {
         phases
     }
 
+    /// What node `name` sends of a 4-rank job.
     fn node(name: &str, ranks: &[u32], phases: &JobPhases) -> NodeSamples {
-        NodeSamples {
-            node: name.into(),
-            job: JobId(JOB.into()),
-            world_size: 4,
-            ranks: ranks.to_vec(),
-            held: phases.snapshot().samples,
-        }
+        node_of(name, 4, ranks, phases)
+    }
+
+    /// What node `name` sends of a `world`-rank job, as the aggregator reads it off the wire.
+    fn node_of(name: &str, world: u32, ranks: &[u32], phases: &JobPhases) -> NodeSamples {
+        let sent = NodeSamples::new(
+            name.into(),
+            JobId(JOB.into()),
+            world,
+            ranks.to_vec(),
+            &phases.snapshot().samples,
+        );
+        serde_json::from_str(&serde_json::to_string(&sent).unwrap()).unwrap()
     }
 
     /// Each phase's (time share, SPMD score) in the last window, by time rank, and the window's
@@ -317,6 +393,52 @@ mod tests {
             );
             assert!(merged.snapshot.cumulative.is_none());
         }
+    }
+
+    #[test]
+    fn nodes_of_a_job_too_large_for_the_bound_send_the_rank_sample_and_merge_into_one_daemons() {
+        // 64 ranks on 4 nodes: 16 bursts in each of 8 slots of 64 ranks do not fit a bound of
+        // 4,096 bursts, of 16 ranks they do.
+        let params = OnlineParams {
+            max_window_bursts: 4_096,
+            ..test_params()
+        };
+        let world = 64;
+        let sample = RankSample::new(world, &params);
+        assert_eq!((sample.kept(), sample.stratum_quota(&params)), (32, 16));
+        let all: Vec<u32> = (0..world).collect();
+        let one_daemon = profiled_in(world, &all, &params, 0, true);
+        let nodes: Vec<NodeSamples> = all
+            .chunks(16)
+            .enumerate()
+            .map(|(i, ranks)| {
+                let phases = profiled_in(world, ranks, &params, 0, true);
+                assert_eq!(
+                    phases.rank_sample.kept(),
+                    16,
+                    "a node's own sample keeps its ranks"
+                );
+                node_of(&format!("n{i}"), world, ranks, &phases)
+            })
+            .collect();
+        for node in &nodes {
+            for window in &node.held.windows {
+                // Only sampled ranks, 16 bursts per (slot, rank) stratum.
+                assert!(window.bursts.iter().all(|b| sample.keeps(b.rank)));
+                let sampled = node.ranks.iter().filter(|&&r| sample.keeps(r)).count();
+                assert!(window.bursts.len() <= sampled * params.window_slots as usize * 16);
+            }
+        }
+        let merged = merge_nodes(&JobId(JOB.into()), &nodes).unwrap();
+        assert!(merged.missing_ranks.is_empty());
+        let last = merged.snapshot.last_window.as_ref().unwrap();
+        assert_eq!(last.ranks_sampled, 32);
+        assert_eq!(last.bursts_analysed, 4_096);
+        assert!(last.sequences.iter().all(|s| sample.keeps(s.rank)));
+        assert_eq!(
+            last_window(&merged.snapshot),
+            last_window(&one_daemon.snapshot())
+        );
     }
 
     #[test]

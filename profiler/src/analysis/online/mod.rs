@@ -16,21 +16,24 @@
 //! # Parts
 //!
 //! * [`windows`]: which window a pushed burst belongs to, when windows close.
-//! * [`sample`]: the bounded, stratified sample of each window and the cumulative sample of the
-//!   whole job.
+//! * [`sample`]: the bounded, stratified sample of each window (of a sample of the ranks when a
+//!   job has more than the bound has room for) and the cumulative sample of the whole job.
 //! * [`model`]: the provisional classification of pushed bursts against the last clustering.
 //! * [`recluster`]: when a sample is clustered, and how its clustering becomes the job's views,
 //!   stable ids and events.
 //! * [`snapshot`]: what an exporter reads ([`PhasesSnapshot`]) and the job's run signature.
 //! * [`merge`]: the job-wide analysis of the window samples of all of a job's nodes.
+//! * [`wire`]: the compact form in which a node sends its window samples.
 //! * [`params`]: what all of them can be told ([`OnlineParams`]).
 //!
 //! # Decisions
 //!
 //! Each part documents its own; two concern the whole job:
 //!
-//! * **Ranks**: m for [`analyse`] is the larger of the configured rank count and the number of
-//!   distinct ranks seen, so a rank count learned late never makes an analysis fail.
+//! * **Ranks**: the job's ranks are the larger of the configured rank count and the number of
+//!   distinct ranks seen, so a rank count learned late never makes an analysis fail. m for
+//!   [`analyse`] is the number of ranks the window samples keep: all of them, or a sample of
+//!   them when the job has more ranks than the window's bound has room for ([`sample`]).
 //! * **Memory**: bursts held ≤ [`MAX_OPEN_WINDOWS`] × max_window_bursts + min_window_bursts
 //!   (windows and carry) + [`KEPT_WINDOW_SAMPLES`] × max_window_bursts (the samples of the last
 //!   closed windows, for the job-wide analysis) + max_cumulative_bursts; model points ≤ max_window_bursts; tracked ids ≤
@@ -55,6 +58,7 @@ pub mod recluster;
 pub mod sample;
 pub mod snapshot;
 pub mod windows;
+pub mod wire;
 
 pub use merge::{
     merge_nodes, HeldSamples, MergeError, MergedPhases, NodeSamples, KEPT_WINDOW_SAMPLES,
@@ -63,13 +67,14 @@ use model::Model;
 pub use model::ProvisionalCounts;
 pub use params::{OnlineError, OnlineParams};
 pub use recluster::{PhaseEvent, ReclusterReason};
-pub use sample::WindowSample;
 use sample::{CumulativeSample, WindowBuffer};
+pub use sample::{RankSample, WindowSample, MIN_STRATUM_BURSTS};
 pub use snapshot::{
     CumulativeCluster, CumulativeView, Held, OpenWindow, PhaseShare, PhaseView, PhasesSnapshot,
     RankSequence, Totals, WindowView,
 };
 pub use windows::MAX_OPEN_WINDOWS;
+pub use wire::{WireError, SAMPLES_FORMAT};
 
 /// Online phase analysis of one job (see the module docs).
 #[derive(Debug)]
@@ -79,6 +84,10 @@ pub struct JobPhases {
     window_ns: u64,
     lateness_ns: u64,
     seen_ranks: BTreeSet<u32>,
+    /// The ranks whose strata the window samples keep, drawn from the job's ranks…
+    rank_sample: RankSample,
+    /// …and how many of the ranks seen it keeps.
+    sampled_seen: u32,
     buffers: BTreeMap<u64, WindowBuffer>,
     /// Bursts of closed windows too small to be clustered alone, for the next window.
     carry: Vec<Burst>,
@@ -109,7 +118,9 @@ impl JobPhases {
         let tracker = Tracker::new(params.tracking.clone())?;
         Ok(JobPhases {
             ranks,
-            window_ns: ((params.window_s * 1e9).round() as u64).max(1),
+            rank_sample: RankSample::new(ranks, &params),
+            sampled_seen: 0,
+            window_ns: windows::window_ns(&params),
             lateness_ns: (params.lateness_s * 1e9).round() as u64,
             params,
             seen_ranks: BTreeSet::new(),
@@ -135,6 +146,7 @@ impl JobPhases {
     /// A new rank count (discovery learned it late); takes effect at the next clustering.
     pub fn set_ranks(&mut self, ranks: u32) {
         self.ranks = ranks;
+        self.resample_ranks();
     }
 
     pub fn params(&self) -> &OnlineParams {
@@ -150,8 +162,34 @@ impl JobPhases {
         self.samples.push_back(Arc::new(sample));
     }
 
-    fn analysis_ranks(&self) -> u32 {
+    /// The ranks of the job: configured or seen, whichever are more.
+    fn job_ranks(&self) -> u32 {
         self.ranks.max(self.seen_ranks.len() as u32)
+    }
+
+    /// Draws the rank sample anew when the job's rank count changed.
+    fn resample_ranks(&mut self) {
+        let ranks = self.job_ranks();
+        if self.rank_sample.ranks() != ranks {
+            self.rank_sample = RankSample::new(ranks, &self.params);
+            let sample = &self.rank_sample;
+            self.sampled_seen = self.seen_ranks.iter().filter(|&&r| sample.keeps(r)).count() as u32;
+        }
+    }
+
+    /// Counts a rank seen for the first time.
+    fn see_rank(&mut self, rank: u32) {
+        if self.seen_ranks.insert(rank) {
+            self.sampled_seen += u32::from(self.rank_sample.keeps(rank));
+            self.resample_ranks();
+        }
+    }
+
+    /// m of the analysis: the ranks the window samples keep. Ranks numbered beyond the job's
+    /// rank count (a node's ranks of a larger job) may make them more than the sample is sized
+    /// for.
+    fn analysis_ranks(&self) -> u32 {
+        self.rank_sample.kept().max(self.sampled_seen)
     }
 }
 

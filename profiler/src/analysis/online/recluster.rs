@@ -185,6 +185,7 @@ impl JobPhases {
             time_seen_ns: seen_time_ns,
             bursts_analysed: bursts.len() as u64,
             bursts_dropped: dropped,
+            ranks_sampled: ranks,
             time_filtered_share: analysis.filter.time_filtered_share,
             features: analysis.features,
             filter: analysis.filter,

@@ -10,6 +10,20 @@
 //! those of the sample; the window's totals (bursts and time seen, dropped by the bound) are
 //! reported beside them.
 //!
+//! **Sample of ranks**: when the strata of all ranks do not fit, that is when a stratum would
+//! keep fewer than [`MIN_STRATUM_BURSTS`] (window_slots × ranks × 16 > max_window_bursts: from
+//! 157 ranks with the defaults), the window sample keeps the strata of max_window_bursts ÷
+//! (window_slots × 16) ranks only ([`RankSample`]), 16 bursts each: those whose hash of the rank
+//! number is smallest among the job's ranks. A stratum needs a stretch of bursts, not one:
+//! the ranks of an SPMD job run in step, so the first burst of every rank's stratum is the same
+//! phase (the one running at the slot's start), and one burst per stratum gave a window sample of
+//! 8 phase positions repeated over the ranks, which missed phases of a 3-phase loop
+//! (docs/performance.md); 16 bursts cover a few iterations of a loop of a few phases. The choice depends on the rank number and the
+//! number of ranks alone, so every node of a job, the aggregator and one daemon seeing all ranks
+//! keep the same ranks without talking, and a hash spreads them over the nodes whatever the
+//! placement of the ranks (blocks or round robin). The clustering, the SPMD score and the rank
+//! sequences are then those of the sampled ranks. A job whose strata fit keeps all its ranks.
+//!
 //! **Cumulative view** (whole job, bounded): a systematic sample of windows, each contributing
 //! one chunk: the contiguous stretch of at most max_cumulative_bursts ÷ cumulative_chunks
 //! bursts (all ranks) that starts at a slot chosen by a hash of the window index (so a phase
@@ -32,6 +46,78 @@ use super::OnlineParams;
 use crate::analysis::hashing::{mix, FastMap};
 use crate::analysis::tracking::StableId;
 use crate::model::Burst;
+
+/// Bursts a stratum keeps at least: fewer, and the window sample keeps a sample of the ranks
+/// rather than shorter strata (see the module docs).
+pub const MIN_STRATUM_BURSTS: usize = 16;
+
+/// The ranks whose strata the window samples keep (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankSample {
+    /// The ranks of the job, which the sample is drawn from.
+    ranks: u32,
+    /// How many of them are kept.
+    kept: u32,
+    /// The last rank kept in (hash, rank) order; `None` when every rank is kept.
+    last_kept: Option<(u64, u32)>,
+}
+
+impl RankSample {
+    /// The sample of a job of `ranks` ranks, sized so that [`MIN_STRATUM_BURSTS`] per (slot,
+    /// rank) stratum fit [`OnlineParams::max_window_bursts`](super::OnlineParams::max_window_bursts).
+    pub fn new(ranks: u32, params: &OnlineParams) -> Self {
+        let stratum_bursts = params.window_slots as usize * MIN_STRATUM_BURSTS;
+        if stratum_bursts * ranks as usize <= params.max_window_bursts {
+            return RankSample {
+                ranks,
+                kept: ranks,
+                last_kept: None,
+            };
+        }
+        // Fewer than `ranks` (their strata do not fit), and at least one.
+        let kept = (params.max_window_bursts / stratum_bursts).max(1) as u32;
+        let mut order: Vec<(u64, u32)> = (0..ranks).map(|r| (rank_hash(r), r)).collect();
+        let (_, &mut last, _) = order.select_nth_unstable(kept as usize - 1);
+        RankSample {
+            ranks,
+            kept,
+            last_kept: Some(last),
+        }
+    }
+
+    /// The ranks of the job the sample was drawn from.
+    pub fn ranks(&self) -> u32 {
+        self.ranks
+    }
+
+    /// How many of ranks 0..[`ranks`](Self::ranks) the sample keeps, and what it is sized for.
+    pub fn kept(&self) -> u32 {
+        self.kept
+    }
+
+    /// Whether the strata of `rank` are kept.
+    pub fn keeps(&self, rank: u32) -> bool {
+        match self.last_kept {
+            None => true,
+            // Also for rank numbers beyond `ranks`: a node's daemon counts its own ranks but
+            // sees their world numbers. As the last kept hash of ranks 0..n can only fall as n
+            // grows, it keeps at least the ranks that the sample of the whole job keeps.
+            Some(last) => (rank_hash(rank), rank) <= last,
+        }
+    }
+
+    /// Bursts kept per (slot, rank) stratum of a sampled rank.
+    pub fn stratum_quota(&self, params: &OnlineParams) -> u32 {
+        (params.max_window_bursts / (params.window_slots as usize * self.kept.max(1) as usize))
+            .max(1) as u32
+    }
+}
+
+/// The order ranks are sampled in: a hash, so that the sampled ranks are spread over the job
+/// whatever its placement of ranks on nodes.
+fn rank_hash(rank: u32) -> u64 {
+    mix(u64::from(rank))
+}
 
 /// The bounded, stratified sample of one window.
 #[derive(Clone, Debug, Default)]
@@ -180,6 +266,73 @@ mod tests {
             end_func: Name::new("MPI_Barrier"),
             start_site: CallSite::unknown(1),
             end_site: CallSite::unknown(2),
+        }
+    }
+
+    #[test]
+    fn small_jobs_keep_every_rank_and_large_ones_a_sample_that_fits_the_bound() {
+        let params = OnlineParams::default();
+        for ranks in [0, 1, 4, 156] {
+            let sample = RankSample::new(ranks, &params);
+            assert_eq!(sample.kept(), ranks);
+            assert!((0..ranks + 10).all(|r| sample.keeps(r)));
+        }
+        assert_eq!(RankSample::new(4, &params).stratum_quota(&params), 625);
+        for ranks in [157, 2_500, 128_000, 1_000_000] {
+            let sample = RankSample::new(ranks, &params);
+            let kept = (0..ranks).filter(|&r| sample.keeps(r)).count() as u32;
+            assert_eq!(kept, sample.kept(), "{ranks} ranks");
+            let slots = params.window_slots as usize;
+            let fill = kept as usize * slots * sample.stratum_quota(&params) as usize;
+            assert!(fill <= params.max_window_bursts, "{ranks} ranks: {fill}");
+            assert!(
+                fill > params.max_window_bursts - slots * MIN_STRATUM_BURSTS,
+                "{ranks} ranks: {fill}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_with_more_ranks_than_fit_keeps_every_rank_the_job_wide_sample_keeps() {
+        let params = OnlineParams::default();
+        let job = RankSample::new(128_000, &params);
+        // Node 3 of a job of 500-rank nodes: its daemon counts 500 ranks, numbered 1500….
+        let node = RankSample::new(500, &params);
+        assert_eq!(node.kept(), job.kept());
+        let ranks = 1_500..2_000;
+        assert!(ranks
+            .clone()
+            .filter(|&r| job.keeps(r))
+            .all(|r| node.keeps(r)));
+        let kept = ranks.filter(|&r| node.keeps(r)).count();
+        assert!((100..220).contains(&kept), "{kept} of the node's ranks");
+    }
+
+    #[test]
+    fn every_node_finds_the_same_rank_sample_spread_over_the_nodes() {
+        let params = OnlineParams::default();
+        let (nodes, per_node) = (2_000u32, 64u32);
+        let world = nodes * per_node;
+        let aggregator = RankSample::new(world, &params);
+        // Ranks placed in blocks (node n runs n·64 …) or round robin (node n runs n, n + 2000, …).
+        for placement in [|n, k| n * 64 + k, |n, k| k * 2_000 + n] {
+            let mut with_sampled = 0;
+            let mut most = 0;
+            for n in 0..nodes {
+                // A pure function of the rank count: what any node computes is the aggregator's
+                // (checked on a few nodes, each draw costing a pass over all ranks).
+                if n % 500 == 0 {
+                    assert_eq!(RankSample::new(world, &params), aggregator);
+                }
+                let sampled = (0..per_node)
+                    .filter(|&k| aggregator.keeps(placement(n, k)))
+                    .count();
+                with_sampled += usize::from(sampled > 0);
+                most = most.max(sampled);
+            }
+            // 156 of 128,000 ranks: on about 150 nodes, rarely two on one.
+            assert!(with_sampled > 140, "{with_sampled} nodes");
+            assert!(most <= 3, "{most} sampled ranks on one node");
         }
     }
 

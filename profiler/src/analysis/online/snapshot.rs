@@ -40,6 +40,11 @@ pub struct WindowView {
     pub time_seen_ns: u64,
     pub bursts_analysed: u64,
     pub bursts_dropped: u64,
+    /// Ranks whose bursts the sample keeps: all the job's, or a sample of them when the job has
+    /// more than the window's bound has room for; the SPMD score and the rank sequences are
+    /// over these.
+    #[serde(default)]
+    pub ranks_sampled: u32,
     pub features: FeatureReport,
     pub filter: FilterReport,
     /// Share of the analysed time the duration filter removed.
@@ -173,7 +178,7 @@ impl JobPhases {
 
     pub fn snapshot(&self) -> PhasesSnapshot {
         PhasesSnapshot {
-            ranks: self.analysis_ranks(),
+            ranks: self.job_ranks(),
             window_ns: self.window_ns,
             open_window: self.now_ns.map(|now| {
                 let window = now / self.window_ns;

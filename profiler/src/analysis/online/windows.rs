@@ -17,12 +17,30 @@
 
 use super::model::Provisional;
 use super::sample::WindowSample;
-use super::{JobPhases, PhaseEvent, ReclusterReason};
+use super::{JobPhases, OnlineParams, PhaseEvent, ReclusterReason};
 use crate::model::Burst;
 
 /// Windows that may be open at once (the current one, the previous one waiting for late
 /// bursts, and one more for bursts that already belong to the next window).
 pub const MAX_OPEN_WINDOWS: usize = 3;
+
+/// The length of the windows `params` ask for, in nanoseconds.
+pub(super) fn window_ns(params: &OnlineParams) -> u64 {
+    ((params.window_s * 1e9).round() as u64).max(1)
+}
+
+/// The window and slot of a burst starting at `start_ns`, in windows of `window_ns` cut into
+/// `slots`, and the range of start times [lo, hi) that share them.
+pub(super) fn slot_of(start_ns: u64, window_ns: u64, slots: u32) -> (u64, u32, u64, u64) {
+    let w = window_ns;
+    let slots = u64::from(slots);
+    let window = start_ns / w;
+    let slot = (start_ns % w) * slots / w;
+    // slot = ⌊r·slots / w⌋ for the offset r in the window, so the slot's offsets are those
+    // from ⌈slot·w / slots⌉ up to ⌈(slot + 1)·w / slots⌉.
+    let from = |k: u64| window * w + (k * w).div_ceil(slots).min(w);
+    (window, slot as u32, from(slot), from(slot + 1))
+}
 
 impl JobPhases {
     /// Classifies a burst against the current model and adds it to its window's sample.
@@ -51,14 +69,7 @@ impl JobPhases {
     /// The window and slot of a burst starting at `start_ns`, and the range of start times
     /// [lo, hi) that share them.
     fn slot_of(&self, start_ns: u64) -> (u64, u32, u64, u64) {
-        let w = self.window_ns;
-        let slots = u64::from(self.params.window_slots);
-        let window = start_ns / w;
-        let slot = (start_ns % w) * slots / w;
-        // slot = ⌊r·slots / w⌋ for the offset r in the window, so the slot's offsets are those
-        // from ⌈slot·w / slots⌉ up to ⌈(slot + 1)·w / slots⌉.
-        let from = |k: u64| window * w + (k * w).div_ceil(slots).min(w);
-        (window, slot as u32, from(slot), from(slot + 1))
+        slot_of(start_ns, self.window_ns, self.params.window_slots)
     }
 
     /// Pushes `run`: bursts of one rank in `slot` of `window`.
@@ -67,7 +78,7 @@ impl JobPhases {
         let run_ns: u64 = run.iter().map(|b| b.duration_ns).sum();
         self.totals.bursts_seen += run.len() as u64;
         self.totals.time_seen_ns += run_ns;
-        self.seen_ranks.insert(first.rank);
+        self.see_rank(first.rank);
         if window < self.closed_before {
             self.totals.late_bursts += run.len() as u64;
             return;
@@ -99,9 +110,12 @@ impl JobPhases {
             }
         }
 
-        let quota = (self.params.max_window_bursts
-            / (self.params.window_slots as usize * self.analysis_ranks().max(1) as usize))
-            .max(1) as u32;
+        // A rank outside the rank sample keeps nothing: its bursts are left out by the bound.
+        let quota = if self.rank_sample.keeps(first.rank) {
+            self.rank_sample.stratum_quota(&self.params)
+        } else {
+            0
+        };
         let max = self.params.max_window_bursts;
         let buffer = self.buffers.entry(window).or_default();
         self.totals.dropped_bursts += buffer.add(run, run_ns, slot, quota, max);
