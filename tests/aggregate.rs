@@ -303,3 +303,73 @@ fn the_aggregator_merges_four_nodes_into_what_a_daemon_seeing_all_ranks_finds() 
     }
     all.stop();
 }
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_node_daemon_restarted_while_the_job_runs_rejoins_with_its_ranks_flagged() {
+    let cgroups: Vec<Cgroup> = (0..2)
+        .map(|i| Cgroup::new(&format!("mpiburst-agg-restart-{i}")))
+        .collect();
+    let start = |i: usize| {
+        Daemon::with_config(
+            WINDOWS,
+            &["--node", &format!("node-{i}"), "--cgroup", &cgroups[i].path],
+        )
+    };
+    let mut nodes = vec![start(0), start(1)];
+    let program = program("phases", Mpi::OpenMpi);
+    let dirs: Vec<String> = cgroups
+        .iter()
+        .map(|c| c.dir.display().to_string())
+        .collect();
+    let mut cmd = Mpi::OpenMpi.launcher(4);
+    cmd.args([
+        "sh",
+        "-c",
+        &format!(
+            "set -- {}; shift $((OMPI_COMM_WORLD_RANK % 2)); echo $$ > $1/cgroup.procs && exec \"$PROGRAM\" iters=200",
+            dirs.join(" ")
+        ),
+    ])
+    .env("PROGRAM", &program);
+    let mut job = cmd.spawn().expect("start mpirun");
+    let id = {
+        let mut found = None;
+        for _ in 0..100 {
+            let jobs = get_json(&nodes[1].addr, "/api/jobs");
+            if let Some(first) = jobs.as_array().unwrap().first() {
+                found = Some(first["meta"]["id"].as_str().unwrap().to_string());
+                break;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        found.expect("node 1's daemon saw the job")
+    };
+    // Node 1's daemon dies and a new one takes its place while the job runs.
+    thread::sleep(Duration::from_secs(2));
+    nodes[1].kill9();
+    nodes[1] = start(1);
+    let st = wait_with_timeout(&mut job, Duration::from_secs(180)).expect("the job ends");
+    assert!(st.success(), "phases failed: {st}");
+    for node in &nodes {
+        ended_job_properties(&node.addr, &id);
+    }
+    let aggregator = Aggregator::start(&["--daemon", &nodes[0].addr, "--daemon", &nodes[1].addr]);
+    let merged = get_json(&aggregator.addr, &format!("/api/jobs/{}", encode(&id)));
+    let coverage = &merged["job_wide"];
+    assert_eq!(
+        coverage["missing_ranks"],
+        serde_json::json!([]),
+        "{coverage}"
+    );
+    assert_eq!(coverage["unreachable"], serde_json::json!([]), "{coverage}");
+    assert_eq!(
+        coverage["ranks_seen_late"],
+        serde_json::json!([1, 3]),
+        "{coverage}"
+    );
+    drop(aggregator);
+    for node in nodes {
+        node.stop();
+    }
+}

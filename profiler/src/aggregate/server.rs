@@ -84,6 +84,10 @@ struct Coverage<N: Serialize> {
     nodes: N,
     unreachable: Vec<Unreachable>,
     missing_ranks: Vec<u32>,
+    /// Ranks whose node's daemon started after them (a daemon restarted while the job ran): their
+    /// totals cover only the time since, as their `MPI_Init not seen` says.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ranks_seen_late: Vec<u32>,
 }
 
 /// A failed request: its status and what to do.
@@ -147,6 +151,12 @@ fn job_coverage(job: &Job, unreachable: Vec<Unreachable>) -> Coverage<Vec<&str>>
         unreachable,
         missing_ranks: (0..job.meta.size)
             .filter(|r| !job.ranks.contains_key(r))
+            .collect(),
+        ranks_seen_late: job
+            .ranks
+            .values()
+            .filter(|r| r.region.init_return_ns.is_none() && r.calls() > 0)
+            .map(|r| r.rank)
             .collect(),
     }
 }
@@ -273,6 +283,7 @@ async fn phases(State(aggregator): State<Aggregator>, Path(id): Path<String>) ->
                 nodes: serde_json::json!({ "windows": merged.windows, "nodes": merged.nodes }),
                 unreachable,
                 missing_ranks: merged.missing_ranks,
+                ranks_seen_late: Vec::new(),
             };
             with_coverage(
                 serde_json::to_value(&merged.snapshot).unwrap_or_default(),
