@@ -18,6 +18,7 @@
 #   MPIBURST_SUMMARY_DIR=/var/lib/mpiburst/jobs   # optional: also keep a file per job
 #   MPIBURST_ADMIN_COMMENT=no                      # optional: no AdminComment (no slurmdbd)
 #   MPIBURST=/usr/bin/mpiburst                     # optional
+#   MPIBURST_EPILOG_WAIT_S=3                       # optional: see below
 #
 # An epilog's failure must not harm the job: every error is logged (to the epilog's standard
 # error, which slurmctld logs) and the script exits 0.
@@ -31,6 +32,9 @@ conf=${MPIBURST_EPILOG_CONF:-/etc/default/mpiburst-epilog}
 [ -n "$MPIBURST_URL" ] || exit 0
 [ -n "$SLURM_JOB_ID" ] || { echo "mpiburst epilog: SLURM_JOB_ID is not set" >&2; exit 0; }
 mpiburst=${MPIBURST:-mpiburst}
+# The daemons read their ranks' totals and evaluate the properties once a second: a few seconds
+# after the job's end every node has seen its ranks end and evaluated the job with its final totals.
+sleep "${MPIBURST_EPILOG_WAIT_S:-3}"
 
 summary=$("$mpiburst" report "$MPIBURST_URL" --slurm-job "$SLURM_JOB_ID" --format json 2>&1) || {
     echo "mpiburst epilog: no summary of job $SLURM_JOB_ID: $summary" >&2
