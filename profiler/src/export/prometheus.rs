@@ -18,7 +18,7 @@ use std::{
 use prometheus::{
     core::{Collector, Desc},
     process_collector::ProcessCollector,
-    proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType},
+    proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType},
     Registry, TextEncoder,
 };
 
@@ -32,7 +32,10 @@ use crate::{
     capture::{LibraryOpenStats, ProgramStats},
     export::published::{Published, PublishedState, SelfStats},
     model::{unix_now_ns, JobId},
-    properties::{Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankSample},
+    properties::{
+        Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankHistogram,
+        RankSample, Summary,
+    },
     store::{Job, JobStore, RankRecord},
 };
 
@@ -179,41 +182,93 @@ impl Families {
         kind: MetricType,
         series: impl IntoIterator<Item = (Labels, f64)>,
     ) {
+        self.push(
+            name,
+            help,
+            kind,
+            series.into_iter().map(|(labels, value)| {
+                let mut metric = labelled_metric(labels);
+                if kind == MetricType::COUNTER {
+                    let mut counter = Counter::default();
+                    counter.set_value(value);
+                    metric.set_counter(counter);
+                } else {
+                    let mut gauge = Gauge::default();
+                    gauge.set_value(value);
+                    metric.set_gauge(gauge);
+                }
+                metric
+            }),
+        );
+    }
+
+    /// A histogram family from rank distributions: their bucket counts, and the count and sum
+    /// of their values (the exposition adds the `+Inf` bucket from the count).
+    fn histogram<'a>(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: impl IntoIterator<Item = (Labels, &'a Summary, &'a RankHistogram)>,
+    ) {
+        self.push(
+            name,
+            help,
+            MetricType::HISTOGRAM,
+            series.into_iter().map(|(labels, values, buckets)| {
+                let mut histogram = Histogram::default();
+                histogram.set_sample_count(values.count);
+                histogram.set_sample_sum(values.sum);
+                histogram.set_bucket(
+                    buckets
+                        .upper_bounds
+                        .iter()
+                        .zip(&buckets.cumulative_counts)
+                        .map(|(&le, &count)| {
+                            let mut bucket = Bucket::default();
+                            bucket.set_upper_bound(le);
+                            bucket.set_cumulative_count(count);
+                            bucket
+                        })
+                        .collect(),
+                );
+                let mut metric = labelled_metric(labels);
+                metric.set_histogram(histogram);
+                metric
+            }),
+        );
+    }
+
+    fn push(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        metrics: impl IntoIterator<Item = Metric>,
+    ) {
         let mut family = MetricFamily::default();
         family.set_name(name.into());
         family.set_help(help.into());
         family.set_field_type(kind);
-        family.set_metric(
-            series
-                .into_iter()
-                .map(|(labels, value)| {
-                    let mut metric = Metric::default();
-                    metric.set_label(
-                        labels
-                            .into_iter()
-                            .map(|(name, value)| {
-                                let mut pair = LabelPair::default();
-                                pair.set_name(name.into());
-                                pair.set_value(value);
-                                pair
-                            })
-                            .collect(),
-                    );
-                    if kind == MetricType::COUNTER {
-                        let mut counter = Counter::default();
-                        counter.set_value(value);
-                        metric.set_counter(counter);
-                    } else {
-                        let mut gauge = Gauge::default();
-                        gauge.set_value(value);
-                        metric.set_gauge(gauge);
-                    }
-                    metric
-                })
-                .collect(),
-        );
+        family.set_metric(metrics.into_iter().collect());
         self.0.push(family);
     }
+}
+
+/// A series without its value.
+fn labelled_metric(labels: Labels) -> Metric {
+    let mut metric = Metric::default();
+    metric.set_label(
+        labels
+            .into_iter()
+            .map(|(name, value)| {
+                let mut pair = LabelPair::default();
+                pair.set_name(name.into());
+                pair.set_value(value);
+                pair
+            })
+            .collect(),
+    );
+    metric
 }
 
 /// A job's labels and the job.
@@ -951,6 +1006,14 @@ fn property_families(f: &mut Families, shared: &Published) {
             q.into_iter().enumerate().map(move |(i, v)| (with(l, "rank_quantile", i as f64 / n), v))
         }),
     );
+    f.histogram(
+        "mpiburst_property_rank_values",
+        "Per-rank properties: the ranks' values here in the fixed buckets of the property's unit (docs/metrics.md), which add up across nodes: histogram_quantile over their sum by mpi_job, span, strategy, property and le gives the quantiles over all of the job's ranks.",
+        evaluated().filter_map(|(l, ev)| {
+            let ranks = ev.ranks.as_ref()?;
+            Some((l.clone(), &ranks.values, ranks.histogram.as_ref()?))
+        }),
+    );
     f.gauge(
         "mpiburst_property_not_measured",
         "1 for a property that could not be evaluated here; outcome=not_measured (no source, e.g. no PMU) or no_data (too little in the span). The reason is in /api/jobs/JOB/properties.",
@@ -1217,6 +1280,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("phase=\""), "{text}");
+        assert!(
+            text.contains("mpiburst_property_rank_values_bucket{mpi_job=\"slurm:42.0\""),
+            "{text}"
+        );
         // docs/metrics.md lists every family the exposition has, the daemon's process_* ones
         // included.
         assert!(
