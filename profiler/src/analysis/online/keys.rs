@@ -229,8 +229,8 @@ mod tests {
         // One job of 8 ranks over two nodes of 4 ranks each. The second node's ranks skip the
         // longest phase in the first window, so its tracker meets the phases in another order
         // and numbers them otherwise.
-        let nodes = [0..4, 4..8].map(|ranks| (ranks, JobPhases::new(4, test_params()).unwrap()));
-        let mut nodes = nodes;
+        let mut nodes =
+            [0..4, 4..8].map(|ranks| (ranks, JobPhases::new(4, test_params()).unwrap()));
         for (n, (ranks, job)) in nodes.iter_mut().enumerate() {
             let late = |window: u64, _: u64, phase: usize| {
                 if n == 1 && window == 0 && phase == 2 {
