@@ -461,6 +461,57 @@ fn dashboards_are_consistent_grafana_json() {
     );
 }
 
+/// The job dashboard opens on the job over all nodes: its severities and rank distributions,
+/// outside the collapsed row of each node's view, come from the job-wide recording rules, not
+/// from one node's series (which a `node` selection would pick, or a max over nodes would
+/// hide the other nodes behind).
+#[test]
+fn the_job_dashboard_shows_job_wide_severities_and_rank_distributions_by_default() {
+    let job = dashboards()
+        .into_iter()
+        .find(|d| d.file == "mpiburst-job.json")
+        .expect("the job dashboard");
+    let shown: Vec<&Value> = job.json["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] != "row")
+        .collect();
+    let mut per_node = Vec::new();
+    let mut job_wide = 0;
+    for p in shown {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            if expr.contains("mpiburst_property_severity") || expr.contains("property_rank_value") {
+                if expr.contains("mpi_job:mpiburst_property_") {
+                    job_wide += 1;
+                } else {
+                    per_node.push(format!("{}: {expr}", p["title"]));
+                }
+            }
+        }
+    }
+    assert!(
+        per_node.is_empty(),
+        "panels shown by default that query one node's properties:\n{}",
+        per_node.join("\n")
+    );
+    assert!(job_wide >= 5, "{job_wide} job-wide property queries");
+    let collapsed: Vec<&Value> = job.json["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "row" && p["collapsed"] == true)
+        .flat_map(|r| r["panels"].as_array().into_iter().flatten())
+        .collect();
+    assert!(
+        collapsed.iter().any(|p| p["targets"][0]["expr"]
+            .as_str()
+            .is_some_and(|e| e.contains("node=~\"$node\"") && e.contains("_severity"))),
+        "a collapsed row shows each node's severities"
+    );
+}
+
 #[test]
 fn the_recommendations_table_maps_every_property_to_its_recommendation() {
     // The metric carries the property only; the panel's value mapping on the property column

@@ -18,16 +18,24 @@ use std::{
 use prometheus::{
     core::{Collector, Desc},
     process_collector::ProcessCollector,
-    proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType},
+    proto::{Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType},
     Registry, TextEncoder,
 };
 
 use crate::{
-    analysis::{groups::RankGroupsView, online::PhasesSnapshot, ClusterStats},
+    analysis::{
+        groups::RankGroupsView,
+        online::{PhaseKey, PhaseView, PhasesSnapshot, WindowView},
+        tracking::StableId,
+        ClusterStats,
+    },
     capture::{LibraryOpenStats, ProgramStats},
     export::published::{Published, PublishedState, SelfStats},
     model::{unix_now_ns, JobId},
-    properties::{Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankSample},
+    properties::{
+        Aggregate, JobAggregates, JobProperties, Outcome, PropertyResult, RankHistogram,
+        RankSample, Summary,
+    },
     store::{Job, JobStore, RankRecord},
 };
 
@@ -174,41 +182,93 @@ impl Families {
         kind: MetricType,
         series: impl IntoIterator<Item = (Labels, f64)>,
     ) {
+        self.push(
+            name,
+            help,
+            kind,
+            series.into_iter().map(|(labels, value)| {
+                let mut metric = labelled_metric(labels);
+                if kind == MetricType::COUNTER {
+                    let mut counter = Counter::default();
+                    counter.set_value(value);
+                    metric.set_counter(counter);
+                } else {
+                    let mut gauge = Gauge::default();
+                    gauge.set_value(value);
+                    metric.set_gauge(gauge);
+                }
+                metric
+            }),
+        );
+    }
+
+    /// A histogram family from rank distributions: their bucket counts, and the count and sum
+    /// of their values (the exposition adds the `+Inf` bucket from the count).
+    fn histogram<'a>(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: impl IntoIterator<Item = (Labels, &'a Summary, &'a RankHistogram)>,
+    ) {
+        self.push(
+            name,
+            help,
+            MetricType::HISTOGRAM,
+            series.into_iter().map(|(labels, values, buckets)| {
+                let mut histogram = Histogram::default();
+                histogram.set_sample_count(values.count);
+                histogram.set_sample_sum(values.sum);
+                histogram.set_bucket(
+                    buckets
+                        .upper_bounds
+                        .iter()
+                        .zip(&buckets.cumulative_counts)
+                        .map(|(&le, &count)| {
+                            let mut bucket = Bucket::default();
+                            bucket.set_upper_bound(le);
+                            bucket.set_cumulative_count(count);
+                            bucket
+                        })
+                        .collect(),
+                );
+                let mut metric = labelled_metric(labels);
+                metric.set_histogram(histogram);
+                metric
+            }),
+        );
+    }
+
+    fn push(
+        &mut self,
+        name: &str,
+        help: &str,
+        kind: MetricType,
+        metrics: impl IntoIterator<Item = Metric>,
+    ) {
         let mut family = MetricFamily::default();
         family.set_name(name.into());
         family.set_help(help.into());
         family.set_field_type(kind);
-        family.set_metric(
-            series
-                .into_iter()
-                .map(|(labels, value)| {
-                    let mut metric = Metric::default();
-                    metric.set_label(
-                        labels
-                            .into_iter()
-                            .map(|(name, value)| {
-                                let mut pair = LabelPair::default();
-                                pair.set_name(name.into());
-                                pair.set_value(value);
-                                pair
-                            })
-                            .collect(),
-                    );
-                    if kind == MetricType::COUNTER {
-                        let mut counter = Counter::default();
-                        counter.set_value(value);
-                        metric.set_counter(counter);
-                    } else {
-                        let mut gauge = Gauge::default();
-                        gauge.set_value(value);
-                        metric.set_gauge(gauge);
-                    }
-                    metric
-                })
-                .collect(),
-        );
+        family.set_metric(metrics.into_iter().collect());
         self.0.push(family);
     }
+}
+
+/// A series without its value.
+fn labelled_metric(labels: Labels) -> Metric {
+    let mut metric = Metric::default();
+    metric.set_label(
+        labels
+            .into_iter()
+            .map(|(name, value)| {
+                let mut pair = LabelPair::default();
+                pair.set_name(name.into());
+                pair.set_value(value);
+                pair
+            })
+            .collect(),
+    );
+    metric
 }
 
 /// A job's labels and the job.
@@ -672,6 +732,90 @@ fn phase_families(
         "Instructions per cycle of the phase (only with hardware counters).",
         top.iter().filter_map(|(l, c)| Some((l.clone(), c.ipc?))),
     );
+    phase_key_families(f, &labelled);
+}
+
+/// Per-phase sums of the last closed window of each job, keyed by phase key (the same phase's
+/// name on every node), that add up exactly across nodes: the recording rules sum them by
+/// `phase_key` into the job-wide time share and mean burst duration of each phase. Values are
+/// scaled from the clustered sample up to all bursts the window held here (a factor of 1 unless
+/// the window was sampled), so that nodes sampled at different rates weigh by their real time.
+/// A window clustered early (partial) is left out: its node would mix another window into the
+/// sums. At most the tracker's `max_phases` phases per job, those with the most time.
+fn phase_key_families(f: &mut Families, labelled: &[(Labels, &PhasesSnapshot)]) {
+    let windows: Vec<(&Labels, &WindowView, usize)> = labelled
+        .iter()
+        .filter_map(|(l, p)| {
+            let w = p.last_window.as_ref().filter(|w| !w.partial)?;
+            Some((l, w, p.samples.params.tracking.max_phases))
+        })
+        .collect();
+    f.gauge(
+        "mpiburst_job_phase_window_seconds",
+        "Computation time of the job's ranks here in the last closed analysis window: the total the per-phase sums are shares of.",
+        windows.iter().map(|(l, w, _)| ((*l).clone(), secs(w.time_seen_ns))),
+    );
+    f.gauge(
+        "mpiburst_job_phase_window_end_timestamp_seconds",
+        "Aligned Unix time the last closed analysis window ends at: the same on every node for the same window.",
+        windows.iter().map(|(l, w, _)| ((*l).clone(), w.end_ns as f64 / 1e9)),
+    );
+    let phases: Vec<(Labels, PhaseSums)> = windows
+        .iter()
+        .flat_map(|&(l, w, max_phases)| {
+            let mut ranked: Vec<&PhaseView> = w.phases.iter().collect();
+            ranked.sort_by_key(|p| p.time_rank);
+            ranked
+                .into_iter()
+                .take(max_phases)
+                .map(move |p| (with(l, "phase_key", p.key), PhaseSums::of(w, p)))
+        })
+        .collect();
+    f.gauge(
+        "mpiburst_phase_key_bursts",
+        "CPU bursts of the phase here in the last closed window (label phase_key: the same on every node), scaled to all of the window's bursts.",
+        phases.iter().map(|(l, s)| (l.clone(), s.bursts)),
+    );
+    f.gauge(
+        "mpiburst_phase_key_seconds",
+        "Computation time of the phase here in the last closed window (the sum of its burst durations), scaled to all of the window's bursts.",
+        phases.iter().map(|(l, s)| (l.clone(), s.seconds)),
+    );
+    f.gauge(
+        "mpiburst_phase_key_ranks",
+        "Ranks here that ran the phase in the last closed window.",
+        phases.iter().map(|(l, s)| (l.clone(), s.ranks as f64)),
+    );
+}
+
+/// What one phase of a window adds to the job-wide sums.
+struct PhaseSums {
+    bursts: f64,
+    seconds: f64,
+    ranks: usize,
+}
+
+impl PhaseSums {
+    fn of(w: &WindowView, p: &PhaseView) -> PhaseSums {
+        // The sample's share of the window: its time analysed against the time pushed, and the
+        // same for the bursts.
+        let scale = |seen: u64, analysed: u64| {
+            if analysed == 0 {
+                1.0
+            } else {
+                seen as f64 / analysed as f64
+            }
+        };
+        PhaseSums {
+            bursts: p.stats.bursts as f64 * scale(w.bursts_seen, w.bursts_analysed),
+            seconds: secs(p.stats.time_ns) * scale(w.time_seen_ns, w.filter.time_in_ns),
+            ranks: w
+                .sequences
+                .iter()
+                .filter(|r| r.phases.contains(&p.id))
+                .count(),
+        }
+    }
 }
 
 /// Rank groups of each job: how many, and the behaviour changes found so far.
@@ -755,13 +899,34 @@ fn usage_families(f: &mut Families, shared: &Published) {
     );
 }
 
-/// One property's series labels: job, span, strategy, property and (per phase) phase.
-fn property_labels(job: &Labels, span: &str, p: &PropertyResult, phase: Option<u32>) -> Labels {
+/// One property's series labels: job, span, strategy, property and (per phase) phase, with the
+/// phase's key when the last clustered window of the job has that phase (`keys`), so that the
+/// rules can merge a phase's properties across nodes, where its id differs.
+fn property_labels(
+    job: &Labels,
+    span: &str,
+    p: &PropertyResult,
+    phase: Option<u32>,
+    keys: &BTreeMap<StableId, PhaseKey>,
+) -> Labels {
     let mut labels = with(job, "span", span);
     labels.push(("strategy", p.strategy.clone()));
     labels.push(("property", p.name.clone()));
-    labels.extend(phase.map(|id| ("phase", id.to_string())));
+    if let Some(id) = phase {
+        labels.push(("phase", id.to_string()));
+        labels.extend(keys.get(&id).map(|key| ("phase_key", key.to_string())));
+    }
     labels
+}
+
+/// The key of each phase of the job's last clustered window, by stable id.
+fn phase_keys_of(shared: &Published, job: &JobId) -> BTreeMap<StableId, PhaseKey> {
+    shared
+        .phases
+        .get(job)
+        .and_then(|p| p.last_window.as_ref())
+        .map(|w| w.phases.iter().map(|p| (p.id, p.key)).collect())
+        .unwrap_or_default()
 }
 
 /// Every property result of a span, with its phase: job-level ones, then those of the top
@@ -785,23 +950,36 @@ fn span_results(props: &JobProperties) -> Vec<(&PropertyResult, Option<u32>)> {
 /// Properties of each job over its life (span="job") and its last complete window
 /// (span="window"), the recommendations that apply, and the window's mergeable aggregates.
 fn property_families(f: &mut Families, shared: &Published) {
-    let spans: Vec<(Labels, &'static str, &JobProperties)> = shared
+    let keys: BTreeMap<&JobId, BTreeMap<StableId, PhaseKey>> = shared
+        .properties
+        .keys()
+        .map(|id| (id, phase_keys_of(shared, id)))
+        .collect();
+    let spans: Vec<(Labels, &'static str, &JobProperties, &JobId)> = shared
         .properties
         .iter()
         .filter_map(|(id, live)| {
-            Some((job_labels(id, &shared.store.jobs.get(id)?.meta.node), live))
+            Some((
+                job_labels(id, &shared.store.jobs.get(id)?.meta.node),
+                live,
+                id,
+            ))
         })
-        .flat_map(|(l, live)| {
-            std::iter::once((l.clone(), "job", &live.job))
-                .chain(live.window.as_ref().map(|w| (l, "window", &w.properties)))
+        .flat_map(|(l, live, id)| {
+            std::iter::once((l.clone(), "job", &live.job, id)).chain(
+                live.window
+                    .as_ref()
+                    .map(|w| (l, "window", &w.properties, id)),
+            )
         })
         .collect();
     let results: Vec<(Labels, &PropertyResult)> = spans
         .iter()
-        .flat_map(|(l, span, props)| {
+        .flat_map(|(l, span, props, id)| {
+            let keys = &keys[id];
             span_results(props)
                 .into_iter()
-                .map(move |(p, phase)| (property_labels(l, span, p, phase), p))
+                .map(move |(p, phase)| (property_labels(l, span, p, phase, keys), p))
         })
         .collect();
     let evaluated = || {
@@ -833,6 +1011,14 @@ fn property_families(f: &mut Families, shared: &Published) {
             q.into_iter().enumerate().map(move |(i, v)| (with(l, "rank_quantile", i as f64 / n), v))
         }),
     );
+    f.histogram(
+        "mpiburst_property_rank_values",
+        "Per-rank properties: the ranks' values here in the fixed buckets of the property's unit (docs/metrics.md), which add up across nodes: histogram_quantile over their sum by mpi_job, span, strategy, property and le gives the quantiles over all of the job's ranks.",
+        evaluated().filter_map(|(l, ev)| {
+            let ranks = ev.ranks.as_ref()?;
+            Some((l.clone(), &ranks.values, ranks.histogram.as_ref()?))
+        }),
+    );
     f.gauge(
         "mpiburst_property_not_measured",
         "1 for a property that could not be evaluated here; outcome=not_measured (no source, e.g. no PMU) or no_data (too little in the span). The reason is in /api/jobs/JOB/properties.",
@@ -845,7 +1031,7 @@ fn property_families(f: &mut Families, shared: &Published) {
     f.gauge(
         "mpiburst_recommendation_severity",
         "Severity of each property that fires, so its recommendation applies: the text is in docs/metrics.md, the job report and /api/jobs/JOB/properties.",
-        spans.iter().flat_map(|(l, span, props)| {
+        spans.iter().flat_map(|(l, span, props, _)| {
             span_results(props)
                 .into_iter()
                 .filter_map(move |(p, phase)| {
@@ -1122,6 +1308,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("phase=\""), "{text}");
+        assert!(
+            text.contains("mpiburst_property_rank_values_bucket{mpi_job=\"slurm:42.0\""),
+            "{text}"
+        );
         // docs/metrics.md lists every family the exposition has, the daemon's process_* ones
         // included.
         assert!(
@@ -1145,6 +1335,52 @@ mod tests {
         text.lines()
             .filter(|l| !l.starts_with('#') && l.contains("mpi_job=\"slurm:42.0\""))
             .count()
+    }
+
+    #[test]
+    fn phases_are_exported_by_key_with_sums_that_add_up_to_the_window() {
+        let id = JobId("pmix:5".into());
+        let mut shared = Published::default();
+        let job = Job::new(JobMetaBuilder::new(&id.0).node("n1").size(4).build());
+        shared.store.jobs.insert(id.clone(), job);
+        // Windows 0 and 1 of the synthetic job closed.
+        let snapshot = crate::export::phases::synthetic_snapshot(250, 1_700_000_002_500_000_000);
+        let window = snapshot.last_window.clone().unwrap();
+        assert!(!window.partial && window.bursts_dropped == 0);
+        shared.phases.insert(id, Arc::new(snapshot));
+        let text = exposition(shared, || 1);
+        let values = |family: &str| -> BTreeMap<String, f64> {
+            let prefix = format!("{family}{{mpi_job=\"pmix:5\",node=\"n1\",phase_key=\"");
+            text.lines()
+                .filter_map(|l| l.strip_prefix(&prefix))
+                .map(|l| {
+                    let (key, value) = l.split_once("\"} ").unwrap();
+                    (key.to_string(), value.parse().unwrap())
+                })
+                .collect()
+        };
+        let seconds = values("mpiburst_phase_key_seconds");
+        let expected: BTreeMap<String, f64> = window
+            .phases
+            .iter()
+            .map(|p| (p.key.to_string(), secs(p.stats.time_ns)))
+            .collect();
+        assert_eq!(seconds, expected, "{text}");
+        let ranks = values("mpiburst_phase_key_ranks");
+        assert!(ranks.values().all(|&r| r == 4.0), "{ranks:?}");
+        let bursts = values("mpiburst_phase_key_bursts");
+        let total: f64 = bursts.values().sum();
+        assert!(
+            total > 0.0 && total <= window.bursts_seen as f64,
+            "{bursts:?}"
+        );
+        // The phases' time is a share of the window's total, which the rules divide by.
+        let window_seconds = format!(
+            "mpiburst_job_phase_window_seconds{{mpi_job=\"pmix:5\",node=\"n1\"}} {}",
+            secs(window.time_seen_ns)
+        );
+        assert!(text.lines().any(|l| l == window_seconds), "{text}");
+        assert!(seconds.values().sum::<f64>() <= secs(window.time_seen_ns));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::quantiles::Summary;
+use super::quantiles::{bucket_bounds, RankHistogram, Summary};
 
 /// The reason given wherever a value needs hardware counters that are not there.
 pub const NO_PMU: &str = "not measured (no PMU)";
@@ -251,6 +251,10 @@ pub struct RankDistribution {
     pub condition_count: u64,
     pub values: Summary,
     pub severities: Summary,
+    /// The values in the fixed buckets of the property's unit, which add up across nodes
+    /// (`None` for a unit without buckets, and from daemons before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub histogram: Option<RankHistogram>,
 }
 
 /// The result of evaluating a property that has a value.
@@ -510,6 +514,7 @@ fn evaluate_observation<I>(
                     condition_count,
                     values: value_summary,
                     severities: severity_summary,
+                    histogram: bucket_bounds(def.unit).map(|b| RankHistogram::of(&values, b)),
                 }),
             })
         }

@@ -122,5 +122,5 @@ pub use error::PropertyError;
 pub use inputs::{IoStats, JobInput, PhasesInput, PmuCounters, RankSample, ResourceUsage};
 pub use live::{lifetime_properties, LiveEvaluator, LiveProperties, WindowProperties};
 pub use pop::{Aggregate, JobAggregates, PopEfficiencies, Reading};
-pub use quantiles::Summary;
+pub use quantiles::{bucket_bounds, RankHistogram, Summary};
 pub use window::Span;

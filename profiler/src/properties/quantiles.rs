@@ -7,6 +7,11 @@
 //!
 //! h is computed in integers (N·k, divided by n with remainder), so positions such as 1.6 are
 //! exact.
+//!
+//! Quantiles of two nodes' ranks do not give those of all ranks. A [`RankHistogram`] does: counts
+//! below fixed bounds, the same on every node for a unit ([`bucket_bounds`]), add up across
+//! nodes, and the job-wide quantiles are interpolated from their sum (Prometheus's
+//! `histogram_quantile`).
 
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +82,51 @@ impl Summary {
     }
 }
 
+/// Upper bounds of the buckets of a unit's [`RankHistogram`]s: the same on every node, so that the
+/// counts add up; `None` for units without one. Ratios in steps of 0.05, so quantiles
+/// interpolated from the counts are within 0.05; counter ratios and frequencies over their usual
+/// ranges.
+pub fn bucket_bounds(unit: &str) -> Option<&'static [f64]> {
+    match unit {
+        "ratio" => Some(&[
+            0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
+            0.85, 0.9, 0.95, 1.0,
+        ]),
+        "cycles_per_instruction" => Some(&[
+            0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0,
+        ]),
+        "events_per_instruction" => Some(&[
+            1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1,
+        ]),
+        "hertz" => Some(&[
+            1.0e9, 1.5e9, 2.0e9, 2.25e9, 2.5e9, 2.75e9, 3.0e9, 3.25e9, 3.5e9, 3.75e9, 4.0e9, 4.5e9,
+            5.0e9,
+        ]),
+        _ => None,
+    }
+}
+
+/// How many values lie at or below each of fixed upper bounds (cumulative, as Prometheus's
+/// histogram buckets; the values above the last bound count only in the total, which is the
+/// [`Summary`]'s count). Mergeable: the counts of several nodes' ranks add up to those of all.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankHistogram {
+    pub upper_bounds: Vec<f64>,
+    pub cumulative_counts: Vec<u64>,
+}
+
+impl RankHistogram {
+    pub fn of(values: &[f64], upper_bounds: &[f64]) -> RankHistogram {
+        RankHistogram {
+            upper_bounds: upper_bounds.to_vec(),
+            cumulative_counts: upper_bounds
+                .iter()
+                .map(|&le| values.iter().filter(|&&v| v <= le).count() as u64)
+                .collect(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +192,28 @@ mod tests {
             (2, 6.0, 3.0, 2.0, 4.0)
         );
         assert!(Summary::of(&[], 10).is_none());
+    }
+
+    #[test]
+    fn histograms_of_two_nodes_add_up_to_the_histogram_of_all_ranks() {
+        let bounds = bucket_bounds("ratio").unwrap();
+        let (a, b) = ([0.1, 0.12, 0.97], [0.5, 1.0, 0.05, 0.3]);
+        let all: Vec<f64> = a.iter().chain(&b).copied().collect();
+        let (a, b, all) = (
+            RankHistogram::of(&a, bounds),
+            RankHistogram::of(&b, bounds),
+            RankHistogram::of(&all, bounds),
+        );
+        let summed: Vec<u64> = a
+            .cumulative_counts
+            .iter()
+            .zip(&b.cumulative_counts)
+            .map(|(x, y)| x + y)
+            .collect();
+        assert_eq!(summed, all.cumulative_counts);
+        // Cumulative: at most 0.05 one value, up to 1 all seven.
+        assert_eq!(all.cumulative_counts.first(), Some(&1));
+        assert_eq!(all.cumulative_counts.last(), Some(&7));
+        assert!(bucket_bounds("bytes").is_none());
     }
 }

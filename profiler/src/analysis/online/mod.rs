@@ -21,6 +21,7 @@
 //! * [`model`]: the provisional classification of pushed bursts against the last clustering.
 //! * [`recluster`]: when a sample is clustered, and how its clustering becomes the job's views,
 //!   stable ids and events.
+//! * [`keys`]: the name of a phase that is the same on every node ([`PhaseKey`]).
 //! * [`snapshot`]: what an exporter reads ([`PhasesSnapshot`]) and the job's run signature.
 //! * [`merge`]: the job-wide analysis of the window samples of all of a job's nodes.
 //! * [`wire`]: the compact form in which a node sends its window samples.
@@ -51,6 +52,7 @@ use std::sync::Arc;
 use crate::analysis::tracking::Tracker;
 use crate::model::Burst;
 
+pub mod keys;
 pub mod merge;
 pub mod model;
 pub mod params;
@@ -60,6 +62,7 @@ pub mod snapshot;
 pub mod windows;
 pub mod wire;
 
+pub use keys::{phase_keys, PhaseKey, PhaseKeyError};
 pub use merge::{
     merge_nodes, HeldSamples, MergeError, MergedPhases, NodeSamples, KEPT_WINDOW_SAMPLES,
 };

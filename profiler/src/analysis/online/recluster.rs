@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use super::model::Model;
 use super::{
-    CumulativeCluster, CumulativeView, JobPhases, PhaseShare, PhaseView, ProvisionalCounts,
-    RankSequence, WindowView,
+    phase_keys, CumulativeCluster, CumulativeView, JobPhases, PhaseShare, PhaseView,
+    ProvisionalCounts, RankSequence, WindowView,
 };
 use crate::analysis::tracking::{Frame, StableId, TrackingEvent};
 use crate::analysis::{analyse, analyse_in_full, AnalysisInFull, ClusterId, ClusterStats, NOISE};
@@ -147,13 +147,16 @@ impl JobPhases {
                 _ => 0,
             })
             .collect();
+        let keys = phase_keys(&analysis.clusters);
         let mut phases: Vec<PhaseView> = analysis
             .clusters
             .iter()
-            .map(|stats| {
+            .zip(keys)
+            .map(|(stats, key)| {
                 let id = update.ids[&stats.id];
                 PhaseView {
                     id,
+                    key,
                     time_rank: stats.id,
                     stats: ClusterStats {
                         id,
@@ -221,10 +224,12 @@ impl JobPhases {
                 *votes.entry(label).or_default().entry(phase).or_default() += burst.duration_ns;
             }
         }
+        let keys = phase_keys(&analysis.clusters);
         let mut clusters: Vec<CumulativeCluster> = analysis
             .clusters
             .iter()
-            .map(|stats| {
+            .zip(keys)
+            .map(|(stats, key)| {
                 let votes = votes.remove(&stats.id).unwrap_or_default();
                 let total: u64 = votes.values().sum();
                 let phase = votes
@@ -235,6 +240,7 @@ impl JobPhases {
                 CumulativeCluster {
                     phase,
                     part: 0,
+                    key,
                     window_phases: votes
                         .iter()
                         .map(|(&id, &t)| PhaseShare {

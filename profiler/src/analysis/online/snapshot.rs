@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{HeldSamples, JobPhases, OnlineError, ProvisionalCounts};
+use super::{HeldSamples, JobPhases, OnlineError, PhaseKey, ProvisionalCounts};
 use crate::analysis::tracking::{AppIdentity, EventCounts, RunSignature, StableId, TrackingEvent};
 use crate::analysis::{
     analyse, ClusterId, ClusterStats, ClusteringReport, FeatureReport, FilterReport,
@@ -14,6 +14,8 @@ use crate::analysis::{
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PhaseView {
     pub id: StableId,
+    /// The same phase's name on every node of the job (see [`PhaseKey`]).
+    pub key: PhaseKey,
     /// The analysis's own number for it: 1 = most time in the window.
     pub time_rank: ClusterId,
     /// `stats.id` is the stable id.
@@ -73,6 +75,8 @@ pub struct CumulativeCluster {
     pub phase: StableId,
     /// 0 for the cluster with most time among those of the same phase, then 1, …
     pub part: u32,
+    /// The cluster's name on every node of the job, keyed like the window phases.
+    pub key: PhaseKey,
     pub window_phases: Vec<PhaseShare>,
     /// `stats.id` is the cumulative analysis's own number (1 = most time).
     pub stats: ClusterStats,
