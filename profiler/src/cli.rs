@@ -66,9 +66,10 @@ pub enum Command {
     /// MPI_Finalize's entry of the slowest rank.
     Predict(PredictArgs),
     /// Serve one job-wide view of the jobs whose ranks run on many nodes: the daemons' API
-    /// (`/api/jobs`, `/api/jobs/JOB`, `/api/jobs/JOB/phases`) answered for the whole job, with
-    /// the ranks of every node and phases clustered over every node's samples. Stateless: it asks
-    /// the nodes on every request (`mpiburst report http://THIS --job JOB --phases` reads it).
+    /// (`/api/jobs`, `/api/jobs/JOB` and its `/phases`, `/properties`, `/ranks`) answered for the
+    /// whole job: the ranks of every node, POP and properties over all ranks, rank groups across
+    /// nodes, and phases clustered over every node's samples. Stateless: it asks the nodes on
+    /// every request (`mpiburst report http://THIS --job JOB --phases` reads it).
     Aggregate(AggregateArgs),
     /// Print configuration.
     Config {

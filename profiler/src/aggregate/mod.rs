@@ -56,7 +56,9 @@ pub fn run(listen: SocketAddr, sources: Sources) -> Result<(), AggregateError> {
                 source,
             })?;
         let local = listener.local_addr().map_err(AggregateError::Runtime)?;
-        eprintln!("mpiburst ready: aggregating {sources}, jobs at http://{local}/api/jobs");
+        eprintln!(
+            "mpiburst ready: aggregating the jobs of {sources}, jobs at http://{local}/api/jobs"
+        );
         axum::serve(listener, server::router(sources))
             .with_graceful_shutdown(stop_signal())
             .await

@@ -326,6 +326,16 @@ async fn jobs(State(aggregator): State<Aggregator>) -> Response {
     let (answers, mut unreachable) = fan_out::<Vec<Listed>>(&daemons, "/api/jobs".into()).await;
     unreachable.extend(found.unreachable);
     aggregator.failed(&unreachable);
+    if answers.is_empty() && !unreachable.is_empty() {
+        return Failure(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "no node answered, so no job can be listed{}",
+                unreachable_note(&unreachable)
+            ),
+        )
+        .into_response();
+    }
     let mut parts: std::collections::BTreeMap<JobId, Vec<Job>> = Default::default();
     for listed in answers.into_iter().flat_map(|(_, listed)| listed) {
         parts
@@ -341,7 +351,10 @@ async fn jobs(State(aggregator): State<Aggregator>) -> Response {
         }
     }
     if !unreachable.is_empty() {
-        tracing::warn!("listing jobs: {}", unreachable_note(&unreachable));
+        tracing::warn!(
+            "jobs listed without the nodes that did not answer{}",
+            unreachable_note(&unreachable)
+        );
     }
     Json(list).into_response()
 }

@@ -141,13 +141,10 @@ impl std::fmt::Display for Sources {
         match self {
             Sources::Daemons(daemons) => {
                 let list: Vec<String> = daemons.iter().map(ToString::to_string).collect();
-                write!(f, "the jobs of the daemons at {}", list.join(", "))
+                write!(f, "the daemons at {}", list.join(", "))
             }
             Sources::Prometheus { server, .. } => {
-                write!(
-                    f,
-                    "the jobs of the daemons that Prometheus at {server} scrapes"
-                )
+                write!(f, "the daemons that Prometheus at {server} scrapes")
             }
         }
     }
