@@ -160,7 +160,7 @@ fn assert_job_wide_equal(aggregator: &str, all: &str, id: &str, count: usize) {
         "{coverage}"
     );
     assert_eq!(coverage["unreachable"], serde_json::json!([]), "{coverage}");
-    assert_eq!(coverage["nodes"]["nodes"].as_array().unwrap().len(), count);
+    assert_eq!(coverage["nodes"].as_array().unwrap().len(), count);
     let (window, shares, spmd) = last_window(&merged);
     let (expected_window, expected_shares, expected_spmd) = last_window(&whole);
     eprintln!("merged: window {window} {shares:?} SPMD {spmd:.3}");

@@ -81,7 +81,11 @@ pub fn router(sources: Sources) -> Router {
 /// Who made up a job-wide answer.
 #[derive(Serialize)]
 struct Coverage<N: Serialize> {
+    /// The nodes merged: their names, or for the phases each node's windows.
     nodes: N,
+    /// The windows merged (the phases only): those every node has closed and still holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    windows: Option<Vec<u64>>,
     unreachable: Vec<Unreachable>,
     missing_ranks: Vec<u32>,
     /// Ranks whose node's daemon started after them (a daemon restarted while the job ran): their
@@ -148,6 +152,7 @@ fn unreachable_note(unreachable: &[Unreachable]) -> String {
 fn job_coverage(job: &Job, unreachable: Vec<Unreachable>) -> Coverage<Vec<&str>> {
     Coverage {
         nodes: job.meta.node.split(',').collect(),
+        windows: None,
         unreachable,
         missing_ranks: (0..job.meta.size)
             .filter(|r| !job.ranks.contains_key(r))
@@ -280,7 +285,8 @@ async fn phases(State(aggregator): State<Aggregator>, Path(id): Path<String>) ->
     match merged {
         Ok(Ok(merged)) => {
             let coverage = Coverage {
-                nodes: serde_json::json!({ "windows": merged.windows, "nodes": merged.nodes }),
+                nodes: merged.nodes,
+                windows: Some(merged.windows),
                 unreachable,
                 missing_ranks: merged.missing_ranks,
                 ranks_seen_late: Vec::new(),
