@@ -264,7 +264,12 @@ impl Daemon {
         if let Some(member) = self.members.get(pid) {
             return Some(member.clone());
         }
-        let new = self.members.identify(pid)?;
+        let store = &self.state.store;
+        let new = self.members.identify(pid, |id, rank, pid| {
+            store.jobs.get(id).is_some_and(|job| {
+                job.is_ended() || job.ranks.get(&rank).is_some_and(|r| r.pid != pid)
+            })
+        })?;
         let member = new.member.clone();
         if self.state.store.add_member(new) {
             let meta = &self.state.store.jobs[&member.job].meta;

@@ -54,6 +54,9 @@ pub struct Members {
     /// ns), until the process becomes a rank or `EXEC_TIMES_KEPT` has passed: a rank's start to
     /// the nanosecond (see `program_start`).
     exec_times: HashMap<u32, u64>,
+    /// A job id that a later run took again (Hydra's control port, reused by a later mpiexec) →
+    /// the id of that later run here.
+    instances: HashMap<JobId, JobId>,
 }
 
 impl Members {
@@ -66,6 +69,7 @@ impl Members {
             members: HashMap::new(),
             outside: HashSet::new(),
             exec_times: HashMap::new(),
+            instances: HashMap::new(),
         }
     }
 
@@ -110,8 +114,15 @@ impl Members {
     }
 
     /// Identifies a process not seen before; `None` for one outside `daemon.cgroup`, or one
-    /// already known.
-    pub fn identify(&mut self, pid: u32) -> Option<NewMember> {
+    /// already known. `taken(job, rank, pid)` says whether the job a process names is an
+    /// earlier run that used the same id (it ended, or has that rank in another process): the
+    /// process then starts a job of its own, named `ID+<its start, Unix s>`, which the later
+    /// ranks of its run join.
+    pub fn identify(
+        &mut self,
+        pid: u32,
+        taken: impl Fn(&JobId, u32, u32) -> bool,
+    ) -> Option<NewMember> {
         if self.members.contains_key(&pid) || self.outside.contains(&pid) {
             return None;
         }
@@ -124,7 +135,15 @@ impl Members {
         // (The efficiencies use the region of interest from MPI_Init's return instead.)
         let first_seen_ns = self.start_of(pid).max(self.started_ns);
         self.exec_times.remove(&pid);
-        let (meta, rank) = self.job_of(pid, first_seen_ns);
+        let (mut meta, rank) = self.job_of(pid, first_seen_ns);
+        let base = meta.id.clone();
+        let mut id = self.instances.get(&base).cloned().unwrap_or(base.clone());
+        if taken(&id, rank, pid) {
+            id = JobId(format!("{}+{}", base.0, first_seen_ns / 1_000_000_000));
+            tracing::info!("job id {base} was an earlier run's: this run is job {id} here");
+            self.instances.insert(base, id.clone());
+        }
+        meta.id = id;
         let member = Arc::new(Member {
             job: meta.id.clone(),
             rank,
@@ -239,13 +258,16 @@ mod tests {
         let pid = std::process::id();
         let mut members = Members::new("n".into(), String::new(), Clock::read());
         let new = members
-            .identify(pid)
+            .identify(pid, |_, _, _| false)
             .expect("a process in no cgroup scope is profiled");
         assert_eq!(new.meta.node, "n");
         assert_eq!(new.member.job, new.meta.id);
         assert_eq!((new.rank.pid, new.rank.rank), (pid, new.member.rank));
         assert!(new.rank.first_seen_ns >= members.started_ns);
-        assert!(members.identify(pid).is_none(), "identified once");
+        assert!(
+            members.identify(pid, |_, _, _| false).is_none(),
+            "identified once"
+        );
         assert_eq!(members.get(pid).map(|m| m.job.clone()), Some(new.meta.id));
         assert!(members.gone().is_empty(), "this process lives");
         members.forget(&[pid].into());
@@ -253,13 +275,33 @@ mod tests {
     }
 
     #[test]
+    fn a_job_id_an_earlier_run_took_names_a_job_of_its_own_that_the_run_keeps() {
+        let pid = std::process::id();
+        let mut members = Members::new("n".into(), String::new(), Clock::read());
+        let base = members.identify(pid, |_, _, _| false).unwrap().meta.id;
+        members.forget(&[pid].into());
+        // The same id again, taken by an earlier run: a job of its own.
+        let again = members.identify(pid, |id, _, _| *id == base).unwrap();
+        assert!(
+            again.meta.id.0.starts_with(&format!("{}+", base.0)),
+            "{:?}",
+            again.meta.id
+        );
+        assert_eq!(again.member.job, again.meta.id);
+        // A later rank of the same run joins it, as long as that job is not taken in turn.
+        members.forget(&[pid].into());
+        let later = members.identify(pid, |id, _, _| *id == base).unwrap();
+        assert_eq!(later.meta.id, again.meta.id);
+    }
+
+    #[test]
     fn a_process_outside_the_cgroup_scope_is_dropped_once_and_for_all() {
         let pid = std::process::id();
         let scope = "/mpiburst-test/no-such-cgroup".to_string();
         let mut members = Members::new("n".into(), scope, Clock::read());
-        assert!(members.identify(pid).is_none());
+        assert!(members.identify(pid, |_, _, _| false).is_none());
         assert!(members.outside.contains(&pid));
-        assert!(members.identify(pid).is_none());
+        assert!(members.identify(pid, |_, _, _| false).is_none());
         assert!(members.get(pid).is_none());
     }
 }
