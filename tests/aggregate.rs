@@ -91,6 +91,35 @@ fn groups(ranks: &serde_json::Value) -> Vec<(u64, Vec<u64>)> {
         .collect()
 }
 
+/// Node `i`'s daemon: it sees only the processes of `cgroup`.
+fn node_daemon(i: usize, cgroup: &Cgroup) -> Daemon {
+    Daemon::with_config(
+        WINDOWS,
+        &["--node", &format!("node-{i}"), "--cgroup", &cgroup.path],
+    )
+}
+
+/// mpirun of `phases iters=ITERS` on 4 ranks, rank r on the node of `cgroups[r mod count]`:
+/// each rank moves itself into its node's cgroup before it execs the program.
+fn phases_over(cgroups: &[Cgroup], iters: u32) -> Command {
+    let dirs: Vec<String> = cgroups
+        .iter()
+        .map(|c| c.dir.display().to_string())
+        .collect();
+    let mut cmd = Mpi::OpenMpi.launcher(4);
+    cmd.args([
+        "sh",
+        "-c",
+        &format!(
+            "set -- {}; shift $((OMPI_COMM_WORLD_RANK % {})); echo $$ > $1/cgroup.procs && exec \"$PROGRAM\" iters={iters}",
+            dirs.join(" "),
+            cgroups.len()
+        ),
+    ])
+    .env("PROGRAM", program("phases", Mpi::OpenMpi));
+    cmd
+}
+
 /// Runs `phases` on 4 ranks split over `count` simulated nodes (rank r on node r mod count), each
 /// a cgroup with its own daemon, beside one daemon that sees all ranks, and compares the
 /// aggregator's job-wide answers with that daemon's. Returns the node daemons, the all-ranks one
@@ -102,29 +131,11 @@ fn split_over(count: usize) -> (Vec<Daemon>, Daemon, String, Vec<Cgroup>) {
     let nodes: Vec<Daemon> = cgroups
         .iter()
         .enumerate()
-        .map(|(i, c)| {
-            Daemon::with_config(
-                WINDOWS,
-                &["--node", &format!("node-{i}"), "--cgroup", &c.path],
-            )
-        })
+        .map(|(i, c)| node_daemon(i, c))
         .collect();
     let all = Daemon::with_config(WINDOWS, &["--node", "all"]);
     let program = program("phases", Mpi::OpenMpi);
-    let dirs: Vec<String> = cgroups
-        .iter()
-        .map(|c| c.dir.display().to_string())
-        .collect();
-    let mut cmd = Mpi::OpenMpi.launcher(4);
-    cmd.args([
-        "sh",
-        "-c",
-        &format!(
-            "set -- {}; shift $((OMPI_COMM_WORLD_RANK % {count})); echo $$ > $1/cgroup.procs && exec \"$PROGRAM\" iters=120",
-            dirs.join(" ")
-        ),
-    ])
-    .env("PROGRAM", &program);
+    let cmd = phases_over(&cgroups, 120);
     let st = run_with_timeout(cmd, Duration::from_secs(180));
     assert!(st.success(), "phases over {count} cgroups failed: {st}");
     let id = job_id(&all.addr, &program, &[]);
@@ -310,28 +321,8 @@ fn a_node_daemon_restarted_while_the_job_runs_rejoins_with_its_ranks_flagged() {
     let cgroups: Vec<Cgroup> = (0..2)
         .map(|i| Cgroup::new(&format!("mpiburst-agg-restart-{i}")))
         .collect();
-    let start = |i: usize| {
-        Daemon::with_config(
-            WINDOWS,
-            &["--node", &format!("node-{i}"), "--cgroup", &cgroups[i].path],
-        )
-    };
-    let mut nodes = vec![start(0), start(1)];
-    let program = program("phases", Mpi::OpenMpi);
-    let dirs: Vec<String> = cgroups
-        .iter()
-        .map(|c| c.dir.display().to_string())
-        .collect();
-    let mut cmd = Mpi::OpenMpi.launcher(4);
-    cmd.args([
-        "sh",
-        "-c",
-        &format!(
-            "set -- {}; shift $((OMPI_COMM_WORLD_RANK % 2)); echo $$ > $1/cgroup.procs && exec \"$PROGRAM\" iters=200",
-            dirs.join(" ")
-        ),
-    ])
-    .env("PROGRAM", &program);
+    let mut nodes = vec![node_daemon(0, &cgroups[0]), node_daemon(1, &cgroups[1])];
+    let mut cmd = phases_over(&cgroups, 200);
     let mut job = cmd.spawn().expect("start mpirun");
     let id = {
         let mut found = None;
@@ -348,7 +339,7 @@ fn a_node_daemon_restarted_while_the_job_runs_rejoins_with_its_ranks_flagged() {
     // Node 1's daemon dies and a new one takes its place while the job runs.
     thread::sleep(Duration::from_secs(2));
     nodes[1].kill9();
-    nodes[1] = start(1);
+    nodes[1] = node_daemon(1, &cgroups[1]);
     let st = wait_with_timeout(&mut job, Duration::from_secs(180)).expect("the job ends");
     assert!(st.success(), "phases failed: {st}");
     for node in &nodes {
