@@ -115,7 +115,7 @@ impl Aggregator {
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         let mut found = self
             .sources
-            .job_nodes(Some(id))
+            .job_nodes(id)
             .await
             .map_err(|e| Failure(StatusCode::BAD_GATEWAY, e.to_string()))?;
         match found.nodes.remove(id) {
@@ -318,19 +318,16 @@ async fn phases(State(aggregator): State<Aggregator>, Path(id): Path<String>) ->
 /// The jobs of all nodes, each job's identity merged over its nodes.
 async fn jobs(State(aggregator): State<Aggregator>) -> Response {
     aggregator.counters.requests.fetch_add(1, Ordering::Relaxed);
-    let found = match aggregator.sources.job_nodes(None).await {
+    let (daemons, unaddressable) = match aggregator.sources.daemons().await {
         Ok(found) => found,
         Err(e) => return Failure(StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
     };
-    let mut daemons: Vec<DaemonClient> = found.nodes.values().flatten().cloned().collect();
-    daemons.sort_by_key(ToString::to_string);
-    daemons.dedup();
     #[derive(serde::Deserialize)]
     struct Listed {
         meta: JobMeta,
     }
     let (answers, mut unreachable) = fan_out::<Vec<Listed>>(&daemons, "/api/jobs".into()).await;
-    unreachable.extend(found.unreachable);
+    unreachable.extend(unaddressable);
     aggregator.failed(&unreachable);
     if answers.is_empty() && !unreachable.is_empty() {
         return Failure(

@@ -39,20 +39,37 @@ pub struct JobNodes {
 }
 
 impl Sources {
-    /// The nodes of every job the sources know, or of `job` alone.
-    pub async fn job_nodes(&self, job: Option<&JobId>) -> Result<JobNodes, AggregateError> {
+    /// The nodes of `job`.
+    pub async fn job_nodes(&self, job: &JobId) -> Result<JobNodes, AggregateError> {
         match self {
             Sources::Daemons(daemons) => Ok(listed_jobs(daemons, job).await),
             Sources::Prometheus {
                 server,
                 node_timeout,
-            } => scraped_jobs(server, *node_timeout, job).await,
+            } => scraped_jobs(server, *node_timeout, Some(job)).await,
+        }
+    }
+
+    /// Every daemon the sources know (to list all jobs), and those that could not be named.
+    pub async fn daemons(&self) -> Result<(Vec<DaemonClient>, Vec<Unreachable>), AggregateError> {
+        match self {
+            Sources::Daemons(daemons) => Ok((daemons.clone(), Vec::new())),
+            Sources::Prometheus {
+                server,
+                node_timeout,
+            } => {
+                let found = scraped_jobs(server, *node_timeout, None).await?;
+                let mut daemons: Vec<DaemonClient> = found.nodes.into_values().flatten().collect();
+                daemons.sort_by_key(ToString::to_string);
+                daemons.dedup();
+                Ok((daemons, found.unreachable))
+            }
         }
     }
 }
 
-/// Asks every daemon for its jobs.
-async fn listed_jobs(daemons: &[DaemonClient], job: Option<&JobId>) -> JobNodes {
+/// Asks every daemon whether it holds `job`.
+async fn listed_jobs(daemons: &[DaemonClient], job: &JobId) -> JobNodes {
     #[derive(Deserialize)]
     struct Listed {
         meta: Meta,
@@ -64,10 +81,8 @@ async fn listed_jobs(daemons: &[DaemonClient], job: Option<&JobId>) -> JobNodes 
     let (answers, unreachable) = fan_out::<Vec<Listed>>(daemons, "/api/jobs".into()).await;
     let mut nodes: BTreeMap<JobId, Vec<DaemonClient>> = BTreeMap::new();
     for (daemon, listed) in answers {
-        for id in listed.into_iter().map(|l| l.meta.id) {
-            if job.is_none_or(|j| *j == id) {
-                nodes.entry(id).or_default().push(daemon.clone());
-            }
+        if listed.iter().any(|l| l.meta.id == *job) {
+            nodes.entry(job.clone()).or_default().push(daemon.clone());
         }
     }
     JobNodes { nodes, unreachable }
