@@ -53,8 +53,8 @@ fn last_window(phases: &serde_json::Value) -> (u64, Vec<f64>, f64) {
     )
 }
 
-/// `mpiburst report ADDR --job ID --format json`'s POP efficiencies.
-fn pop_of(addr: &str, id: &str) -> serde_json::Value {
+/// `mpiburst report ADDR --job ID --format json`'s job report.
+fn report_of(addr: &str, id: &str) -> serde_json::Value {
     let out = Command::new(daemon_binary())
         .args([
             "report",
@@ -72,7 +72,7 @@ fn pop_of(addr: &str, id: &str) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    doc["jobs"][0]["bottlenecks"]["properties"]["pop"].clone()
+    doc["jobs"][0].clone()
 }
 
 /// The groups of a `/ranks` answer as (lead, members).
@@ -205,7 +205,17 @@ fn assert_job_wide_equal(aggregator: &str, all: &str, id: &str, count: usize) {
             );
         }
     }
-    let (pop, expected_pop) = (pop_of(aggregator, id), pop_of(all, id));
+    assert_eq!(
+        job["counters"], whole_job["counters"],
+        "the counters the bursts carry"
+    );
+    let (report, expected_report) = (report_of(aggregator, id), report_of(all, id));
+    assert_eq!(
+        report["counters_note"], expected_report["counters_note"],
+        "the report's counters line"
+    );
+    let pop_of = |report: &serde_json::Value| report["bottlenecks"]["properties"]["pop"].clone();
+    let (pop, expected_pop) = (pop_of(&report), pop_of(&expected_report));
     eprintln!("POP merged {pop}\nPOP all ranks {expected_pop}");
     for name in [
         "load_balance",
@@ -235,12 +245,33 @@ fn the_aggregator_merges_two_nodes_into_what_a_daemon_seeing_all_ranks_finds() {
     assert_job_wide_equal(&aggregator.addr, &all.addr, &id, 2);
 
     // The same, finding the nodes through the Prometheus server that scrapes them.
-    let prometheus = Prometheus::start(&addrs);
-    prometheus.value(&format!(
-        "count(mpiburst_job_info{{mpi_job=\"{id}\"}}) == 2"
-    ));
+    let victoria = VictoriaMetrics::start();
+    let prometheus = Prometheus::writing_to(&addrs, &victoria.write_url());
+    let info = format!("count(mpiburst_job_info{{mpi_job=\"{id}\"}}) == 2");
+    prometheus.value(&info);
     let scraped = Aggregator::start(&["--prometheus", &prometheus.addr]);
     assert_job_wide_equal(&scraped.addr, &all.addr, &id, 2);
+
+    // And through VictoriaMetrics, where Prometheus remote-writes every sample: the job-wide
+    // numbers of the recording rules are there, and the aggregator finds the nodes through its
+    // query API, below the path prefix /prometheus.
+    victoria.value(&info);
+    let load_balance = format!("mpi_job:mpiburst_load_balance:ratio{{mpi_job=\"{id}\"}}");
+    let (written_value, value) = (
+        victoria.value(&load_balance),
+        prometheus.value(&load_balance),
+    );
+    // VictoriaMetrics keeps 12 significant digits of a float.
+    assert!(
+        (written_value - value).abs() <= 1e-9 * value.abs(),
+        "the job-wide load balance, remote-written: {written_value} vs {value}"
+    );
+    let written = Aggregator::start(&[
+        "--prometheus",
+        &format!("http://{}/prometheus", victoria.addr),
+    ]);
+    assert_job_wide_equal(&written.addr, &all.addr, &id, 2);
+    drop(written);
 
     // A restarted aggregator answers the same: it kept nothing of its own.
     let before = get_json(
@@ -291,7 +322,7 @@ fn the_aggregator_merges_two_nodes_into_what_a_daemon_seeing_all_ranks_finds() {
         down.as_str(),
         "{coverage}"
     );
-    drop((aggregator, scraped, prometheus));
+    drop((aggregator, scraped, prometheus, victoria));
     for node in nodes {
         node.stop();
     }

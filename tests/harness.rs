@@ -730,6 +730,40 @@ pub struct Prometheus {
 
 impl Prometheus {
     pub fn start(targets: &[&str]) -> Prometheus {
+        Self::scraping(1, &Self::targets(targets), "", Duration::from_secs(30))
+    }
+
+    /// [`Prometheus::start`], writing every sample it stores, the rules' too, to `remote` (a
+    /// remote-write URL).
+    pub fn writing_to(targets: &[&str], remote: &str) -> Prometheus {
+        let remote_write = format!("remote_write:\n  - url: {remote}\n");
+        Self::scraping(
+            1,
+            &Self::targets(targets),
+            &remote_write,
+            Duration::from_secs(30),
+        )
+    }
+
+    /// The scrape configuration of `targets`.
+    fn targets(targets: &[&str]) -> String {
+        let targets = targets
+            .iter()
+            .map(|t| format!("'{t}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("  - job_name: mpiburst\n    static_configs:\n      - targets: [{targets}]\n")
+    }
+
+    /// Prometheus scraping and evaluating every `interval_s` seconds, with `scrape_configs` (the
+    /// YAML list under `scrape_configs:`) and `more` (further top-level sections), ready within
+    /// `ready_within`.
+    pub fn scraping(
+        interval_s: u32,
+        scrape_configs: &str,
+        more: &str,
+        ready_within: Duration,
+    ) -> Prometheus {
         let dir = tempfile::tempdir().unwrap();
         // Every rule file (recording and alerting) is loaded, as an operator would.
         let mut rules: Vec<String> = std::fs::read_dir(rules_dir())
@@ -739,13 +773,8 @@ impl Prometheus {
             .map(|p| format!("  - {}\n", p.canonicalize().unwrap().display()))
             .collect();
         rules.sort();
-        let targets = targets
-            .iter()
-            .map(|t| format!("'{t}'"))
-            .collect::<Vec<_>>()
-            .join(", ");
         let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n{}scrape_configs:\n  - job_name: mpiburst\n    static_configs:\n      - targets: [{targets}]\n",
+            "global:\n  scrape_interval: {interval_s}s\n  scrape_timeout: {interval_s}s\n  evaluation_interval: {interval_s}s\nrule_files:\n{}scrape_configs:\n{scrape_configs}{more}",
             rules.concat()
         );
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
@@ -769,12 +798,13 @@ impl Prometheus {
             addr,
             _dir: dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + ready_within;
         // Listening is not enough: until its storage and rules are loaded, queries answer 503.
         while !p.ready() {
             assert!(
                 Instant::now() < deadline,
-                "prometheus did not become ready within 30 s"
+                "prometheus did not become ready within {} s",
+                ready_within.as_secs()
             );
             thread::sleep(Duration::from_millis(200));
         }
@@ -788,23 +818,82 @@ impl Prometheus {
 
     /// The single value of an instant query, once it has one (bounded wait).
     pub fn value(&self, query: &str) -> f64 {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let body = http_get(
-                &self.addr,
-                &format!("/api/v1/query?query={}", encode(query)),
-            );
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-            if let Some(sample) = v["data"]["result"].as_array().and_then(|r| r.first()) {
-                return sample["value"][1].as_str().unwrap().parse().unwrap();
-            }
-            assert!(Instant::now() < deadline, "no result for {query}: {body}");
-            thread::sleep(Duration::from_millis(500));
-        }
+        instant_value(&self.addr, "/api/v1/query", query)
     }
 }
 
 impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// VictoriaMetrics (Debian's victoria-metrics) on a loopback port, storing in a temporary folder;
+/// stopped on drop. Prometheus writes to it at [`VictoriaMetrics::write_url`], and it answers
+/// Prometheus's query API below `/prometheus` as well as at its root.
+pub struct VictoriaMetrics {
+    child: Child,
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl VictoriaMetrics {
+    pub fn start() -> VictoriaMetrics {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = free_loopback_addr();
+        let child = Command::new("victoria-metrics")
+            .arg(format!("-httpListenAddr={addr}"))
+            .arg(format!("-storageDataPath={}", dir.path().display()))
+            // Queries see samples as soon as they are written, not 30 s later.
+            .arg("-search.latencyOffset=0s")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("victoria-metrics (Debian package; `cargo xtask test` installs it)");
+        let vm = VictoriaMetrics {
+            child,
+            addr,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while client(&vm.addr).get("/health").is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "victoria-metrics did not answer /health within 30 s"
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+        vm
+    }
+
+    /// Where Prometheus's remote write sends its samples.
+    pub fn write_url(&self) -> String {
+        format!("http://{}/api/v1/write", self.addr)
+    }
+
+    /// The single value of an instant query, once it has one (bounded wait).
+    pub fn value(&self, query: &str) -> f64 {
+        instant_value(&self.addr, "/prometheus/api/v1/query", query)
+    }
+}
+
+/// The single value of an instant query to the query API at `api` of `addr`, once it has one
+/// (bounded wait).
+fn instant_value(addr: &str, api: &str, query: &str) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = http_get(addr, &format!("{api}?query={}", encode(query)));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if let Some(sample) = v["data"]["result"].as_array().and_then(|r| r.first()) {
+            return sample["value"][1].as_str().unwrap().parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no result for {query}: {body}");
+        thread::sleep(Duration::from_millis(500));
+    }
+}
+
+impl Drop for VictoriaMetrics {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -852,6 +941,14 @@ pub fn property<'a>(span: &'a serde_json::Value, name: &str) -> &'a serde_json::
         .unwrap_or_else(|| panic!("no property {name} in {span}"))
 }
 
+/// The value of property `name` over the job's life, in a `/properties` answer.
+pub fn job_property_value(properties: &serde_json::Value, name: &str) -> f64 {
+    let p = property(&properties["job"], name);
+    p["outcome"]["value"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{name} has no value: {p}"))
+}
+
 /// The job's properties, once the daemon has evaluated them after the job ended (bounded wait).
 pub fn ended_job_properties(addr: &str, id: &str) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -865,6 +962,30 @@ pub fn ended_job_properties(addr: &str, id: &str) -> serde_json::Value {
         assert!(Instant::now() < deadline, "job {id} did not end: {detail}");
         thread::sleep(Duration::from_millis(300));
     }
+}
+
+/// Load balance and communication efficiency, as the POP methodology defines them, of the ranks'
+/// own accounts (each rank's output with its `region_s` and `mpi_s`): what the daemon's must
+/// equal.
+pub fn own_pop_efficiencies(outputs: &[serde_json::Value]) -> (f64, f64) {
+    let seconds = |output: &serde_json::Value, field: &str| {
+        output[field]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {field} in {output}"))
+    };
+    let useful: Vec<f64> = outputs
+        .iter()
+        .map(|o| seconds(o, "region_s") - seconds(o, "mpi_s"))
+        .collect();
+    let max_useful = useful.iter().cloned().fold(0.0, f64::max);
+    let elapsed = outputs
+        .iter()
+        .map(|o| seconds(o, "region_s"))
+        .fold(0.0, f64::max);
+    (
+        useful.iter().sum::<f64>() / useful.len() as f64 / max_useful,
+        max_useful / elapsed,
+    )
 }
 
 /// A rank's useful time in seconds from its record in `/api/jobs/{id}` (the POP definition,

@@ -7,17 +7,6 @@ use std::path::Path;
 
 use mpiburst_tests::*;
 
-/// Load balance and communication efficiency of per-rank (region, MPI time) pairs.
-fn efficiencies(ranks: &[(f64, f64)]) -> (f64, f64) {
-    let useful: Vec<f64> = ranks.iter().map(|(region, mpi)| region - mpi).collect();
-    let max_useful = useful.iter().cloned().fold(0.0, f64::max);
-    let elapsed = ranks.iter().map(|r| r.0).fold(0.0, f64::max);
-    (
-        useful.iter().sum::<f64>() / useful.len() as f64 / max_useful,
-        max_useful / elapsed,
-    )
-}
-
 struct Case {
     program: &'static str,
     mpi: Mpi,
@@ -38,12 +27,7 @@ fn run_case(daemon: &Daemon, case: &Case, earlier: &mut Vec<String>) -> [f64; 4]
     let id = job_id(&daemon.addr, &program, earlier);
     earlier.push(id.clone());
     let properties = ended_job_properties(&daemon.addr, &id);
-    let value = |name: &str| {
-        let p = property(&properties["job"], name);
-        p["outcome"]["value"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("{name} has no value: {p}"))
-    };
+    let value = |name: &str| job_property_value(&properties, name);
     let (lb, comm_e, pe) = (
         value("load_balance"),
         value("communication_efficiency"),
@@ -76,16 +60,7 @@ fn run_case(daemon: &Daemon, case: &Case, earlier: &mut Vec<String>) -> [f64; 4]
             own["rank"]
         );
     }
-    let own: Vec<(f64, f64)> = truth
-        .iter()
-        .map(|r| {
-            (
-                r["region_s"].as_f64().unwrap(),
-                r["mpi_s"].as_f64().unwrap(),
-            )
-        })
-        .collect();
-    let (own_lb, own_comm_e) = efficiencies(&own);
+    let (own_lb, own_comm_e) = own_pop_efficiencies(&truth);
     eprintln!(
         "{} {:?} {:?}: LB {lb:.4} (program {own_lb:.4}), CommE {comm_e:.4} (program {own_comm_e:.4}), PE {pe:.4}",
         Path::new(case.program).display(),

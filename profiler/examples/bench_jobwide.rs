@@ -8,17 +8,19 @@
 //! jitter, one call site each), about 150 bursts per rank and second. Each node's daemon is
 //! played as in the daemon: its ranks' bursts are pushed into a `JobPhases` of the node's rank
 //! count, the window is closed, and the node's `NodeSamples` are built and encoded as the samples
-//! route does. The nodes are played on every core, before the aggregator's part is measured; the
-//! network time of the aggregator's fan-out is not part of the numbers. The aggregator's CPU is
-//! the process's (getrusage) over the decode and the merge, its memory the peak resident set
-//! (VmHWM, reset before the decode through /proc/self/clear_refs), which includes the encoded
-//! samples of all nodes held before the decode.
+//! route does: JSON, gzip-compressed for the aggregator, which accepts gzip. The nodes are played
+//! on every core, before the aggregator's part is measured; the network time of the aggregator's
+//! fan-out is not part of the numbers. The aggregator's CPU is the process's (getrusage) over the
+//! decompression, the decode and the merge, its memory the peak resident set (VmHWM, reset before
+//! the decode through /proc/self/clear_refs), which includes the compressed samples of all nodes
+//! held before the decode.
 //!
 //! Run: `cargo run --release -p profiler --example bench_jobwide`
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mpiburst::analysis::online::{merge_nodes, JobPhases, NodeSamples, OnlineParams, RankSample};
+use mpiburst::export::compression::{gunzip, gzip};
 use mpiburst::model::{Burst, CallSite, HwCounters, JobId, Name};
 
 const RANKS_PER_NODE: u32 = 64;
@@ -103,9 +105,18 @@ fn rank_bursts(rank: u32) -> Vec<Burst> {
     bursts
 }
 
-/// What node `node` of a job of `nodes` nodes sends of the window: its daemon's window sample,
-/// trimmed and encoded as the samples route does; and the bursts its ranks ran.
-fn node_samples(job: &JobId, nodes: u32, node: u32, params: &OnlineParams) -> (Vec<u8>, u64) {
+/// What node `node` of a job of `nodes` nodes sends of the window.
+struct Sent {
+    /// The daemon's window sample, trimmed and encoded as the samples route does, gzip-compressed
+    /// as the route sends it to the aggregator (which accepts gzip).
+    body: Vec<u8>,
+    /// The length of the JSON before compression.
+    json_bytes: usize,
+    /// The bursts the node's ranks ran in the window.
+    bursts: u64,
+}
+
+fn node_samples(job: &JobId, nodes: u32, node: u32, params: &OnlineParams) -> Sent {
     let ranks: Vec<u32> = (node * RANKS_PER_NODE..(node + 1) * RANKS_PER_NODE).collect();
     let mut phases = JobPhases::new(RANKS_PER_NODE, params.clone()).expect("default parameters");
     let mut bursts = 0;
@@ -123,15 +134,19 @@ fn node_samples(job: &JobId, nodes: u32, node: u32, params: &OnlineParams) -> (V
         ranks,
         &phases.snapshot().samples,
     );
-    let body = serde_json::to_vec(&samples).expect("samples serialise");
-    (body, bursts)
+    let json = serde_json::to_vec(&samples).expect("samples serialise");
+    Sent {
+        body: gzip(&json),
+        json_bytes: json.len(),
+        bursts,
+    }
 }
 
-/// Every node's encoded samples and burst count, the nodes played on every core.
-fn all_nodes(job: &JobId, nodes: u32, params: &OnlineParams) -> Vec<(Vec<u8>, u64)> {
+/// What every node sends, the nodes played on every core.
+fn all_nodes(job: &JobId, nodes: u32, params: &OnlineParams) -> Vec<Sent> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let next = AtomicUsize::new(0);
-    let mut played: Vec<(u32, (Vec<u8>, u64))> = std::thread::scope(|scope| {
+    let mut played: Vec<(u32, Sent)> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
@@ -246,25 +261,29 @@ fn main() {
     );
     println!();
     println!(
-        "| nodes | ranks   | ranks sampled | bursts per node | wire bytes per node min / median / max | bursts sent per node (max) | decode CPU | merge CPU | peak RSS  | phases found | SPMD score |"
+        "| nodes | ranks   | ranks sampled | bursts per node | wire bytes per node min / median / max | JSON bytes per node (max) | bursts sent per node (max) | decode CPU | merge CPU | peak RSS  | phases found | SPMD score |"
     );
     println!(
-        "|-------|---------|---------------|-----------------|----------------------------------------|----------------------------|------------|-----------|-----------|--------------|------------|"
+        "|-------|---------|---------------|-----------------|----------------------------------------|---------------------------|----------------------------|------------|-----------|-----------|--------------|------------|"
     );
     let mut details = Vec::new();
     for nodes in NODES {
         let job = JobId(format!("synthetic:{nodes}"));
         let played = all_nodes(&job, nodes, &params);
-        let bursts_per_node = played[0].1;
+        let bursts_per_node = played[0].bursts;
         let (wire_min, wire_median, wire_max) =
-            min_median_max(played.iter().map(|(body, _)| body.len()).collect());
-        let bodies: Vec<Vec<u8>> = played.into_iter().map(|(body, _)| body).collect();
+            min_median_max(played.iter().map(|sent| sent.body.len()).collect());
+        let json_max = played.iter().map(|sent| sent.json_bytes).max().unwrap_or(0);
+        let bodies: Vec<Vec<u8>> = played.into_iter().map(|sent| sent.body).collect();
 
         reset_peak_memory();
         let before_decode = cpu_seconds();
         let samples: Vec<NodeSamples> = bodies
             .iter()
-            .map(|body| serde_json::from_slice(body).expect("samples decode"))
+            .map(|body| {
+                let json = gunzip(body).expect("samples decompress");
+                serde_json::from_slice(&json).expect("samples decode")
+            })
             .collect();
         let decoded = cpu_seconds();
         let merged = merge_nodes(&job, &samples).expect("the nodes' samples merge");
@@ -289,7 +308,7 @@ fn main() {
             " (over)"
         };
         println!(
-            "| {nodes:>5} | {world:>7} | {:>13} | {bursts_per_node:>15} | {:>10} / {:>8} / {:>8}{wire_mark} | {sent_max:>26} | {:>8.3} s | {:>7.3} s | {:>5.0} MiB | {:>12} | {:>10.4} |",
+            "| {nodes:>5} | {world:>7} | {:>13} | {bursts_per_node:>15} | {:>10} / {:>8} / {:>8}{wire_mark} | {json_max:>25} | {sent_max:>26} | {:>8.3} s | {:>7.3} s | {:>5.0} MiB | {:>12} | {:>10.4} |",
             RankSample::new(world, &params).kept(),
             wire_min,
             wire_median,

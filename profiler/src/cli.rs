@@ -110,9 +110,11 @@ pub struct AggregateArgs {
     /// every node. A job's nodes are those of these daemons that list it.
     #[arg(long = "daemon", value_name = "ADDRESS", group = "nodes", value_parser = parse_daemon)]
     pub daemons: Vec<DaemonClient>,
-    /// The Prometheus server that scrapes the daemons: HOST:PORT, or http://HOST:PORT (port 9090
-    /// when omitted). A job's nodes are the instances of its `mpiburst_job_info` series of the
-    /// last 10 minutes.
+    /// The Prometheus server that scrapes the daemons, or a server with Prometheus's query API
+    /// that holds their series: HOST:PORT, http://HOST:PORT or HOST (port 9090 when omitted),
+    /// then the API's path prefix if it is not at the root
+    /// (http://vmselect:8481/select/0/prometheus).
+    /// A job's nodes are the instances of its `mpiburst_job_info` series of the last 10 minutes.
     #[arg(long, value_name = "ADDRESS", group = "nodes", value_parser = parse_prometheus)]
     pub prometheus: Option<DaemonClient>,
     /// Seconds a node's daemon may take to connect, to answer, and for each read of its answer;
@@ -135,9 +137,9 @@ fn parse_daemon(arg: &str) -> Result<DaemonClient, String> {
     parse_address(arg, Config::default().daemon.listen.port())
 }
 
-/// Prometheus's address, port 9090 when omitted.
+/// Prometheus's query API, port 9090 when omitted, at the root unless a path says where.
 fn parse_prometheus(arg: &str) -> Result<DaemonClient, String> {
-    parse_address(arg, 9090)
+    DaemonClient::parse_api(arg, 9090).map_err(|e| e.to_string())
 }
 
 fn parse_address(arg: &str, default_port: u16) -> Result<DaemonClient, String> {

@@ -448,22 +448,19 @@ fn report_daemon(daemon: &DaemonClient, args: &ReportArgs) -> anyhow::Result<()>
         &place,
         "start an MPI program while the daemon runs",
     )?;
-    let counters_note = if ids.is_empty() {
-        String::new()
-    } else {
-        daemon.counters_note()?
-    };
     let several = ids.len() > 1;
     let mut out = ReportOutput::new(args.format);
     let mut resolver = SiteResolver::new();
     for id in &ids {
-        let job = match daemon.job(id) {
+        let served = match daemon.job(id) {
             Err(ClientError::Status { status: 404, .. }) => {
                 eprintln!("note: job {id} ended and was dropped by {place} while this report ran");
                 continue;
             }
-            job => job?,
+            served => served?,
         };
+        let counters_note = served.counters().note();
+        let job = served.into_job();
         let now = unix_now_ns();
         let report = JobReport::new(&job, now, &counters_note);
         let properties = daemon.properties(id)?;

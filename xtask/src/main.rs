@@ -20,7 +20,8 @@ mod install;
 /// a newer LLVM than that toolchain has.
 const BPF_LINKER_VERSION: &str = "0.10.4";
 /// Debian packages: MPI implementations and compilers for the bundled MPI programs, the
-/// Prometheus server and promtool for the metric tests, perf to tell whether there is a PMU.
+/// Prometheus server and promtool for the metric tests, VictoriaMetrics for the remote-write
+/// test, perf to tell whether there is a PMU.
 const APT_PACKAGES: &[&str] = &[
     "openmpi-bin",
     "libopenmpi-dev",
@@ -30,6 +31,7 @@ const APT_PACKAGES: &[&str] = &[
     "gcc",
     "g++",
     "prometheus",
+    "victoria-metrics",
     "binutils",
     "curl",
     "linux-perf",
@@ -126,7 +128,8 @@ enum Bench {
     /// Clustering speed
     Cluster,
     /// The job-wide analysis of one 30 s window of a job of up to 2,000 nodes × 64 ranks: bytes
-    /// per node on the wire, the aggregator's decode and merge CPU and memory
+    /// per node on the wire, the aggregator's decode and merge CPU and memory; then, as root, the
+    /// series per node and job and a real Prometheus's rule evaluation time over 2,000 nodes
     Jobwide,
     /// The daemon under a burst storm: CPU per 10⁵ bursts/s, losses, peak memory, /metrics
     /// latency while windows are clustered
@@ -174,7 +177,7 @@ fn main() -> Result<()> {
         Task::Bench { bench } => match bench {
             Bench::Overhead => bench_overhead(),
             Bench::Cluster => status(&mut example("bench_cluster")),
-            Bench::Jobwide => status(&mut example("bench_jobwide")),
+            Bench::Jobwide => bench_jobwide(),
             Bench::Daemon => bench_daemon(),
             Bench::Apps { rounds } => bench_apps(rounds),
         },
@@ -858,6 +861,26 @@ fn bench_daemon() -> Result<()> {
         example("bench_daemon")
             .arg(&bin)
             .arg(programs.join("call_loop.openmpi")),
+    )
+}
+
+/// The aggregator's part of a large job (profiler/examples/bench_jobwide.rs), then Prometheus's
+/// (tests/bench_jobwide_rules.rs), which replays a real daemon's /metrics and so runs as root.
+fn bench_jobwide() -> Result<()> {
+    status(&mut example("bench_jobwide"))?;
+    println!();
+    if !is_root() {
+        println!(
+            "The Prometheus part (rule evaluation over a job of 2,000 nodes) is skipped: it \
+             replays the /metrics of a real daemon, which loads BPF programs; run as root."
+        );
+        return Ok(());
+    }
+    let (bin, programs) = bpf_bench_setup("jobwide")?;
+    status(
+        example_of("mpiburst-tests", "bench_jobwide_rules")
+            .env("MPIBURST_BIN", &bin)
+            .env("MPIBURST_MPI_PROGRAMS", &programs),
     )
 }
 

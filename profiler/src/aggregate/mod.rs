@@ -29,8 +29,9 @@ pub use sources::Sources;
 #[derive(Debug, thiserror::Error)]
 pub enum AggregateError {
     #[error(
-        "cannot find the jobs' nodes through Prometheus: {source}; check --prometheus (HOST:PORT \
-         of the Prometheus server that scrapes the daemons)"
+        "cannot find the jobs' nodes through Prometheus: {source}; check --prometheus (the \
+         address of the Prometheus server that scrapes the daemons, or of a query API that holds \
+         their series, with its path prefix if any)"
     )]
     Prometheus { source: ClientError },
     #[error("cannot listen on {addr}: {source}; choose another --listen address")]

@@ -22,6 +22,7 @@ use std::sync::{
 use axum::{
     extract::{Path, State},
     http::{header, StatusCode},
+    middleware,
     response::{IntoResponse, Response},
     routing::get,
     Json, Router,
@@ -38,8 +39,9 @@ use crate::{
     },
     export::{
         client::{job_path, DaemonClient, ServedJob},
+        compression,
         groups::job_counts,
-        http::JobDetail,
+        http::{CountersInUse, JobDetail},
     },
     model::{unix_now_ns, JobId},
     properties::{lifetime_properties, PropertyConfig},
@@ -72,6 +74,7 @@ pub fn router(sources: Sources) -> Router {
         .route("/api/jobs/{id}/phases", get(phases))
         .route("/api/jobs/{id}/properties", get(properties))
         .route("/api/jobs/{id}/ranks", get(ranks))
+        .layer(middleware::from_fn(compression::gzip_when_accepted))
         .with_state(Aggregator {
             sources: Arc::new(sources),
             counters: Arc::default(),
@@ -180,10 +183,10 @@ fn with_coverage<N: Serialize>(mut value: Value, coverage: Coverage<N>) -> Respo
 async fn job(State(aggregator): State<Aggregator>, Path(id): Path<String>) -> Response {
     let id = JobId(id);
     match merged_job(&aggregator, &id).await {
-        Ok((job, unreachable, _)) => {
+        Ok((job, unreachable, counters)) => {
             let coverage = job_coverage(&job, unreachable);
             with_coverage(
-                serde_json::to_value(JobDetail::of(&job, 0)).unwrap_or_default(),
+                serde_json::to_value(JobDetail::of(&job, 0, &counters)).unwrap_or_default(),
                 coverage,
             )
         }
@@ -194,19 +197,16 @@ async fn job(State(aggregator): State<Aggregator>, Path(id): Path<String>) -> Re
 /// The properties of the job over its life, from the exact totals of all its ranks.
 async fn properties(State(aggregator): State<Aggregator>, Path(id): Path<String>) -> Response {
     let id = JobId(id);
-    let (job, unreachable, daemons) = match merged_job(&aggregator, &id).await {
+    let (job, unreachable, counters) = match merged_job(&aggregator, &id).await {
         Ok(merged) => merged,
         Err(failure) => return failure.into_response(),
     };
-    // Hardware counters or not is a node's setting, the same on every node of a cluster.
-    let mut hardware = false;
-    for daemon in &daemons {
-        if let Ok(Some(said)) = daemon.fetch_hardware_counters().await {
-            hardware = said;
-            break;
-        }
-    }
-    let properties = lifetime_properties(&job, hardware, unix_now_ns(), &PropertyConfig::default());
+    let properties = lifetime_properties(
+        &job,
+        counters.hardware,
+        unix_now_ns(),
+        &PropertyConfig::default(),
+    );
     let coverage = job_coverage(&job, unreachable);
     with_coverage(
         serde_json::json!({
@@ -238,11 +238,12 @@ async fn ranks(State(aggregator): State<Aggregator>, Path(id): Path<String>) -> 
     )
 }
 
-/// The job with the ranks of every node that answered, those that did not, and those that did.
+/// The job with the ranks of every node that answered, the nodes that did not, and the counters
+/// of the nodes that did.
 async fn merged_job(
     aggregator: &Aggregator,
     id: &JobId,
-) -> Result<(Job, Vec<Unreachable>, Vec<DaemonClient>), Failure> {
+) -> Result<(Job, Vec<Unreachable>, CountersInUse), Failure> {
     let (daemons, mut unreachable) = aggregator.nodes_of(id).await?;
     let (answers, failed) = fan_out::<ServedJob>(&daemons, job_path(id)).await;
     unreachable.extend(failed);
@@ -257,7 +258,8 @@ async fn merged_job(
             ),
         ));
     }
-    let answered: Vec<DaemonClient> = answers.iter().map(|(d, _)| d.clone()).collect();
+    let counters = CountersInUse::job_wide(answers.iter().map(|(_, a)| a.counters()))
+        .expect("at least one node answered");
     let job = merge_node_jobs(answers.into_iter().map(|(_, a)| a.into_job()).collect())
         .inspect_err(|_| {
             aggregator
@@ -265,7 +267,7 @@ async fn merged_job(
                 .merge_failures
                 .fetch_add(1, Ordering::Relaxed);
         })?;
-    Ok((job, unreachable, answered))
+    Ok((job, unreachable, counters))
 }
 
 async fn phases(State(aggregator): State<Aggregator>, Path(id): Path<String>) -> Response {

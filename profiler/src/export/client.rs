@@ -9,7 +9,7 @@ use std::{error::Error as _, io::ErrorKind, net::SocketAddr, time::Duration};
 use http_body_util::{BodyExt as _, Empty};
 use hyper::{
     body::Bytes,
-    header::{ACCEPT, CONTENT_LENGTH, HOST},
+    header::{ACCEPT, ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, HOST},
     Request, StatusCode,
 };
 use hyper_util::rt::TokioIo;
@@ -19,6 +19,7 @@ use tokio::{net::TcpStream, time::timeout};
 
 use crate::{
     analysis::{groups::RankGroupsView, online::PhasesSnapshot},
+    export::{compression::gunzip, http::CountersInUse},
     model::JobId,
     properties::JobProperties,
     store::{Job, JobMeta, RankRecord},
@@ -90,12 +91,17 @@ pub enum ClientError {
     },
 }
 
-/// A daemon's address: host (a name, an IPv4 address, or an IPv6 address in brackets) and port.
+/// A daemon's address: host (a name, an IPv4 address, or an IPv6 address in brackets) and port;
+/// or, with a path prefix, another HTTP API's (a Prometheus-compatible query API, see
+/// [`DaemonClient::parse_api`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DaemonClient {
     host: String,
     port: u16,
     timeout: Duration,
+    /// What every request's path is put below: empty for a daemon, `/prometheus` for
+    /// VictoriaMetrics' query API, say.
+    prefix: String,
 }
 
 impl std::fmt::Display for DaemonClient {
@@ -174,6 +180,7 @@ impl DaemonClient {
                     host: host.to_string(),
                     port: port.unwrap_or(default_port),
                     timeout: TIMEOUT,
+                    prefix: String::new(),
                 }))
             }
             Some(_) => Err(bad("the daemon speaks http://")),
@@ -183,10 +190,34 @@ impl DaemonClient {
                     host: host.to_string(),
                     port,
                     timeout: TIMEOUT,
+                    prefix: String::new(),
                 })),
                 _ => Ok(None),
             },
         }
+    }
+
+    /// An HTTP API served at or below a server's root: `[http://]HOST[:PORT][/PREFIX]`
+    /// (`default_port` when omitted), every request's path put below PREFIX
+    /// (VictoriaMetrics serves Prometheus's query API below `/prometheus`, a proxy below its own).
+    pub fn parse_api(arg: &str, default_port: u16) -> Result<DaemonClient, ClientError> {
+        let bad = |why| ClientError::Address {
+            arg: arg.to_string(),
+            why,
+        };
+        let (scheme, rest) = match arg.find("://") {
+            Some(i) => (&arg[..i + 3], &arg[i + 3..]),
+            None => ("http://", arg),
+        };
+        let (authority, prefix) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        if prefix.contains(['?', '#']) {
+            return Err(bad("give the API's path without a query or fragment"));
+        }
+        let address = format!("{scheme}{authority}");
+        let mut client = DaemonClient::parse(&address, default_port)?
+            .ok_or_else(|| bad("expected [http://]HOST[:PORT], then the API's path if any"))?;
+        client.prefix = prefix.trim_end_matches('/').to_string();
+        Ok(client)
     }
 
     /// The same daemon, each step of a request limited to `limit` instead of [`TIMEOUT`].
@@ -209,9 +240,17 @@ impl DaemonClient {
     }
 
     async fn fetch(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        let prefixed;
+        let path = if self.prefix.is_empty() {
+            path
+        } else {
+            prefixed = format!("{}{path}", self.prefix);
+            &prefixed
+        };
         let request = Request::get(path)
             .header(HOST, self.to_string())
             .header(ACCEPT, "application/json")
+            .header(ACCEPT_ENCODING, "gzip")
             .body(Empty::<Bytes>::new())
             .map_err(|e| self.io_error(path, std::io::Error::new(ErrorKind::InvalidInput, e)))?;
         let stream = self.connect().await?;
@@ -226,6 +265,10 @@ impl DaemonClient {
             .map_err(|_| self.timeout_error(path))?
             .map_err(|e| self.http_error(path, e))?;
         let status = response.status();
+        let gzipped = response
+            .headers()
+            .get(CONTENT_ENCODING)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
         let length = response
             .headers()
             .get(CONTENT_LENGTH)
@@ -256,6 +299,13 @@ impl DaemonClient {
                     })
                 }
             }
+        }
+        if gzipped {
+            received = gunzip(&received).map_err(|e| ClientError::NotHttp {
+                addr: self.to_string(),
+                path: path.to_string(),
+                why: format!("its gzip-encoded body does not decompress: {e}"),
+            })?;
         }
         if status != StatusCode::OK {
             return Err(ClientError::Status {
@@ -369,8 +419,8 @@ impl DaemonClient {
     /// One job as the store holds it (`/api/jobs/{id}`), without its bursts: the daemon's API
     /// serves identity, ranks with their exact totals, and per-function calls, which is what the
     /// job report shows.
-    pub fn job(&self, id: &JobId) -> Result<Job, ClientError> {
-        self.get_json(&job_path(id)).map(ServedJob::into_job)
+    pub fn job(&self, id: &JobId) -> Result<ServedJob, ClientError> {
+        self.get_json(&job_path(id))
     }
 
     /// The online phase analysis of a job (`/api/jobs/{id}/phases`); `None` when the daemon has
@@ -408,45 +458,6 @@ impl DaemonClient {
             Err(e) => Err(e),
         }
     }
-
-    /// Which counters the daemon reads per burst, in words, from its `mpiburst_counters_info`
-    /// metric (the JSON API does not carry it).
-    pub fn counters_note(&self) -> Result<String, ClientError> {
-        let metrics = String::from_utf8_lossy(&self.get("/metrics")?).into_owned();
-        Ok(counters_note(&metrics))
-    }
-
-    /// Whether the daemon reads hardware counters (instructions and cycles) per burst, from its
-    /// `mpiburst_counters_info` metric; `None` when its `/metrics` does not say.
-    pub async fn fetch_hardware_counters(&self) -> Result<Option<bool>, ClientError> {
-        let metrics = String::from_utf8_lossy(&self.fetch("/metrics").await?).into_owned();
-        Ok(counters_info(&metrics).map(|(_, hardware)| hardware == "true"))
-    }
-}
-
-/// The `event` and `hardware` labels of a `/metrics` exposition's `mpiburst_counters_info`.
-fn counters_info(metrics: &str) -> Option<(String, String)> {
-    let label = |line: &str, name: &str| {
-        let start = line.find(&format!("{name}=\""))? + name.len() + 2;
-        let len = line[start..].find('"')?;
-        Some(line[start..start + len].to_string())
-    };
-    let info = metrics
-        .lines()
-        .find(|l| l.starts_with("mpiburst_counters_info{"))?;
-    Some((label(info, "event")?, label(info, "hardware")?))
-}
-
-/// The counters line of the job report from a `/metrics` exposition.
-fn counters_note(metrics: &str) -> String {
-    match counters_info(metrics) {
-        Some((events, _)) if events == "none" => {
-            "no counters: bursts carry wall and on-CPU time only (the daemon's log says why)".into()
-        }
-        Some((events, hardware)) if hardware == "true" => format!("hardware counters: {events}"),
-        Some((events, _)) => format!("software counters {events} (no instructions or cycles)"),
-        None => "counters per burst: not reported by the daemon's /metrics".into(),
-    }
 }
 
 /// A job as `/api/jobs/{id}` serves it (see [`DaemonClient::job`]).
@@ -455,9 +466,15 @@ pub struct ServedJob {
     meta: JobMeta,
     ranks: Vec<RankRecord>,
     bursts_evicted: u64,
+    counters: CountersInUse,
 }
 
 impl ServedJob {
+    /// The counters the node's daemon reads per burst.
+    pub fn counters(&self) -> &CountersInUse {
+        &self.counters
+    }
+
     pub fn into_job(self) -> Job {
         let mut job = Job::new(self.meta);
         job.ranks = self.ranks.into_iter().map(|r| (r.rank, r)).collect();
@@ -592,6 +609,7 @@ mod tests {
                 host: "127.0.0.1".into(),
                 port,
                 timeout: TIMEOUT,
+                prefix: String::new(),
             },
             handle,
         )
@@ -710,6 +728,38 @@ mod tests {
     }
 
     #[test]
+    fn an_api_below_a_path_prefix_is_asked_there() {
+        let (served, server) = serve("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}");
+        let address = format!("http://127.0.0.1:{}/prometheus/", served.port);
+        let client = DaemonClient::parse_api(&address, 9090).unwrap();
+        client.get("/api/v1/query?query=up").unwrap();
+        assert_eq!(
+            server.join().unwrap(),
+            "GET /prometheus/api/v1/query?query=up HTTP/1.1\r\n"
+        );
+        let at_root = DaemonClient::parse_api("prom.example", 9090).unwrap();
+        assert_eq!(
+            (at_root.to_string(), at_root.prefix),
+            ("prom.example:9090".into(), String::new())
+        );
+        let below = DaemonClient::parse_api("vm:8481/select/0/prometheus", 9090).unwrap();
+        assert_eq!(below.prefix, "/select/0/prometheus");
+        let bare = DaemonClient::parse_api("vm/prometheus", 9090).unwrap();
+        assert_eq!(
+            (bare.to_string(), bare.prefix),
+            ("vm:9090".into(), "/prometheus".into())
+        );
+        for bad in [
+            "https://vm/prometheus",
+            "http://vm/p?x=1",
+            "ftp://vm",
+            "vm:0/x",
+        ] {
+            assert!(DaemonClient::parse_api(bad, 9090).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn nothing_listening_means_no_daemon_there() {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -720,6 +770,7 @@ mod tests {
             host: "127.0.0.1".into(),
             port,
             timeout: TIMEOUT,
+            prefix: String::new(),
         };
         let e = client.jobs().unwrap_err().to_string();
         assert_eq!(
@@ -728,18 +779,5 @@ mod tests {
                 "no mpiburst daemon at 127.0.0.1:{port} (start one with `mpiburst run`, or pass a recording file)"
             )
         );
-    }
-
-    #[test]
-    fn counters_note_from_the_metrics() {
-        let none = "# HELP x\nmpiburst_counters_info{event=\"none\",hardware=\"false\"} 1\n";
-        assert!(
-            counters_note(none).starts_with("no counters: bursts carry wall and on-CPU time only")
-        );
-        let hw = "mpiburst_counters_info{event=\"instructions,cycles\",hardware=\"true\"} 1\n";
-        assert_eq!(counters_note(hw), "hardware counters: instructions,cycles");
-        let sw = "mpiburst_counters_info{event=\"task-clock,page-faults\",hardware=\"false\"} 1\n";
-        assert!(counters_note(sw).starts_with("software counters task-clock,page-faults"));
-        assert!(counters_note("").contains("not reported"));
     }
 }

@@ -17,15 +17,21 @@ use std::{
 use axum::{
     extract::{Path, State},
     http::{header, StatusCode},
+    middleware,
     response::{IntoResponse, Response},
     routing::get,
     Json, Router,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     analysis::online::NodeSamples,
-    export::{prometheus::Metrics, published::PublishedState, sites},
+    export::{
+        compression,
+        prometheus::Metrics,
+        published::{PublishedState, SelfStats},
+        sites,
+    },
     model::JobId,
     store::{CallStats, Job, JobMeta, RankRecord, RankTotals},
     symbols::SiteResolver,
@@ -38,7 +44,8 @@ struct JobSummary<'a> {
     mpi_ns: u64,
 }
 
-/// `/api/jobs/{id}`: the job's identity, its ranks with their exact totals, and its calls.
+/// `/api/jobs/{id}`: the job's identity, its ranks with their exact totals, its calls, and the
+/// counters its bursts carry.
 #[derive(Serialize)]
 pub struct JobDetail<'a> {
     meta: &'a JobMeta,
@@ -47,10 +54,11 @@ pub struct JobDetail<'a> {
     functions: std::collections::BTreeMap<&'a str, CallStats>,
     bursts_held: usize,
     bursts_evicted: u64,
+    counters: &'a CountersInUse,
 }
 
 impl<'a> JobDetail<'a> {
-    pub fn of(job: &'a Job, bursts_held: usize) -> Self {
+    pub fn of(job: &'a Job, bursts_held: usize, counters: &'a CountersInUse) -> Self {
         JobDetail {
             meta: &job.meta,
             totals: job.totals(),
@@ -58,6 +66,57 @@ impl<'a> JobDetail<'a> {
             functions: job.functions(),
             bursts_held,
             bursts_evicted: job.bursts_evicted,
+            counters,
+        }
+    }
+}
+
+/// The counters a daemon reads per burst (`counters` of `/api/jobs/{id}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CountersInUse {
+    /// The counter events, comma-separated, or `none`.
+    pub events: String,
+    /// Whether they count instructions and cycles in hardware (the IPC properties need them).
+    pub hardware: bool,
+}
+
+impl CountersInUse {
+    /// What the daemon's health says it reads.
+    pub fn of(health: &SelfStats) -> Self {
+        CountersInUse {
+            events: health.counter_events.clone(),
+            hardware: health.hardware_counters,
+        }
+    }
+
+    /// What several nodes read: hardware counters only where every node has them, and each
+    /// node's events once.
+    pub fn job_wide<'a>(nodes: impl IntoIterator<Item = &'a CountersInUse>) -> Option<Self> {
+        let mut events: Vec<&str> = Vec::new();
+        let mut hardware = true;
+        for node in nodes {
+            if !events.contains(&node.events.as_str()) {
+                events.push(&node.events);
+            }
+            hardware &= node.hardware;
+        }
+        (!events.is_empty()).then(|| CountersInUse {
+            events: events.join(" and "),
+            hardware,
+        })
+    }
+
+    /// The counters line of the job report.
+    pub fn note(&self) -> String {
+        if self.events == "none" {
+            "no counters: bursts carry wall and on-CPU time only (the daemon's log says why)".into()
+        } else if self.hardware {
+            format!("hardware counters: {}", self.events)
+        } else {
+            format!(
+                "software counters {} (no instructions or cycles)",
+                self.events
+            )
         }
     }
 }
@@ -119,7 +178,12 @@ async fn job(State(state): State<PublishedState>, Path(id): Path<String>) -> imp
         )
             .into_response();
     };
-    let detail = JobDetail::of(j, s.bursts_held.get(&id).copied().unwrap_or_default());
+    let counters = CountersInUse::of(&s.health);
+    let detail = JobDetail::of(
+        j,
+        s.bursts_held.get(&id).copied().unwrap_or_default(),
+        &counters,
+    );
     Json(serde_json::to_value(detail).unwrap_or_default()).into_response()
 }
 
@@ -245,6 +309,7 @@ pub fn serve(
         .route("/api/jobs/{id}/properties", get(job_properties))
         .route("/api/jobs/{id}/ranks", get(job_ranks))
         .route("/api/jobs/{id}/samples", get(job_samples))
+        .layer(middleware::from_fn(compression::gzip_when_accepted))
         .with_state(state);
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
@@ -297,6 +362,92 @@ mod tests {
             ..Published::default()
         }));
         assert_eq!(client.get("/healthz").unwrap(), b"ok: probes attached\n");
+        drop(publisher);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn the_counters_note_and_the_job_wide_counters_of_several_nodes() {
+        let counters = |events: &str, hardware| CountersInUse {
+            events: events.into(),
+            hardware,
+        };
+        let none = counters("none", false);
+        assert!(none
+            .note()
+            .starts_with("no counters: bursts carry wall and on-CPU time only"));
+        let hw = counters("instructions,cycles", true);
+        assert_eq!(hw.note(), "hardware counters: instructions,cycles");
+        let sw = counters("task-clock,page-faults", false);
+        assert!(sw
+            .note()
+            .starts_with("software counters task-clock,page-faults"));
+        assert_eq!(CountersInUse::job_wide([&hw, &hw]), Some(hw.clone()));
+        // One node without a PMU: no IPC job-wide.
+        assert_eq!(
+            CountersInUse::job_wide([&hw, &sw, &hw]),
+            Some(counters(
+                "instructions,cycles and task-clock,page-faults",
+                false
+            ))
+        );
+        assert_eq!(CountersInUse::job_wide([]), None);
+    }
+
+    /// The head and body of a GET over a connection of its own, with `accept_encoding`.
+    fn raw_get(addr: SocketAddr, path: &str, accept_encoding: Option<&str>) -> (String, Vec<u8>) {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        let accept = accept_encoding
+            .map(|a| format!("Accept-Encoding: {a}\r\n"))
+            .unwrap_or_default();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{accept}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).unwrap();
+        let split = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+        let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
+        (head, answer[split + 4..].to_vec())
+    }
+
+    #[test]
+    fn answers_are_gzipped_only_for_clients_that_accept_it_and_the_client_reads_both() {
+        let publisher = watch::Sender::new(Arc::new(Published::default()));
+        let (addr, server) = serve("127.0.0.1:0".parse().unwrap(), publisher.subscribe()).unwrap();
+        let (plain_head, plain) = raw_get(addr, "/metrics", None);
+        assert!(!plain_head.contains("content-encoding"), "{plain_head}");
+        assert!(
+            plain.len() > 1024,
+            "the exposition is long enough to compress"
+        );
+        let (head, body) = raw_get(addr, "/metrics", Some("gzip"));
+        assert!(head.contains("content-encoding: gzip"), "{head}");
+        assert!(body.len() < plain.len());
+        let unzipped = compression::gunzip(&body).unwrap();
+        // The process_* metrics change between the two GETs; the families do not.
+        let families = |text: &[u8]| -> Vec<String> {
+            String::from_utf8_lossy(text)
+                .lines()
+                .filter(|l| l.starts_with("# TYPE"))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(families(&unzipped), families(&plain));
+        let client = DaemonClient::parse(&addr.to_string(), addr.port())
+            .unwrap()
+            .unwrap();
+        assert_eq!(families(&client.get("/metrics").unwrap()), families(&plain));
+        // Short answers go uncompressed even when gzip is accepted.
+        let (head, body) = raw_get(addr, "/healthz", Some("gzip"));
+        assert!(!head.contains("content-encoding"), "{head}");
+        assert!(
+            body.starts_with(b"starting"),
+            "{:?}",
+            String::from_utf8_lossy(&body)
+        );
         drop(publisher);
         server.join().unwrap();
     }

@@ -3,6 +3,7 @@
 
 pub mod bottlenecks;
 pub mod client;
+pub mod compression;
 pub mod groups;
 pub mod html;
 pub mod http;
