@@ -182,6 +182,72 @@ fn exact_call_counts(config: &str) {
     }
 }
 
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn every_family_of_mpi_calls_is_counted_exactly_and_waiting_in_a_split_is_mpi_time() {
+    let daemon = Daemon::start(&[]);
+    let mut runs = Vec::new();
+    let mut ids = Vec::new();
+    for mpi in Mpi::ALL {
+        let out = tempfile::tempdir().unwrap();
+        let program = program("families", mpi);
+        let mut launch = mpi.launcher(4);
+        match mpi {
+            // Open MPI 4.1's osc/rdma crashes in MPI_Compare_and_swap over shared memory
+            // (btl/vader), with or without a profiler; osc/pt2pt makes the same calls.
+            Mpi::OpenMpi => launch
+                .args(["--mca", "osc", "pt2pt"])
+                .arg(&program)
+                .arg(out.path()),
+            // Debian's MPICH runs over UCX, which has no ports for MPI_Comm_connect.
+            Mpi::Mpich => launch.arg(&program).arg(out.path()).arg("dynamic=0"),
+        };
+        let st = run_with_timeout(launch, Duration::from_secs(180));
+        assert!(st.success(), "families under {mpi:?} failed: {st}");
+        let outputs = rank_outputs(out.path(), "families", 4);
+        let id = job_id(&daemon.addr, &program, &ids);
+        let properties = ended_job_properties(&daemon.addr, &id);
+        ids.push(id);
+        runs.push((mpi, program, outputs, properties));
+    }
+    let recording = daemon.stop();
+    for (mpi, program, outputs, properties) in &runs {
+        let what = format!("families under {mpi:?}");
+        let job = job_of(&recording, program);
+        assert_calls_exact(job, outputs, &what);
+        let functions: BTreeSet<&String> = outputs
+            .iter()
+            .flat_map(|o| o["calls"].as_object().unwrap().keys())
+            .collect();
+        eprintln!("{what}: {} functions counted exactly", functions.len());
+        // Ranks 1 to 3 waited in MPI_Comm_split for rank 0's 200 ms of work: MPI time, as the
+        // program's own clock around the call says.
+        for out in outputs.iter().filter(|o| o["rank"] != 0) {
+            let rank = out["rank"].as_u64().unwrap() as u32;
+            let own = out["split_s"].as_f64().unwrap();
+            let seen = job.ranks[&rank].functions["MPI_Comm_split"].time_ns as f64 / 1e9;
+            assert!(
+                own > 0.1,
+                "{what}: rank {rank} waited only {own} s in the split"
+            );
+            assert!(
+                (seen - own).abs() <= 0.01_f64.max(0.1 * own),
+                "{what}: rank {rank}: {seen} s in MPI_Comm_split, the program's clock {own} s"
+            );
+        }
+        // POP from the daemon's probes, against the program's own account of every call.
+        let (own_lb, own_comm_e) = own_pop_efficiencies(outputs);
+        let value = |name: &str| job_property_value(properties, name);
+        let (lb, comm_e) = (value("load_balance"), value("communication_efficiency"));
+        eprintln!("{what}: LB {lb:.4} (own {own_lb:.4}), CommE {comm_e:.4} (own {own_comm_e:.4})");
+        assert!((lb - own_lb).abs() <= 0.01, "{what}: LB {lb} vs {own_lb}");
+        assert!(
+            (comm_e - own_comm_e).abs() <= 0.01,
+            "{what}: CommE {comm_e} vs {own_comm_e}"
+        );
+    }
+}
+
 struct ProgramBurst {
     duration_ns: u64,
     /// The thread's own CPU time over the burst.

@@ -34,6 +34,11 @@
 //! that of the other processes on the node, not of the one the daemon runs in (whose own system
 //! calls were about 25 ns dearer, with or without a daemon).
 //!
+//! Last, the daemon's start-up with the default probe list beside the same start with its first
+//! 75 entries, the most common calls, alternating: the wall time to read the libraries, place
+//! and attach the probes, and the resident memory it adds (the BPF side's kernel memory is not
+//! in it).
+//!
 //! Usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS
 
 use std::{
@@ -408,7 +413,72 @@ fn main() -> Result<()> {
     let (writes, yields) = untracked_system_calls(&config)?;
     let tracked = tracked_pwrite(&config)?;
     print_system_call_tax(writes, yields, tracked);
+    print_start_up(&config, start_up(&config)?);
     Ok(())
+}
+
+/// The first entries of the default probe list: the most common calls (point-to-point, the
+/// common collectives, completion, polling, the basic one-sided and MPI-IO calls).
+const COMMON_FUNCTIONS: usize = 75;
+
+/// Per probe list (the common functions, the default list), per round: the wall time of the
+/// daemon's start (libraries' symbols read, probe places found, probes attached) in s, and this
+/// process's resident memory after it, less before, in bytes.
+type StartUpRounds = [Vec<(f64, f64)>; 2];
+
+/// The daemon's start with the common functions only and with the default list, alternating.
+fn start_up(config: &Config) -> Result<StartUpRounds> {
+    let mut common = config.clone();
+    common.mpi.functions.truncate(COMMON_FUNCTIONS);
+    let mut rounds: StartUpRounds = Default::default();
+    for _ in 0..ROUNDS {
+        for (list, config) in [&common, config].into_iter().enumerate() {
+            let before = resident_bytes()?;
+            let started = std::time::Instant::now();
+            let daemon = Daemon::start(config.clone(), None)?;
+            let seconds = started.elapsed().as_secs_f64();
+            let grown = resident_bytes()? - before;
+            drop(daemon);
+            rounds[list].push((seconds, grown));
+        }
+    }
+    Ok(rounds)
+}
+
+/// This process's resident set (VmRSS), in bytes.
+fn resident_bytes() -> Result<f64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<f64>().ok())
+        .map(|kib| kib * 1024.0)
+        .context("no VmRSS in /proc/self/status")
+}
+
+fn print_start_up(config: &Config, rounds: StartUpRounds) {
+    println!(
+        "daemon start-up (libraries read, probes placed and attached), median of {ROUNDS} \
+         alternating rounds:"
+    );
+    let [common, all] = rounds.map(|r| {
+        let (seconds, bytes): (Vec<f64>, Vec<f64>) = r.into_iter().unzip();
+        (median(seconds), median(bytes))
+    });
+    for (name, functions, (seconds, bytes)) in [
+        ("common functions", COMMON_FUNCTIONS, common),
+        ("default list", config.mpi.functions.len(), all),
+    ] {
+        println!(
+            "  {name:<18} {functions:>4} functions  {:>8.1} ms  {:>6.1} MiB more resident",
+            seconds * 1e3,
+            bytes / (1024.0 * 1024.0)
+        );
+    }
+    println!(
+        "  default list / common functions: {:.2} × the start-up time",
+        all.0 / common.0
+    );
 }
 
 /// The daemon's configuration for the bench: it probes the libraries the floor probes, Fortran

@@ -29,7 +29,7 @@ build() { # build COMPILER SOURCE OUTPUT FLAGS...
 }
 
 for mpi in openmpi mpich; do
-    for prog in counts burst_timing callsites demo call_loop imbalance imbalance_io phases io pop oncpu sweep workload distributor stencil role_switch halo solver poll_loop shared_slot escape; do
+    for prog in counts burst_timing callsites demo call_loop imbalance imbalance_io phases io pop oncpu sweep workload distributor stencil role_switch halo solver poll_loop shared_slot escape families; do
         build "mpicc.$mpi" "$src/$prog.c" "$out/$prog.$mpi" -O2 -g -Wall
     done
     # A shared library to preload, not a program.
