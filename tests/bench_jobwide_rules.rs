@@ -5,18 +5,20 @@
 //! nothing.
 //!
 //! Method. A real daemon profiles a real job (tests/mpi/phases on 4 ranks with an imbalanced
-//! phase, so that properties fire and recommendations are made) until the job ended and its
-//! properties were evaluated; its /metrics is then the exposition of one node of that job.
+//! phase, so that properties fire and recommendations are made, in 2 s windows); its /metrics,
+//! read while the job runs once the window values and properties are in it, is the exposition of
+//! one node of that job.
 //! The bench replays it as the /metrics of N nodes (2,000 by default): node i serves the same
 //! exposition with `node="node-i"`, from a small HTTP server of its own on loopback. The
 //! daemon's series do not grow with the ranks of a node (per-rank values are aggregates and
 //! histograms), so a node of 4 ranks exports what a node of 64 does for the same phases.
-//! Debian's Prometheus scrapes the N targets and evaluates every rule file every 10 s; the bench
+//! Debian's Prometheus scrapes the N targets every 30 s and evaluates every rule file every 10 s
+//! (on this machine's cores, which it shares with the replaying server); the bench
 //! waits until every target is up and the job-wide recording rules have a value, then reads each
 //! rule group's evaluation time from `/api/v1/rules` after each of several evaluations, and
 //! Prometheus's own head series and resident memory. As a check that the rules ran on the
-//! replayed job, the job-wide load balance from the rules is printed beside the node's own: N
-//! identical nodes have the load balance of one.
+//! replayed job, the job-wide load balance from the rules is printed beside the node's own, read
+//! from its daemon right after its /metrics: N identical nodes have the load balance of one.
 //!
 //! Usage: bench_jobwide_rules [NODES=2000], with MPIBURST_BIN and MPIBURST_MPI_PROGRAMS as for
 //! the integration tests (`cargo xtask bench jobwide` sets them); as root.
@@ -32,6 +34,8 @@ use std::{
 
 use mpiburst_tests::*;
 
+/// Prometheus scrapes the nodes every SCRAPE_S and evaluates the rules every INTERVAL_S seconds.
+const SCRAPE_S: u32 = 30;
 const INTERVAL_S: u32 = 10;
 /// Evaluations of every rule group whose times are taken.
 const EVALUATIONS: usize = 6;
@@ -171,19 +175,43 @@ fn main() {
         .map(|n| n.parse().expect("NODES is a number of nodes"))
         .unwrap_or(2000);
 
-    // One node of a real job.
-    let daemon = Daemon::start(&["--node", "replayed"]);
-    let program = program("phases", Mpi::OpenMpi);
-    run_mpi(
-        Mpi::OpenMpi,
-        RANKS,
-        &program,
-        &["iters=300", "ms=2,6,12", "imbalance=0:1:1.5"],
+    // One node of a real job, its /metrics read while the job runs, once every family has
+    // series: the window values and properties too (2 s windows).
+    let daemon = Daemon::with_config(
+        "[analysis]\nwindow_s = 2.0\nlateness_s = 0.5\n",
+        &["--node", "replayed"],
     );
+    let program = program("phases", Mpi::OpenMpi);
+    let mut launch = Mpi::OpenMpi.launcher(RANKS);
+    launch
+        .arg(&program)
+        .args(["iters=400", "ms=2,6,12", "imbalance=0:1:1.5"]);
+    let mut job = launch.spawn().expect("start mpirun");
+    let mut exposition = String::new();
+    wait_until(
+        &daemon,
+        Duration::from_secs(60),
+        "window series of the job",
+        || {
+            exposition = http_get(&daemon.addr, "/metrics");
+            [
+                "mpiburst_job_window_ranks{",
+                "span=\"window\"",
+                "mpiburst_phase_key_bursts{",
+            ]
+            .iter()
+            .all(|family| exposition.contains(family))
+        },
+    );
+    // The node's own load balance over the job so far, as of the same stats update.
     let id = job_id(&daemon.addr, &program, &[]);
-    let properties = ended_job_properties(&daemon.addr, &id);
+    let properties = get_json(
+        &daemon.addr,
+        &format!("/api/jobs/{}/properties", encode(&id)),
+    );
     let node_load_balance = job_property_value(&properties, "load_balance");
-    let exposition = http_get(&daemon.addr, "/metrics");
+    let status = wait_with_timeout(&mut job, Duration::from_secs(180)).expect("the job ends");
+    assert!(status.success(), "phases failed: {status}");
     drop(daemon.stop());
 
     let job_label = format!("mpi_job=\"{id}\"");
@@ -204,7 +232,7 @@ fn main() {
     println!(
         "Prometheus rule evaluation over one job of {nodes} nodes: each node replays the /metrics of \
          a real daemon that profiled job {id} ({RANKS} ranks of tests/mpi/phases, one phase \
-         imbalanced), scraped and evaluated every {INTERVAL_S} s by {}.",
+         imbalanced), scraped every {SCRAPE_S} s and its rules evaluated every {INTERVAL_S} s by {}.",
         prometheus_version()
     );
     println!();
@@ -219,7 +247,7 @@ fn main() {
         node_series * nodes
     );
     println!(
-        "| one node's exposition | {} bytes | {} MB per scrape round |",
+        "| one node's exposition | {} bytes | {} MB per scrape round (uncompressed) |",
         replay.node(0).len(),
         replay.node(0).len() * nodes / 1_000_000
     );
@@ -242,6 +270,7 @@ fn main() {
 
     let started = Instant::now();
     let prometheus = Prometheus::scraping(
+        SCRAPE_S,
         INTERVAL_S,
         &scrape_configs(&addr, nodes),
         "",
@@ -307,7 +336,7 @@ fn main() {
     }
     println!();
     println!(
-        "All groups: {total_median:.3} s of evaluation per {INTERVAL_S} s (medians). Prometheus: {head_series:.0} head series, {:.0} MiB resident, {prometheus_cpu:.0} s CPU since its start ({:.0} s ago).",
+        "All groups: {total_median:.3} s of evaluation per {INTERVAL_S} s (medians). Prometheus: {head_series:.0} head series, {:.0} MiB resident, {prometheus_cpu:.0} s CPU since its start ({:.0} s ago, scrapes included).",
         resident / (1024.0 * 1024.0),
         started.elapsed().as_secs_f64()
     );

@@ -730,7 +730,7 @@ pub struct Prometheus {
 
 impl Prometheus {
     pub fn start(targets: &[&str]) -> Prometheus {
-        Self::scraping(1, &Self::targets(targets), "", Duration::from_secs(30))
+        Self::scraping(1, 1, &Self::targets(targets), "", Duration::from_secs(30))
     }
 
     /// [`Prometheus::start`], writing every sample it stores, the rules' too, to `remote` (a
@@ -738,6 +738,7 @@ impl Prometheus {
     pub fn writing_to(targets: &[&str], remote: &str) -> Prometheus {
         let remote_write = format!("remote_write:\n  - url: {remote}\n");
         Self::scraping(
+            1,
             1,
             &Self::targets(targets),
             &remote_write,
@@ -755,11 +756,12 @@ impl Prometheus {
         format!("  - job_name: mpiburst\n    static_configs:\n      - targets: [{targets}]\n")
     }
 
-    /// Prometheus scraping and evaluating every `interval_s` seconds, with `scrape_configs` (the
-    /// YAML list under `scrape_configs:`) and `more` (further top-level sections), ready within
-    /// `ready_within`.
+    /// Prometheus scraping every `scrape_s` and evaluating the rules every `evaluate_s` seconds,
+    /// with `scrape_configs` (the YAML list under `scrape_configs:`) and `more` (further
+    /// top-level sections), ready within `ready_within`.
     pub fn scraping(
-        interval_s: u32,
+        scrape_s: u32,
+        evaluate_s: u32,
         scrape_configs: &str,
         more: &str,
         ready_within: Duration,
@@ -774,7 +776,7 @@ impl Prometheus {
             .collect();
         rules.sort();
         let config = format!(
-            "global:\n  scrape_interval: {interval_s}s\n  scrape_timeout: {interval_s}s\n  evaluation_interval: {interval_s}s\nrule_files:\n{}scrape_configs:\n{scrape_configs}{more}",
+            "global:\n  scrape_interval: {scrape_s}s\n  scrape_timeout: {scrape_s}s\n  evaluation_interval: {evaluate_s}s\nrule_files:\n{}scrape_configs:\n{scrape_configs}{more}",
             rules.concat()
         );
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
