@@ -819,10 +819,16 @@ fn a_frozen_daemon_holds_a_process_no_longer_than_the_hold_limit() {
         "{}",
         wait_for_log_line(&daemon, &format!("hold guard: resumed pid {pid}, held"))
     );
-    // The daemon, thawed, handles the report and finds the process resumed already.
+    // The daemon, thawed, handles the report and finds the process resumed already, and counts
+    // it.
     wait_for_log_line(
         &daemon,
         &format!("pid {pid} had been resumed by the hold guard"),
+    );
+    wait_for_metric(
+        &daemon.addr,
+        "mpiburst_library_opens_resumed_by_guard_total",
+        1.0,
     );
     daemon.stop();
     assert!(
@@ -877,6 +883,48 @@ fn a_killed_daemon_leaves_no_process_held_and_a_new_daemon_holds_again() {
         !log.contains(&format!("hold guard: resumed pid {pid},")),
         "the new daemon did not resume pid {pid} itself:\n{log}"
     );
+    daemon.stop();
+    assert!(
+        !is_alive(guard),
+        "the hold guard (pid {guard}) outlived the daemon's stop"
+    );
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_hold_guard_that_dies_is_started_again_and_guards_as_before() {
+    let (_dir, copy) = copied_library(Mpi::OpenMpi);
+    let daemon = Daemon::start(&[]);
+    let killed = hold_guard_pid(&daemon);
+    send_signal(killed, "KILL");
+    // The daemon notices at its next stats update and starts a new guard.
+    let line = wait_for_log_line(&daemon, "started it again as pid ");
+    eprintln!("{line}");
+    let guard: u32 = line
+        .split_once("started it again as pid ")
+        .unwrap()
+        .1
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_ne!(guard, killed);
+    assert!(
+        is_alive(guard),
+        "the new hold guard (pid {guard}) is not running"
+    );
+    wait_for_metric(&daemon.addr, "mpiburst_hold_guard_restarts_total", 1.0);
+    // The new guard resumes a process the frozen daemon holds, as the first would have.
+    send_signal(daemon.pid(), "STOP");
+    let mut opener = timed_open(&copy);
+    let (pid, open_s) = open_report(&mut opener, &daemon);
+    send_signal(daemon.pid(), "CONT");
+    assert!(
+        (HOLD_LIMIT_S..HOLD_LIMIT_S + 3.0).contains(&open_s),
+        "the open took {open_s} s for a hold limit of {HOLD_LIMIT_S} s"
+    );
+    wait_for_log_line(&daemon, &format!("hold guard: resumed pid {pid}, held"));
     daemon.stop();
     assert!(
         !is_alive(guard),

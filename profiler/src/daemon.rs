@@ -317,6 +317,7 @@ impl Daemon {
         self.update_groups(now);
         self.reports.print_running(&self.state.store, now, last);
         self.evict_ended(now);
+        self.libraries.keep_hold_guard(&self.capture);
         self.state.health = self.health()?;
         if let Some(g) = &self.governor {
             g.shared

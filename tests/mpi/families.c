@@ -372,10 +372,12 @@ int main(int argc, char **argv)
     point_to_point();
     one_sided();
     file_io(argv[1]);
-    /* Balanced work between the families' calls, so that the run has a useful part. */
+    /* Balanced work after the families' calls, so that the run has a useful part: long enough
+     * that the few scheduler time slices a loaded machine puts between a clock read and the call
+     * it times move the load balance by far less than 0.01. */
     double x = rank;
-    for (int i = 0; i < 10; i++) {
-        spin(0.01);
+    for (int i = 0; i < 40; i++) {
+        spin(0.015);
         CALL(MPI_Allreduce, MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     }
     double region_s = now_s() - region_start;

@@ -19,7 +19,10 @@ use std::{
         unix::process::CommandExt,
     },
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
 
@@ -103,7 +106,12 @@ impl HeldMap {
 #[derive(Debug)]
 pub struct HeldProcesses {
     map: Mutex<HeldMap>,
-    guard: HoldGuard,
+    guard: Mutex<HoldGuard>,
+    limit: Duration,
+    /// Held processes the guard had resumed when the daemon came to resume them.
+    resumed_by_guard: AtomicU64,
+    /// Guards started again after the one before exited.
+    guard_restarts: AtomicU64,
 }
 
 impl HeldProcesses {
@@ -116,22 +124,58 @@ impl HeldProcesses {
         let guard = HoldGuard::start(&map, limit)?;
         Ok(Arc::new(HeldProcesses {
             map: Mutex::new(map),
-            guard,
+            guard: Mutex::new(guard),
+            limit,
+            resumed_by_guard: AtomicU64::new(0),
+            guard_restarts: AtomicU64::new(0),
         }))
     }
 
     /// The guard's pid.
     pub(super) fn guard_pid(&self) -> u32 {
-        self.guard.child.id()
+        lock(&self.guard).child.id()
     }
 
     /// Resumes `pid` and takes it off the map: see [`HeldMap::resume`].
     pub(super) fn resume(&self, pid: u32) -> (bool, std::io::Result<()>) {
-        self.map
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .resume(pid)
+        let (listed, sent) = lock(&self.map).resume(pid);
+        if !listed && sent.is_ok() {
+            self.resumed_by_guard.fetch_add(1, Ordering::Relaxed);
+        }
+        (listed, sent)
     }
+
+    /// Starts the guard again if it exited (killed, or failed): without a guard, a process held
+    /// while the daemon is stopped or hung stays stopped. Returns the exit status of the guard
+    /// that was gone and the new guard's pid; `None` while the guard runs.
+    pub(super) fn keep_guard(&self) -> Result<Option<(String, u32)>, HoldGuardError> {
+        let mut guard = lock(&self.guard);
+        let status = match guard.child.try_wait() {
+            Ok(None) => return Ok(None),
+            Ok(Some(status)) => status.to_string(),
+            Err(e) => format!("not waitable: {e}"),
+        };
+        let map = lock(&self.map);
+        *guard = HoldGuard::start(&map, self.limit)?;
+        self.guard_restarts.fetch_add(1, Ordering::Relaxed);
+        Ok(Some((status, guard.child.id())))
+    }
+
+    /// The held processes the guard resumed before the daemon did, and the guard's restarts.
+    pub(super) fn counts(&self) -> (u64, u64) {
+        (
+            self.resumed_by_guard.load(Ordering::Relaxed),
+            self.guard_restarts.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The value behind `mutex`, whether or not a thread panicked holding it: a map handle and a
+/// child process stay usable.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The daemon's handle on the guard: stops it when dropped.

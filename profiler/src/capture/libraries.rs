@@ -102,6 +102,25 @@ impl Capture {
         Ok(guard_pid)
     }
 
+    /// Starts the hold guard again if it exited (killed, or failed): the guard that was gone's
+    /// exit status and the new guard's pid. `None` while it runs, or when no process is held.
+    pub fn keep_hold_guard(&self) -> Option<Result<(String, u32), CaptureError>> {
+        let watch = self.library_opens.as_ref()?;
+        watch
+            .held
+            .keep_guard()
+            .map_err(CaptureError::from)
+            .transpose()
+    }
+
+    /// The held processes the hold guard resumed before the daemon did, and the guard's
+    /// restarts.
+    pub fn hold_guard_counts(&self) -> (u64, u64) {
+        self.library_opens
+            .as_ref()
+            .map_or((0, 0), |watch| watch.held.counts())
+    }
+
     /// Detaches the program: no process is held from now on (those already reported are still
     /// drained by [`Capture::drain_library_opens`]).
     pub fn stop_watching_library_opens(&mut self) {
@@ -223,4 +242,9 @@ pub struct LibraryOpenStats {
     pub reads_timed_out: u64,
     /// Those reads still running.
     pub reads_stuck: u64,
+    /// Held processes the hold guard resumed before the daemon did (held past
+    /// `mpi.hold_limit_s`).
+    pub resumed_by_guard: u64,
+    /// Hold guards started again after the one before exited.
+    pub guard_restarts: u64,
 }

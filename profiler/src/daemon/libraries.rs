@@ -169,6 +169,24 @@ impl Libraries {
         }
     }
 
+    /// Starts the hold guard again if it exited, and takes its counts into the statistics.
+    pub(super) fn keep_hold_guard(&mut self, capture: &Capture) {
+        match capture.keep_hold_guard() {
+            Some(Ok((status, pid))) => tracing::error!(
+                "the hold guard exited ({status}); started it again as pid {pid}, so that a \
+                 process held while the daemon is stopped or hung is resumed within \
+                 mpi.hold_limit_s"
+            ),
+            Some(Err(e)) => tracing::error!(
+                "the hold guard exited and cannot be started again ({e}): a process held while \
+                 the daemon is stopped or hung stays stopped until the daemon resumes it; \
+                 restart the daemon"
+            ),
+            None => {}
+        }
+        (self.stats.resumed_by_guard, self.stats.guard_restarts) = capture.hold_guard_counts();
+    }
+
     /// Starts the read of every file reported opened by a held process; resumes at once the
     /// processes that opened a file whose read is stuck.
     pub(super) fn handle_library_opens(&mut self, capture: &mut Capture) {

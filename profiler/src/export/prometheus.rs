@@ -584,6 +584,16 @@ fn library_open_families(f: &mut Families, opens: &LibraryOpenStats) {
         "Those reads still blocked in the file system, each holding a thread of the daemon.",
         [(vec![], opens.reads_stuck as f64)],
     );
+    f.counter(
+        "mpiburst_library_opens_resumed_by_guard_total",
+        "Held processes the hold guard resumed before the daemon did, held past mpi.hold_limit_s (a stopped, hung or slow daemon): they ran on, probes attached or not.",
+        [(vec![], opens.resumed_by_guard as f64)],
+    );
+    f.counter(
+        "mpiburst_hold_guard_restarts_total",
+        "Hold guards the daemon started again after the one before exited.",
+        [(vec![], opens.guard_restarts as f64)],
+    );
 }
 
 /// The probe governor's costs, modes and changes, and the counter events read per burst.
