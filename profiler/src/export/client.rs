@@ -240,13 +240,7 @@ impl DaemonClient {
     }
 
     async fn fetch(&self, path: &str) -> Result<Vec<u8>, ClientError> {
-        let prefixed;
-        let path = if self.prefix.is_empty() {
-            path
-        } else {
-            prefixed = format!("{}{path}", self.prefix);
-            &prefixed
-        };
+        let path = &format!("{}{path}", self.prefix);
         let request = Request::get(path)
             .header(HOST, self.to_string())
             .header(ACCEPT, "application/json")
