@@ -1,12 +1,13 @@
 /*
  * phases: an SPMD loop of K computation phases with known work, for the phase-analysis tests.
  *
- * Usage: phases [iters=N] [ms=A,B,C...] [imbalance=RANK:PHASE:FACTOR]
+ * Usage: phases [iters=N] [ms=A,B,C...] [imbalance=RANKS:PHASE:FACTOR]
  *               [alternate=PHASE:FACTOR] [change=ITER:PHASE:FACTOR]
  *
  *   iters      iterations of the loop (default 100)
  *   ms         work of each phase in milliseconds of one core (default 2,6,12); K = their count
- *   imbalance  RANK does FACTOR times the work of PHASE (for example 0:1:1.5)
+ *   imbalance  RANKS (one rank, or FIRST-LAST) do FACTOR times the work of PHASE (for example
+ *              0:1:1.5, or 2-3:1:1.5 for ranks 2 and 3)
  *   alternate  PHASE does FACTOR times its work on odd iterations (a bi-modal phase)
  *   change     from iteration ITER on, PHASE does FACTOR times its work (a phase change)
  *
@@ -62,7 +63,7 @@ int main(int argc, char **argv)
 
     int iters = 100, k = 3;
     double ms[MAX_PHASES] = {2, 6, 12};
-    int imb_rank = -1, imb_phase = -1, alt_phase = -1, chg_iter = -1, chg_phase = -1;
+    int imb_first = -1, imb_last = -1, imb_phase = -1, alt_phase = -1, chg_iter = -1, chg_phase = -1;
     double imb_factor = 1, alt_factor = 1, chg_factor = 1;
     for (int a = 1; a < argc; a++) {
         const char *v = strchr(argv[a], '=');
@@ -78,7 +79,10 @@ int main(int argc, char **argv)
             for (char *s = (char *)v; *s && k < MAX_PHASES; s = strchr(s, ',') ? strchr(s, ',') + 1 : s + strlen(s))
                 ms[k++] = atof(s);
         } else if (!strncmp(argv[a], "imbalance=", 10)) {
-            sscanf(v, "%d:%d:%lf", &imb_rank, &imb_phase, &imb_factor);
+            if (sscanf(v, "%d-%d:%d:%lf", &imb_first, &imb_last, &imb_phase, &imb_factor) != 4) {
+                sscanf(v, "%d:%d:%lf", &imb_first, &imb_phase, &imb_factor);
+                imb_last = imb_first;
+            }
         } else if (!strncmp(argv[a], "alternate=", 10)) {
             sscanf(v, "%d:%lf", &alt_phase, &alt_factor);
         } else if (!strncmp(argv[a], "change=", 7)) {
@@ -95,7 +99,7 @@ int main(int argc, char **argv)
     for (int it = 0; it < iters; it++) {
         for (int p = 0; p < k; p++) {
             double f = 1;
-            if (p == imb_phase && rank == imb_rank)
+            if (p == imb_phase && rank >= imb_first && rank <= imb_last)
                 f *= imb_factor;
             if (p == alt_phase && it % 2 == 1)
                 f *= alt_factor;

@@ -84,7 +84,8 @@ pub struct ClusteringReport {
     pub sequence_merges: Vec<SequenceMerge>,
     /// Bursts whose final cluster comes from column-majority absorption rather than DBSCAN.
     pub absorbed_by_column: usize,
-    /// Clusters that joined another one as a variant of its computation in another code region
+    /// Clusters that joined another one as a variant of its computation in another code region,
+    /// or as the other ranks' part of a region split along rank lines
     /// ([`super::roles::merge_region_variants`]), over all steps.
     #[serde(default)]
     pub region_variants_merged: usize,

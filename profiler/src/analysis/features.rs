@@ -344,7 +344,10 @@ pub fn extract_features(
         })
         .collect();
     Ok(Features {
-        points: PointSet::with_groups(dims, normalised, groups),
+        points: match used {
+            FeatureSet::OnCpuTimePerRegion => PointSet::with_regions(dims, normalised, groups),
+            FeatureSet::InstructionsIpc => PointSet::with_groups(dims, normalised, groups),
+        },
         raw,
         report: FeatureReport {
             requested: selection,

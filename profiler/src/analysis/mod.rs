@@ -14,7 +14,8 @@
 //!   used and the normalisation ranges. Min–max normalisation over the analysed bursts, Euclidean
 //!   distance. The duration-only fallback normalises over all regions together, so Eps means the
 //!   same in every region. The region partition is not final: clusters of different regions that
-//!   are variants of one computation (pipeline and wavefront codes) become one phase ([`roles`]).
+//!   are variants of one computation (pipeline and wavefront codes) become one phase, and so do
+//!   the clusters of one region split along rank lines (ranks sharing cores) ([`roles`]).
 //! * **Duration filter**: the 99 % criterion of González García (2013), then lowered to the next
 //!   empty factor-2 gap in the sorted durations so that it never cuts through a phase
 //!   ([`features::duration_filter`]). On on-CPU time, not wall time: on a busy node preemption
@@ -37,7 +38,9 @@
 //! * **ACR** ([`acr()`]): after each step, clusters of different code regions that lie within Eps
 //!   of each other, share no rank and share their aligned columns join (region variants of one
 //!   computation, [`roles::merge_region_variants`]; they are aligned as one symbol so that the
-//!   aligner can line them up at all); bursts in a full aligned column dominated by one cluster
+//!   aligner can line them up at all), and so do clusters of one code region that share no rank
+//!   and share their columns, whatever their distance (a region split along rank lines: one
+//!   phase with its imbalance, not two); bursts in a full aligned column dominated by one cluster
 //!   join it (column-majority absorption, our addition against residual noise and
 //!   over-aggregation); then clusters scoring exactly 1 are frozen; the rest and all noise are
 //!   refined with the next Eps. At the end the sequence-based merge (a cluster appearing only in

@@ -16,6 +16,8 @@ pub struct PointSet {
     dims: usize,
     coords: Vec<Coords>,
     groups: Vec<u32>,
+    /// The groups are the code regions (start and end call site) of the bursts.
+    by_region: bool,
 }
 
 impl PointSet {
@@ -47,7 +49,21 @@ impl PointSet {
             dims,
             coords,
             groups,
+            by_region: false,
         }
+    }
+
+    /// [`PointSet::with_groups`] where each group is one code region.
+    pub fn with_regions(dims: usize, coords: Vec<Coords>, regions: Vec<u32>) -> Self {
+        PointSet {
+            by_region: true,
+            ..Self::with_groups(dims, coords, regions)
+        }
+    }
+
+    /// Whether each group is one code region: two points of one group ran the same code.
+    pub fn by_region(&self) -> bool {
+        self.by_region
     }
 
     pub fn len(&self) -> usize {
@@ -76,6 +92,7 @@ impl PointSet {
             dims: self.dims,
             coords: indices.iter().map(|&i| self.coords[i]).collect(),
             groups: indices.iter().map(|&i| self.groups[i]).collect(),
+            by_region: self.by_region,
         }
     }
 

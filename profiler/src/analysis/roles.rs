@@ -23,6 +23,16 @@
 //! at different places in the iteration. With counters (one group) nothing changes: DBSCAN
 //! already sees every region at once.
 //!
+//! **Rank splits** (in the same step). Ranks that share a core run the same code region slower
+//! than the others (they evict each other's caches), and the ranks that use other work or data
+//! run it longer: DBSCAN then splits one region along rank lines, a cluster on some ranks and
+//! another on the others, each scoring only its share of ranks. Two clusters of one code region
+//! that no rank runs both, and that the alignment puts in the same columns (step 2 above), are one
+//! phase whatever their distance: its imbalance shows in its load balance, not as a second phase.
+//! Clusters of one region that the same ranks run both, such as a phase that alternates between
+//! two durations on every rank, stay apart. Only where the groups are code regions (no
+//! counters): with counters the clusters carry no region to tell one code from another.
+//!
 //! **Rare variants** ([`join_rare_variants`], once, at the end). A phase recurs. A cluster that
 //! occurs in at most 1/[`RARE_FACTOR`] of the columns of the most frequent cluster, and whose
 //! bursts sit where another, frequent cluster usually sits (the same predecessor and successor
@@ -137,9 +147,10 @@ fn columns_of_points(sequences: &RankSequences, score: &SequenceScore) -> Vec<u3
     column
 }
 
-/// Merges the region variants of one computation among the clusters not in `frozen` (see the
-/// module documentation). Returns the new labels and their score; `align` aligns and scores a
-/// labelling (ACR's one alignment per step happens here, on the candidates' joint symbols).
+/// Merges the region variants and rank splits of one computation among the clusters not in
+/// `frozen` (see the module documentation). Returns the new labels and their score; `align`
+/// aligns and scores a labelling (ACR's one alignment per step happens here, on the candidates'
+/// joint symbols).
 pub fn merge_region_variants(
     points: &PointSet,
     labels: &[ClusterId],
@@ -155,10 +166,10 @@ pub fn merge_region_variants(
     for (i, &(&a, sa)) in open.iter().enumerate() {
         for &(&b, sb) in &open[i + 1..] {
             let disjoint = sa.ranks.iter().zip(&sb.ranks).all(|(&x, &y)| !(x && y));
-            if sa.group != sb.group
-                && disjoint
-                && boxes_distance2(&sa.lo, &sa.hi, &sb.lo, &sb.hi) <= eps * eps
-            {
+            let variants = sa.group != sb.group
+                && boxes_distance2(&sa.lo, &sa.hi, &sb.lo, &sb.hi) <= eps * eps;
+            let rank_split = sa.group == sb.group && points.by_region();
+            if disjoint && (variants || rank_split) {
                 candidates.union(a, b);
             }
         }

@@ -23,6 +23,10 @@ pub struct Phase {
     pub jitter: f64,
     /// One rank doing a multiple of the work: (rank, factor).
     pub imbalance: Option<(u32, f64)>,
+    /// (first rank, factor): the ranks from the first on take FACTOR times longer for the phase
+    /// (the same instructions at a lower IPC), as ranks that share cores and evict each other's
+    /// caches do.
+    pub slow_ranks_from: Option<(u32, f64)>,
     /// Work multiplier on odd iterations (1 for none).
     pub odd_iteration_factor: f64,
     /// Only ranks below this run the phase (for example I/O aggregators); `None` for all ranks.
@@ -47,6 +51,7 @@ impl Phase {
             ipc,
             jitter,
             imbalance: None,
+            slow_ranks_from: None,
             odd_iteration_factor: 1.0,
             run_by: None,
             every: 1,
@@ -153,6 +158,9 @@ impl SyntheticJob {
                     }
                     if let Some((_, factor)) = phase.imbalance.filter(|&(r, _)| r == rank) {
                         instructions *= factor;
+                    }
+                    if let Some((_, factor)) = phase.slow_ranks_from.filter(|&(r, _)| rank >= r) {
+                        ipc /= factor;
                     }
                     if random.uniform(0.0, 1.0) < self.outlier_share {
                         instructions *= random.uniform(0.2f64.ln(), 5f64.ln()).exp();
