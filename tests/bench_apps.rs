@@ -51,7 +51,11 @@
 //!
 //! The MPI calls the daemon saw per code (`mpiburst_job_mpi_calls_total` of the jobs whose
 //! executable is the code's, read from its /metrics once they ended) show that the probes were
-//! active. Another mpiburst daemon on the node (or another profiler's uprobes) probes the runs
+//! active. From the same /metrics, the daemon's estimate of what profiling cost each code
+//! (`mpiburst_job_profiling_cost_seconds` over `mpiburst_job_rank_runtime_seconds{stat="sum"}`,
+//! summed over the code's runs) is printed beside the main loop's measured slowdown, with whether
+//! it is within 25 % of it or within 0.5 points of run time, whichever is larger (the estimate's
+//! target). Another mpiburst daemon on the node (or another profiler's uprobes) probes the runs
 //! without this bench's daemon and under the floor too: the rounds in which another process
 //! held user-space probes are counted and printed.
 //!
@@ -351,6 +355,10 @@ struct SeenCalls {
     jobs: usize,
     running: usize,
     calls: BTreeMap<String, f64>,
+    /// The daemon's estimate of the time the ranks lost to the probes, and the ranks' run time
+    /// (regions of interest), summed over the jobs.
+    cost_s: f64,
+    runtime_s: f64,
 }
 
 impl SeenCalls {
@@ -360,6 +368,13 @@ impl SeenCalls {
         for (function, calls) in other.calls {
             *self.calls.entry(function).or_default() += calls;
         }
+        self.cost_s += other.cost_s;
+        self.runtime_s += other.runtime_s;
+    }
+
+    /// The daemon's estimate of what profiling cost, as % of the ranks' run time.
+    fn cost_percent(&self) -> Option<f64> {
+        (self.runtime_s > 0.0).then(|| 100.0 * self.cost_s / self.runtime_s)
     }
 
     /// "N per run (R/s per rank), most FUNCTION M" for runs whose main loop took `loop_s`.
@@ -419,6 +434,16 @@ fn seen_calls(exposition: &str) -> BTreeMap<PathBuf, SeenCalls> {
                 .calls
                 .entry(function.to_string())
                 .or_default() += value;
+        }
+    }
+    for (line, value) in samples("mpiburst_job_profiling_cost_seconds") {
+        if let Some(exe) = of_job(line) {
+            seen.get_mut(exe).unwrap().cost_s += value;
+        }
+    }
+    for (line, value) in samples("mpiburst_job_rank_runtime_seconds") {
+        if let (Some(exe), Some("sum")) = (of_job(line), label(line, "stat")) {
+            seen.get_mut(exe).unwrap().runtime_s += value;
         }
     }
     seen
@@ -671,6 +696,32 @@ fn main() {
             .get(&code.executable)
             .map_or("none".to_string(), |s| s.describe(looped.without));
         println!("{:<24} {looped} {rounds:>11}  {job}  {calls}", code.label());
+    }
+    println!(
+        "what profiling cost, the daemon's estimate (docs/metrics.md) beside the main loop's measured slowdown; it meets its target when within 25 % of the slowdown or within 0.5 points of run time, whichever is larger:"
+    );
+    println!(
+        "{:<24} {:>9} {:>9} {:>6}",
+        "code", "estimate%", "measured%", "within"
+    );
+    for (code, runs) in codes.iter().zip(&runs) {
+        let measured = runs.medians(|r| r.timed_s).slowdowns().1;
+        match seen.get(&code.executable).and_then(SeenCalls::cost_percent) {
+            Some(estimate) => {
+                let within = (estimate - measured).abs() <= (0.25 * measured.abs()).max(0.5);
+                println!(
+                    "{:<24} {estimate:>+8.2}% {measured:>+8.2}% {:>6}",
+                    code.label(),
+                    if within { "yes" } else { "no" }
+                );
+            }
+            None => println!(
+                "{:<24} {:>9} {measured:>+8.2}% {:>6}",
+                code.label(),
+                "none",
+                "-"
+            ),
+        }
     }
     for (code, runs) in codes.iter().zip(&runs) {
         if let Some(note) = runs.polling() {

@@ -169,6 +169,25 @@ fn exact_call_counts(config: &str) {
         assert_eq!(job.meta.size, 3, "{what}: job size");
         assert!(job.meta.ended_ns.is_some(), "{what}: job seen to end");
         assert_counts_match(job, outputs, &what);
+        // What profiling cost each rank: every call probed in full (no governor), at the cost of
+        // a hit measured at the daemon's start, entry only with uprobe sessions alone.
+        for rank in job.ranks.values() {
+            let cost = rank
+                .probe_cost
+                .unwrap_or_else(|| panic!("{what}: rank {} has no probe cost", rank.rank));
+            assert_eq!(
+                (cost.full_calls, cost.storm_calls),
+                (rank.calls(), 0),
+                "{what}: rank {}",
+                rank.rank
+            );
+            assert!(cost.full_hit_ns > 0.0, "{what}: {cost:?}");
+            assert_eq!(
+                cost.entry_hit_ns.is_some(),
+                !config.contains("uprobe_sessions = false"),
+                "{what}: {cost:?}"
+            );
+        }
         // C programs pass predefined datatypes straight to C calls: their bytes are all known.
         if *name == "counts" {
             let sized: u64 = job
@@ -1132,6 +1151,14 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
             stats.count_only && stats.sampled,
             "{what}: counts not marked: {stats:?}"
         );
+        // Its calls were made in a storm: the cost estimate counts them apart, not as time lost.
+        let cost = rank.probe_cost.expect("a probe cost");
+        assert_eq!(
+            cost.full_calls + cost.storm_calls,
+            rank.calls(),
+            "{what}: {cost:?}"
+        );
+        assert!(cost.storm_calls >= stats.calls, "{what}: {cost:?}");
         assert!(
             stats.calls > 0 && stats.calls < *calls,
             "{what}: {} calls counted of {calls}",

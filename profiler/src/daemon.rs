@@ -136,6 +136,8 @@ pub struct Daemon {
     reports: PrintedReports,
     /// The probe governor, unless it is off.
     governor: Option<Governor>,
+    /// What a probe hit costs here, unless it could not be measured.
+    probe_cost: Option<capture::ProbeCost>,
     clock: Clock,
     server: Server,
     /// A process joined a job since the last publication.
@@ -336,7 +338,7 @@ impl Daemon {
     fn read_ranks(&mut self, gone: &HashSet<u32>, now: u64) -> Result<u64, DaemonError> {
         let totals = self.capture.read_totals()?;
         let mut per_process = capture::per_process(&totals);
-        // The governor's measurement of the probe cost runs the probes in this process.
+        // The measurement of the probe cost at start ran the probes in this process.
         per_process.remove(&std::process::id());
         let governor = self
             .governor
@@ -373,6 +375,7 @@ impl Daemon {
                 totals: &totals,
                 names: &self.ingest.names,
                 governor: governor.as_ref(),
+                probe_cost: self.probe_cost,
                 counters: self.capture.counters.is_ok(),
                 clock: self.clock,
             };
@@ -523,6 +526,7 @@ impl Daemon {
             hardware_counters: startup::counters_in_use(&self.capture).1,
             process: proc::read_process(std::process::id()).ok(),
             governor: governor.unwrap_or_default(),
+            probe_cost: self.probe_cost,
         })
     }
 

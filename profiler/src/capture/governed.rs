@@ -1,35 +1,19 @@
 //! The kernel's side of the probe governor: the probes of polling functions, one uprobe_multi
 //! link per (library file, function), so that one function can be detached node-wide and
 //! attached again for sampling windows; how the probes treat each function (`GOVERNANCE`); the
-//! storm reports (`STORMS`); what the sampling windows saw (`SAMPLES`); and the measured cost of
-//! a probe hit on this node.
+//! storm reports (`STORMS`); and what the sampling windows saw (`SAMPLES`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::Instant,
 };
 
 use aya::maps::{Array, HashMap, MapData, RingBuf};
-use profiler_common::{cookie, mode, Governance, Sample, StormEvent, ThreadFunc, GOVERNED_FUNCS};
+use profiler_common::{cookie, Governance, Sample, StormEvent, ThreadFunc, GOVERNED_FUNCS};
 
 use super::{multi, multi::ProbeKind, read_record, CaptureError};
-use crate::proc::{self, ProcError};
-
-/// Why the cost of a probe hit could not be measured.
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeCostError {
-    #[error("cannot find the measured function in this process's maps: {0}")]
-    Maps(#[from] ProcError),
-    #[error("the measured function is in no file mapping of this process")]
-    Unmapped,
-    #[error(transparent)]
-    Capture(#[from] CaptureError),
-    #[error("the measuring thread panicked")]
-    Panicked,
-}
 
 /// One function's probe points in one library file, and its link while attached.
 struct FunctionLink {
@@ -244,128 +228,4 @@ impl GovernorHandle {
     pub fn storms_fd(&self) -> i32 {
         self.storms.as_raw_fd()
     }
-
-    /// Measures what a probe hit of a governed function costs here, in ns per call: the session
-    /// program at a function of this executable, attached for this process only, probed in full
-    /// and counted at entry only, against the function without probes. The median of `rounds`
-    /// alternating rounds of `calls` calls each, on a thread of its own (whose state the kernel
-    /// frees when it exits).
-    pub fn measure_probe_cost(
-        &mut self,
-        rounds: usize,
-        calls: u64,
-    ) -> Result<ProbeCost, ProbeCostError> {
-        let (path, offset) = calibration_point()?;
-        let func = GOVERNED_FUNCS - 1;
-        let cookie = cookie::encode(
-            func as u16,
-            cookie::NO_ARG,
-            cookie::NO_ARG,
-            cookie::DTYPE_NONE,
-            cookie::POLLING,
-        );
-        let link = multi::attach(
-            self.program.as_fd(),
-            ProbeKind::Session,
-            &path,
-            &[offset],
-            &[cookie],
-            std::process::id(),
-        )
-        .map_err(|source| CaptureError::Attach {
-            function: "mpiburst_probe_cost_target".into(),
-            path: path.clone(),
-            program: super::SESSION_PROGRAM,
-            source,
-        })?;
-        let mut full = Vec::new();
-        let mut count_only = Vec::new();
-        for _ in 0..rounds {
-            for (mode, into) in [(mode::FULL, &mut full), (mode::COUNT_ONLY, &mut count_only)] {
-                self.set(
-                    func,
-                    Governance {
-                        mode,
-                        ..Governance::default()
-                    },
-                )?;
-                let (bare, probed) = std::thread::spawn(move || {
-                    (
-                        time_calls(mpiburst_probe_cost_bare, calls),
-                        time_calls(mpiburst_probe_cost_target, calls),
-                    )
-                })
-                .join()
-                .map_err(|_| ProbeCostError::Panicked)?;
-                into.push(probed.saturating_sub(bare) as f64 / calls as f64);
-            }
-        }
-        drop(link);
-        let _ = self.set(func, Governance::default());
-        Ok(ProbeCost {
-            full_ns: median(&mut full),
-            count_only_ns: median(&mut count_only),
-        })
-    }
-}
-
-/// What a probe hit of a governed function costs, in ns per call.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ProbeCost {
-    /// Entry and return probed.
-    pub full_ns: f64,
-    /// Entry only.
-    pub count_only_ns: f64,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// The function the probe cost is measured at, and its twin that is never probed. Not inlined,
-/// and with a call inside, so that each keeps a frame: it starts with a push, which the kernel
-/// emulates at a probe, as at an MPI function, rather than single-stepping it.
-#[inline(never)]
-#[no_mangle]
-pub extern "C" fn mpiburst_probe_cost_target(x: u64) -> u64 {
-    probe_cost_work(x) ^ std::hint::black_box(1)
-}
-
-#[inline(never)]
-#[no_mangle]
-pub extern "C" fn mpiburst_probe_cost_bare(x: u64) -> u64 {
-    probe_cost_work(x) ^ std::hint::black_box(2)
-}
-
-#[inline(never)]
-fn probe_cost_work(x: u64) -> u64 {
-    std::hint::black_box(x).wrapping_add(1)
-}
-
-/// Calls `f` `calls` times, in ns.
-fn time_calls(f: extern "C" fn(u64) -> u64, calls: u64) -> u64 {
-    let start = Instant::now();
-    let mut x = 0;
-    for _ in 0..calls {
-        x = std::hint::black_box(f(x));
-    }
-    std::hint::black_box(x);
-    start.elapsed().as_nanos() as u64
-}
-
-/// This executable's file and the file offset of the probe on the target (its first instruction
-/// the kernel emulates).
-fn calibration_point() -> Result<(PathBuf, u64), ProbeCostError> {
-    let address = mpiburst_probe_cost_target as *const () as u64;
-    let maps = proc::read_maps(std::process::id())?;
-    let mapping = maps
-        .iter()
-        .find(|m| m.start <= address && address < m.end && m.path.is_some())
-        .ok_or(ProbeCostError::Unmapped)?;
-    // SAFETY: the function's first bytes are mapped executable code of this process.
-    let code = unsafe { std::slice::from_raw_parts(address as *const u8, 32) };
-    let path = mapping.path.clone().unwrap_or_default();
-    let offset = address - mapping.start + mapping.offset;
-    Ok((path, offset + super::probe_offset(code, 0)))
 }

@@ -40,9 +40,6 @@ use crate::capture::{config::GovernorConfig, usage, GovernorHandle, ProbeCost};
 /// What the probe governor did (see `governor` in the config).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GovernorStats {
-    /// What a probe hit costs on this node, measured at start: (return probed too, entry only),
-    /// in ns.
-    pub probe_cost_ns: Option<(f64, f64)>,
     /// The governed (polling) functions, by name.
     pub functions: BTreeMap<String, GovernedFunction>,
 }
@@ -58,9 +55,6 @@ pub struct GovernedFunction {
     pub windows: u64,
 }
 
-/// Rounds and calls of the probe cost measurement at start (about 0.1 s in all here).
-const COST_ROUNDS: usize = 3;
-const COST_CALLS: u64 = 20_000;
 /// The longest the thread sleeps between two looks at the storm ring and the windows.
 const TICK: Duration = Duration::from_millis(100);
 
@@ -153,32 +147,35 @@ pub struct Governor {
 }
 
 impl Governor {
-    /// Measures the probe cost and starts the governor's thread for the functions `governed`.
+    /// Starts the governor's thread for the functions `governed`, with the storm limits of what
+    /// a probe hit costs here (`measured`, see `Capture::measure_probe_cost`).
     pub fn start(
-        mut handle: GovernorHandle,
+        handle: GovernorHandle,
         config: GovernorConfig,
         functions: Vec<String>,
         governed: Vec<u32>,
+        measured: Option<ProbeCost>,
     ) -> Governor {
-        let cost = handle
-            .measure_probe_cost(COST_ROUNDS, COST_CALLS)
-            .unwrap_or_else(|e| {
+        let cost = match measured {
+            Some(ProbeCost {
+                full_ns,
+                count_only_ns: Some(count_only_ns),
+            }) => HitCost {
+                full_ns,
+                count_only_ns,
+            },
+            _ => {
                 tracing::warn!(
-                    "cannot measure what a probe hit costs ({e}): the governor assumes 2 µs with \
-                     the return probed and 1 µs without"
+                    "what a probe hit costs was not measured: the governor assumes 2 µs with the \
+                     return probed and 1 µs without"
                 );
-                ProbeCost {
+                HitCost {
                     full_ns: 2000.0,
                     count_only_ns: 1000.0,
                 }
-            });
-        let shared = Arc::new(Mutex::new(Shared {
-            stats: GovernorStats {
-                probe_cost_ns: Some((cost.full_ns, cost.count_only_ns)),
-                ..GovernorStats::default()
-            },
-            ..Shared::default()
-        }));
+            }
+        };
+        let shared = Arc::new(Mutex::new(Shared::default()));
         let mut state = State {
             handle,
             config,
@@ -232,10 +229,17 @@ impl Drop for Governor {
     }
 }
 
+/// What the governor takes a probe hit to cost, in ns.
+#[derive(Clone, Copy)]
+struct HitCost {
+    full_ns: f64,
+    count_only_ns: f64,
+}
+
 struct State {
     handle: GovernorHandle,
     config: GovernorConfig,
-    cost: ProbeCost,
+    cost: HitCost,
     functions: Vec<String>,
     levels: BTreeMap<u32, Level>,
     shared: Arc<Mutex<Shared>>,

@@ -12,6 +12,7 @@ mod mapping;
 mod multi;
 pub mod node_usage;
 mod placement;
+mod probe_cost;
 mod ring;
 mod threads;
 mod tracefs;
@@ -33,9 +34,10 @@ use aya::{
 use counters::Counters;
 pub use counters::{online_cpus, CounterEvent, CounterSetup, CountersOff};
 use governed::GovernedLinks;
-pub use governed::{GovernorHandle, ProbeCost, ProbeCostError};
+pub use governed::GovernorHandle;
 pub use libraries::{LibraryOpenEvent, LibraryOpenStats};
 pub(crate) use placement::probe_offset;
+pub use probe_cost::{ProbeCost, ProbeCostError};
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, LibraryOpen,
     RankRegion, StormEvent, TaskThread, ThreadLife, ThreadState, NO_FUNC,

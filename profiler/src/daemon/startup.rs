@@ -13,6 +13,7 @@ use super::{
 use crate::{
     capture::{
         config::FunctionClass, governor::Governor, node_usage::NodeUsage, Capture, CaptureError,
+        ProbeCost,
     },
     config::Config,
     discovery::{self, Binding, MpiLibrary},
@@ -86,8 +87,10 @@ impl Daemon {
                     source,
                 },
             )?;
+        // Before the governor takes the map of the probes' modes the measurement sets.
+        let probe_cost = measure_probe_cost(&mut capture);
         // Before any library is attached: the governed functions get links of their own.
-        let governor = start_governor(&config, &mut capture);
+        let governor = start_governor(&config, &mut capture, probe_cost);
         let clock = Clock::read();
         let memory_available_bytes = proc::node_memory_bytes().unwrap_or_else(|e| {
             tracing::warn!("node memory unknown ({e}): memory_used_share is not evaluated");
@@ -117,6 +120,7 @@ impl Daemon {
             recording: RecordingSink::new(recording),
             reports: PrintedReports::new(config.daemon.report_interval_s, counters_note),
             governor,
+            probe_cost,
             clock,
             server,
             members_changed: false,
@@ -248,9 +252,37 @@ fn recording_header(
     }
 }
 
+/// Measures what a probe hit costs on this node, or says why it cannot (then no job gets an
+/// estimate of what profiling cost it).
+fn measure_probe_cost(capture: &mut Capture) -> Option<ProbeCost> {
+    match capture.measure_probe_cost() {
+        Ok(cost) => {
+            match cost.count_only_ns {
+                Some(entry) => tracing::info!(
+                    "a probe hit costs {:.0} ns here ({entry:.0} ns at entry only)",
+                    cost.full_ns
+                ),
+                None => tracing::info!("a probe hit costs {:.0} ns here", cost.full_ns),
+            }
+            Some(cost)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "cannot measure what a probe hit costs ({e}): the jobs get no estimate of what \
+                 profiling cost them"
+            );
+            None
+        }
+    }
+}
+
 /// Starts the probe governor, unless it is off or cannot run (then every call of a polling
 /// function is probed, and a warning says so).
-fn start_governor(config: &Config, capture: &mut Capture) -> Option<Governor> {
+fn start_governor(
+    config: &Config,
+    capture: &mut Capture,
+    probe_cost: Option<ProbeCost>,
+) -> Option<Governor> {
     if !config.governor.enabled {
         return None;
     }
@@ -269,6 +301,7 @@ fn start_governor(config: &Config, capture: &mut Capture) -> Option<Governor> {
                 config.governor.clone(),
                 config.mpi.function_names(),
                 polling,
+                probe_cost,
             ))
         }
         Err(e) => {

@@ -668,6 +668,7 @@ mod tests {
                         finalize_entry_ns: Some(4_000_000_000),
                         ..Default::default()
                     },
+                    probe_cost: None,
                 },
             );
         }

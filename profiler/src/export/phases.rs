@@ -1044,6 +1044,7 @@ mod tests {
                 },
                 functions: Default::default(),
                 region: Default::default(),
+                probe_cost: None,
             },
         );
         assert_eq!(

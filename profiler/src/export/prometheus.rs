@@ -376,6 +376,27 @@ fn job_families(f: &mut Families, jobs: &LabelledJobs<'_>) {
         "Bursts above the filter lost because the ring buffer was full (their time is still counted).",
         totals.iter().map(|(l, t)| ((*l).clone(), t.dropped_bursts as f64)),
     );
+    let probe_costs: Vec<_> = jobs
+        .iter()
+        .filter_map(|(l, j)| {
+            let costs: Vec<_> = j.ranks.values().filter_map(|r| r.probe_cost).collect();
+            (!costs.is_empty()).then_some((l, costs))
+        })
+        .collect();
+    f.gauge(
+        "mpiburst_job_profiling_cost_seconds",
+        "Time the job's ranks here lost to the probes, estimated: their calls probed in full times what a probe hit costs on this node (docs/metrics.md, What profiling costs). Absent when the daemon measured no probe cost.",
+        probe_costs.iter().map(|(l, costs)| {
+            ((*l).clone(), costs.iter().map(|c| c.lost_ns()).sum::<f64>() / 1e9)
+        }),
+    );
+    f.gauge(
+        "mpiburst_job_profiling_storm_seconds",
+        "CPU the probes of polling storms took from the job's ranks here (calls the probe governor counted at entry only or sampled): inside waiting, not lost run time.",
+        probe_costs.iter().map(|(l, costs)| {
+            ((*l).clone(), costs.iter().map(|c| c.storm_ns()).sum::<f64>() / 1e9)
+        }),
+    );
 }
 
 /// Each job's calls, time and bytes per MPI function, and the functions the governor demoted.
@@ -596,15 +617,17 @@ fn library_open_families(f: &mut Families, opens: &LibraryOpenStats) {
     );
 }
 
-/// The probe governor's costs, modes and changes, and the counter events read per burst.
+/// What a probe hit costs, the probe governor's modes and changes, and the counter events read
+/// per burst.
 fn governor_families(f: &mut Families, health: &SelfStats) {
     let governor = &health.governor;
     f.gauge(
-        "mpiburst_governor_probe_cost_seconds",
-        "What a probe hit of a polling function costs on this node, measured by the governor at start: probe=\"full\" (entry and return), probe=\"count_only\" (entry).",
-        governor.probe_cost_ns.into_iter().flat_map(|(full, count_only)| {
-            [("full", full), ("count_only", count_only)]
-                .map(|(probe, ns)| (vec![("probe", probe.to_string())], ns / 1e9))
+        "mpiburst_probe_hit_cost_seconds",
+        "What a probe hit costs on this node, measured at start: probe=\"full\" (entry and return), probe=\"count_only\" (entry only, with uprobe sessions). Absent when it could not be measured.",
+        health.probe_cost.into_iter().flat_map(|c| {
+            [("full", Some(c.full_ns)), ("count_only", c.count_only_ns)]
+                .into_iter()
+                .filter_map(|(probe, ns)| Some((vec![("probe", probe.to_string())], ns? / 1e9)))
         }),
     );
     f.gauge(
@@ -1100,7 +1123,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        store::{CallStats, Job, RankTotals, RegionMarks},
+        store::{probe_cost::RankProbeCost, CallStats, Job, RankTotals, RegionMarks},
         test_support::JobMetaBuilder,
     };
 
@@ -1149,6 +1172,7 @@ mod tests {
                 init_return_ns: Some(first_seen_s * 1_000_000_000),
                 ..Default::default()
             },
+            probe_cost: None,
         }
     }
 
@@ -1165,6 +1189,13 @@ mod tests {
         // Regions of 10 s and 20 s, useful 2 s and 6 s.
         job.ranks.insert(0, rank(0, 8, 0, Some(10)));
         job.ranks.insert(1, rank(1, 14, 1, None));
+        // 1,000 calls in full at 2 µs a hit, and a polling storm of 10⁶ calls at 1 µs.
+        job.ranks.get_mut(&1).unwrap().probe_cost = Some(RankProbeCost {
+            full_calls: 1_000,
+            storm_calls: 1_000_000,
+            full_hit_ns: 2_000.0,
+            entry_hit_ns: Some(1_000.0),
+        });
         let mut shared = Published::default();
         shared.store.jobs.insert(job.meta.id.clone(), job);
         let text = exposition(shared, || 21_000_000_000);
@@ -1178,6 +1209,8 @@ mod tests {
             format!("mpiburst_job_local_ranks{{{labels}}} 2"),
             format!("mpiburst_job_region_ranks{{{labels}}} 2"),
             format!("mpiburst_job_rank_init_seconds{{{labels},stat=\"max\"}} 0.5"),
+            format!("mpiburst_job_profiling_cost_seconds{{{labels}}} 0.002"),
+            format!("mpiburst_job_profiling_storm_seconds{{{labels}}} 1"),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
         }

@@ -8,7 +8,10 @@ use tokio::sync::watch;
 
 use crate::{
     analysis::{groups::RankGroupsView, online::PhasesSnapshot},
-    capture::{governor::GovernorStats, usage::UsageTotals, LibraryOpenStats, Lost, ProgramStats},
+    capture::{
+        governor::GovernorStats, usage::UsageTotals, LibraryOpenStats, Lost, ProbeCost,
+        ProgramStats,
+    },
     model::JobId,
     properties::LiveProperties,
     store::JobStore,
@@ -51,4 +54,6 @@ pub struct SelfStats {
     /// The daemon's own CPU time and memory (None if procfs could not be read).
     pub process: Option<crate::proc::ProcessUsage>,
     pub governor: GovernorStats,
+    /// What a probe hit costs here, measured at start.
+    pub probe_cost: Option<ProbeCost>,
 }

@@ -267,6 +267,7 @@ pub fn write_synthetic(
                 init_return_ns: Some(b.start_ns),
                 ..Default::default()
             },
+            probe_cost: None,
         });
         r.totals.bursts += 1;
         r.totals.burst_ns += b.duration_ns;
@@ -708,6 +709,7 @@ mod tests {
             },
             functions: BTreeMap::new(),
             region: Default::default(),
+            probe_cost: None,
         };
         w.rank(&meta.id, &record).unwrap();
         w.flush().unwrap();
@@ -853,6 +855,7 @@ mod tests {
                 totals: RankTotals::default(),
                 functions: BTreeMap::new(),
                 region: Default::default(),
+                probe_cost: None,
             };
             record.totals.bursts = at;
             (at, record)

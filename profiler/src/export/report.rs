@@ -1,6 +1,6 @@
 //! The per-job text report printed while a job runs and when it ends: ranks, bursts, useful
-//! time versus MPI time per rank over its region of interest, start-up and shut-down, and calls,
-//! time and bytes per MPI function. [`JobReport`] holds the values once, for the text and for the
+//! time versus MPI time per rank over its region of interest, start-up and shut-down, calls,
+//! time and bytes per MPI function, and what profiling cost. [`JobReport`] holds the values once, for the text and for the
 //! JSON document of `mpiburst report --format json`.
 
 use std::fmt::Write as _;
@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::{
     properties::RankSample,
-    store::{CallStats, Job, JobMeta, RankRecord, RankTotals},
+    store::{probe_cost::JobProbeCost, CallStats, Job, JobMeta, RankRecord, RankTotals},
 };
 
 fn secs(ns: u64) -> f64 {
@@ -137,6 +137,9 @@ pub struct JobReport<'a> {
     pub functions: Vec<FunctionRow<'a>>,
     /// The ranks' totals summed.
     pub totals: RankTotals,
+    /// The time the ranks lost to the probes, estimated (docs/metrics.md, "What profiling
+    /// costs").
+    pub probe_cost: JobProbeCost,
     /// Older bursts dropped from memory (the totals stay exact).
     pub bursts_evicted: u64,
 }
@@ -196,6 +199,7 @@ impl<'a> JobReport<'a> {
             lifecycle: Lifecycle::of(job),
             functions,
             totals: job.totals(),
+            probe_cost: JobProbeCost::of(job, end),
             bursts_evicted: job.bursts_evicted,
         }
     }
@@ -293,6 +297,7 @@ impl<'a> JobReport<'a> {
                 }
             }
         }
+        let _ = writeln!(out, "   {}", self.probe_cost_line());
         if self.totals.dropped_bursts > 0 || self.bursts_evicted > 0 {
             let _ = writeln!(
                 out,
@@ -301,6 +306,48 @@ impl<'a> JobReport<'a> {
             );
         }
         out
+    }
+
+    /// What profiling cost the ranks: the time lost to probe hits and its share of their run
+    /// time, and the hits of polling storms apart.
+    fn probe_cost_line(&self) -> String {
+        let c = &self.probe_cost;
+        if c.ranks == 0 {
+            return "profiling cost: not estimated (the daemon measured no probe cost: its probe \
+                    governor was off)"
+                .into();
+        }
+        let mut line = format!(
+            "profiling cost: about {:.3} s of the ranks' {:.3} s of run time ({:.1} %)",
+            secs(c.lost_ns),
+            secs(c.runtime_ns),
+            100.0 * c.share.unwrap_or(0.0)
+        );
+        if let Some(hit) = c.full_hit_ns() {
+            let _ = write!(
+                line,
+                ", {} calls probed in full at {:.2} µs a call",
+                c.full_calls,
+                hit / 1e3
+            );
+        }
+        if c.storm_calls > 0 {
+            let _ = write!(
+                line,
+                "; {} polling calls in storms, counted at entry only or sampled: their {:.3} s of \
+                 probes fell in waiting",
+                c.storm_calls,
+                secs(c.storm_ns)
+            );
+        }
+        if c.ranks_unestimated > 0 {
+            let _ = write!(
+                line,
+                " ({} ranks without an estimate: their daemon measured no probe cost)",
+                c.ranks_unestimated
+            );
+        }
+        line
     }
 
     /// The start-up and shut-down line; none while no rank has left MPI_Init.
@@ -338,7 +385,10 @@ pub fn render(job: &Job, now_ns: u64, counters_note: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{store::RegionMarks, test_support::JobMetaBuilder};
+    use crate::{
+        store::{probe_cost::RankProbeCost, RegionMarks},
+        test_support::JobMetaBuilder,
+    };
 
     #[test]
     fn report_shows_ranks_and_functions() {
@@ -394,9 +444,22 @@ mod tests {
                     finalize_entry_ns: Some(2_000_000_000),
                     ..Default::default()
                 },
+                probe_cost: Some(RankProbeCost {
+                    full_calls: 5,
+                    storm_calls: 0,
+                    full_hit_ns: 2_000_000.0,
+                    entry_hit_ns: Some(1_000_000.0),
+                }),
             },
         );
         let text = render(&job, 0, "no counters");
+        assert!(
+            text.contains(
+                "profiling cost: about 0.010 s of the ranks' 2.000 s of run time (0.5 %), 5 calls \
+                 probed in full at 2000.00 µs a call"
+            ),
+            "{text}"
+        );
         assert!(text.contains("ended, 2.0 s"), "{text}");
         assert!(
             text.contains("25.0%"),
@@ -427,5 +490,8 @@ mod tests {
         assert_eq!(json["lifecycle"]["finalize_max_ns"], 100_000_000);
         assert_eq!(json["functions"][0]["function"], "MPI_Send");
         assert_eq!(json["functions"][0]["bytes"], 3 << 20);
+        assert_eq!(json["probe_cost"]["lost_ns"], 10_000_000);
+        assert_eq!(json["probe_cost"]["runtime_ns"], 2_000_000_000);
+        assert_eq!(json["probe_cost"]["share"], 0.005);
     }
 }

@@ -279,6 +279,7 @@ mod tests {
             },
             functions,
             region: Default::default(),
+            probe_cost: None,
         }
     }
 

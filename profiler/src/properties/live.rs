@@ -309,6 +309,7 @@ mod tests {
                         init_return_ns: Some(100 * W),
                         ..Default::default()
                     },
+                    probe_cost: None,
                 },
             );
         }

@@ -258,6 +258,7 @@ mod tests {
             totals: Default::default(),
             functions: Default::default(),
             region: Default::default(),
+            probe_cost: None,
         };
         store.add_member(NewMember {
             member: Arc::new(Member {

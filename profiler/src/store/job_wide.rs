@@ -115,6 +115,7 @@ mod tests {
                     functions: Default::default(),
                     call_sites: Vec::new(),
                     region: Default::default(),
+                    probe_cost: None,
                 },
             );
         }

@@ -161,6 +161,7 @@ impl Members {
                 totals: RankTotals::default(),
                 functions: BTreeMap::new(),
                 region: Default::default(),
+                probe_cost: None,
             },
         })
     }

@@ -6,6 +6,7 @@ pub mod clock;
 pub mod ingest;
 pub mod job_wide;
 pub mod members;
+pub mod probe_cost;
 pub mod readings;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -104,6 +105,10 @@ pub struct RankRecord {
     pub call_sites: Vec<SiteStats>,
     #[serde(default)]
     pub region: RegionMarks,
+    /// The rank's probe hits and what a hit cost on its node; `None` where the daemon measured
+    /// no probe cost (its probe governor off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_cost: Option<probe_cost::RankProbeCost>,
 }
 
 impl RankRecord {

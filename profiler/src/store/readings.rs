@@ -1,14 +1,14 @@
 //! A rank's reading of the kernel's exact totals: its burst totals, its MPI functions (marked
-//! where the probe governor counted less than every call) and call sites, and the bounds of its
-//! region of interest, as of one statistics update.
+//! where the probe governor counted less than every call) and call sites, what its probe hits
+//! cost, and the bounds of its region of interest, as of one statistics update.
 
 use crate::{
-    capture::{governor, KernelTotals, ProcessTotals},
+    capture::{governor, KernelTotals, ProbeCost, ProcessTotals},
     discovery::AddressResolver,
     model::is_lifecycle_function,
     store::{
-        clock::Clock, ingest::FunctionNames, CallStats, RankRecord, RankTotals, RegionMarks,
-        SiteStats,
+        clock::Clock, ingest::FunctionNames, probe_cost::RankProbeCost, CallStats, RankRecord,
+        RankTotals, RegionMarks, SiteStats,
     },
 };
 
@@ -18,6 +18,8 @@ pub struct Reading<'a> {
     pub names: &'a FunctionNames,
     /// What the probe governor did, unless it is off.
     pub governor: Option<&'a governor::Shared>,
+    /// What a probe hit costs on this node, unless it could not be measured.
+    pub probe_cost: Option<ProbeCost>,
     /// The counter slots are read: the rank's counter sums are kept.
     pub counters: bool,
     pub clock: Clock,
@@ -46,6 +48,9 @@ impl Reading<'_> {
             counter_sums: self.counters.then_some(bursts.counters),
         };
         self.read_functions(rank, process, life);
+        rank.probe_cost = self
+            .probe_cost
+            .map(|cost| RankProbeCost::of(rank.functions.values(), cost));
         rank.call_sites = process
             .sites
             .iter()

@@ -46,6 +46,7 @@ fn rank_record(rank: u32, burst_ns: u64, mpi_ns: u64) -> RankRecord {
         },
         functions,
         region: Default::default(),
+        probe_cost: None,
     }
 }
 

@@ -1,0 +1,187 @@
+//! What a probe hit costs on this node, measured when the daemon starts: the probes the daemon
+//! attaches to MPI functions (the session program, or the entry and return pair where the kernel
+//! has no uprobe sessions), set at a function of this executable for this process only, against
+//! its unprobed twin. The probe governor sets its storm limits from it, and each rank's estimate
+//! of what profiling cost it (`store::probe_cost`) multiplies its calls by it.
+
+use std::{
+    os::fd::{AsFd, OwnedFd},
+    path::PathBuf,
+    time::Instant,
+};
+
+use aya::maps::Array;
+use profiler_common::{cookie, mode, Governance, GOVERNED_FUNCS};
+
+use super::{
+    map_mut, multi, multi::ProbeKind, Capture, CaptureError, SESSION_PROGRAM, UPROBE_PROGRAMS,
+};
+use crate::proc::{self, ProcError};
+
+/// Why the cost of a probe hit could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeCostError {
+    #[error("cannot find the measured function in this process's maps: {0}")]
+    Maps(#[from] ProcError),
+    #[error("the measured function is in no file mapping of this process")]
+    Unmapped,
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error("the measuring thread panicked")]
+    Panicked,
+}
+
+/// What a probe hit costs, in ns per call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProbeCost {
+    /// Entry and return probed.
+    pub full_ns: f64,
+    /// Entry only, as the probe governor counts a polling storm; `None` without uprobe
+    /// sessions, where no call is counted at its entry only.
+    pub count_only_ns: Option<f64>,
+}
+
+/// Rounds and calls of the measurement (about 0.1 s in all here).
+const ROUNDS: usize = 3;
+const CALLS: u64 = 20_000;
+
+impl Capture {
+    /// Measures what a probe hit costs here: the median of alternating rounds, each timing
+    /// calls of the probed function against calls of its twin, on a thread of its own (whose
+    /// state the kernel frees when it exits). With uprobe sessions, probed in full and counted
+    /// at entry only (the function is a polling one to the probes, whose mode `GOVERNANCE`
+    /// sets); call it before the probe governor takes that map.
+    pub fn measure_probe_cost(&mut self) -> Result<ProbeCost, ProbeCostError> {
+        let (path, offset) = calibration_point()?;
+        // A polling function's id: its calls neither end nor start a burst of this process.
+        let func = GOVERNED_FUNCS - 1;
+        let cookie = cookie::encode(
+            func as u16,
+            cookie::NO_ARG,
+            cookie::NO_ARG,
+            cookie::DTYPE_NONE,
+            cookie::POLLING,
+        );
+        let attach = |fd: std::os::fd::BorrowedFd<'_>, kind: ProbeKind, program: &'static str| {
+            multi::attach(fd, kind, &path, &[offset], &[cookie], std::process::id()).map_err(
+                |source| CaptureError::Attach {
+                    function: "mpiburst_probe_cost_target".into(),
+                    path: path.clone(),
+                    program,
+                    source,
+                },
+            )
+        };
+        let links: Vec<OwnedFd> = match &self.session_program {
+            Some(fd) => vec![attach(fd.as_fd(), ProbeKind::Session, SESSION_PROGRAM)?],
+            // Return first: an entry probe without its return would leave the depth raised.
+            None => [1, 0]
+                .into_iter()
+                .map(|i| {
+                    let (name, kind) = UPROBE_PROGRAMS[i];
+                    attach(self.uprobe_programs[i].as_fd(), kind, name)
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let sessions = self.session_program.is_some();
+        let modes: &[u32] = if sessions {
+            &[mode::FULL, mode::COUNT_ONLY]
+        } else {
+            &[mode::FULL]
+        };
+        let mut governance: Array<_, Governance> = map_mut(&mut self.ebpf, "GOVERNANCE")?;
+        let mut times = vec![Vec::new(); modes.len()];
+        for _ in 0..ROUNDS {
+            for (&mode, into) in modes.iter().zip(&mut times) {
+                set_mode(&mut governance, func, mode)?;
+                let (bare, probed) = std::thread::spawn(|| {
+                    (
+                        time_calls(mpiburst_probe_cost_bare, CALLS),
+                        time_calls(mpiburst_probe_cost_target, CALLS),
+                    )
+                })
+                .join()
+                .map_err(|_| ProbeCostError::Panicked)?;
+                into.push(probed.saturating_sub(bare) as f64 / CALLS as f64);
+            }
+        }
+        drop(links);
+        set_mode(&mut governance, func, mode::FULL)?;
+        Ok(ProbeCost {
+            full_ns: median(&mut times[0]),
+            count_only_ns: sessions.then(|| median(&mut times[1])),
+        })
+    }
+}
+
+fn set_mode(
+    governance: &mut Array<&mut aya::maps::MapData, Governance>,
+    func: u32,
+    mode: u32,
+) -> Result<(), CaptureError> {
+    governance
+        .set(
+            func,
+            Governance {
+                mode,
+                ..Governance::default()
+            },
+            0,
+        )
+        .map_err(|e| CaptureError::Io {
+            what: format!("setting the probe mode of function {func}"),
+            source: std::io::Error::other(e),
+        })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The function the probe cost is measured at, and its twin that is never probed. Not inlined,
+/// and with a call inside, so that each keeps a frame: it starts with a push, which the kernel
+/// emulates at a probe, as at an MPI function, rather than single-stepping it.
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn mpiburst_probe_cost_target(x: u64) -> u64 {
+    probe_cost_work(x) ^ std::hint::black_box(1)
+}
+
+#[inline(never)]
+#[no_mangle]
+pub extern "C" fn mpiburst_probe_cost_bare(x: u64) -> u64 {
+    probe_cost_work(x) ^ std::hint::black_box(2)
+}
+
+#[inline(never)]
+fn probe_cost_work(x: u64) -> u64 {
+    std::hint::black_box(x).wrapping_add(1)
+}
+
+/// Calls `f` `calls` times, in ns.
+fn time_calls(f: extern "C" fn(u64) -> u64, calls: u64) -> u64 {
+    let start = Instant::now();
+    let mut x = 0;
+    for _ in 0..calls {
+        x = std::hint::black_box(f(x));
+    }
+    std::hint::black_box(x);
+    start.elapsed().as_nanos() as u64
+}
+
+/// This executable's file and the file offset of the probe on the target (its first instruction
+/// the kernel emulates).
+fn calibration_point() -> Result<(PathBuf, u64), ProbeCostError> {
+    let address = mpiburst_probe_cost_target as *const () as u64;
+    let maps = proc::read_maps(std::process::id())?;
+    let mapping = maps
+        .iter()
+        .find(|m| m.start <= address && address < m.end && m.path.is_some())
+        .ok_or(ProbeCostError::Unmapped)?;
+    // SAFETY: the function's first bytes are mapped executable code of this process.
+    let code = unsafe { std::slice::from_raw_parts(address as *const u8, 32) };
+    let path = mapping.path.clone().unwrap_or_default();
+    let offset = address - mapping.start + mapping.offset;
+    Ok((path, offset + super::probe_offset(code, 0)))
+}

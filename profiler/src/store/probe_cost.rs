@@ -1,0 +1,187 @@
+//! What profiling cost a job: the time its ranks lost to probe hits, estimated from each rank's
+//! calls and what a probe hit costs on the rank's node (measured at the daemon's start:
+//! `Capture::measure_probe_cost`).
+//!
+//! A call probed in full delays its rank by one hit of entry and return. The calls of a polling
+//! function the governor demoted (counted at entry only, or sampled) were made in a polling
+//! storm, a thread calling back to back while it waits: the waiting absorbs their hits, which
+//! show as fewer polls rather than a longer run, so they are counted apart (CPU the probes took,
+//! not time the rank lost). Each rank keeps the costs of its own node, so that the ranks of a job
+//! recorded on several nodes sum exactly.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    capture::ProbeCost,
+    store::{CallStats, Job},
+};
+
+/// A rank's probe hits by kind and what a hit cost on its node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankProbeCost {
+    /// Calls probed in full (entry and return).
+    pub full_calls: u64,
+    /// Calls of polling functions while the governor had them counted at entry only or sampled.
+    pub storm_calls: u64,
+    /// What a hit cost on the rank's node, in ns: entry and return, and entry only (`None`
+    /// without uprobe sessions, where no call is counted at its entry only).
+    pub full_hit_ns: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry_hit_ns: Option<f64>,
+}
+
+impl RankProbeCost {
+    /// The hits of `functions` at the node's cost of a hit.
+    pub fn of<'a>(
+        functions: impl IntoIterator<Item = &'a CallStats>,
+        hit: ProbeCost,
+    ) -> RankProbeCost {
+        let mut cost = RankProbeCost {
+            full_hit_ns: hit.full_ns,
+            entry_hit_ns: hit.count_only_ns,
+            ..RankProbeCost::default()
+        };
+        for s in functions {
+            if s.count_only || s.sampled {
+                cost.storm_calls += s.calls;
+            } else {
+                cost.full_calls += s.calls;
+            }
+        }
+        cost
+    }
+
+    /// The time the rank lost to the probes, in ns.
+    pub fn lost_ns(&self) -> f64 {
+        self.full_calls as f64 * self.full_hit_ns
+    }
+
+    /// The CPU the hits of polling storms took, in ns (inside waiting: not lost).
+    pub fn storm_ns(&self) -> f64 {
+        self.storm_calls as f64 * self.entry_hit_ns.unwrap_or(0.0)
+    }
+}
+
+/// What profiling cost a job's ranks, summed over those with an estimate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct JobProbeCost {
+    /// Ranks with an estimate, and ranks without one (recorded by a daemon whose governor was off,
+    /// which measures no probe cost).
+    pub ranks: usize,
+    pub ranks_unestimated: usize,
+    pub full_calls: u64,
+    pub storm_calls: u64,
+    /// The time the ranks lost to probe hits, summed.
+    pub lost_ns: u64,
+    /// The CPU the hits of polling storms took, summed.
+    pub storm_ns: u64,
+    /// The same ranks' regions of interest, summed: the run time the loss is a share of.
+    pub runtime_ns: u64,
+    /// `lost_ns` over `runtime_ns`; `None` without an estimate or run time.
+    pub share: Option<f64>,
+}
+
+impl JobProbeCost {
+    /// The cost of `job`'s ranks up to `now_ns` (Unix ns).
+    pub fn of(job: &Job, now_ns: u64) -> JobProbeCost {
+        let mut out = JobProbeCost::default();
+        for r in job.ranks.values() {
+            let Some(cost) = &r.probe_cost else {
+                out.ranks_unestimated += 1;
+                continue;
+            };
+            out.ranks += 1;
+            out.full_calls += cost.full_calls;
+            out.storm_calls += cost.storm_calls;
+            out.lost_ns += cost.lost_ns().round() as u64;
+            out.storm_ns += cost.storm_ns().round() as u64;
+            out.runtime_ns += r.region_span(now_ns).map_or(0, |(s, e)| e - s);
+        }
+        out.share = (out.ranks > 0 && out.runtime_ns > 0)
+            .then(|| out.lost_ns as f64 / out.runtime_ns as f64);
+        out
+    }
+
+    /// What a hit of a call probed in full cost, averaged over the calls (the ranks' nodes may
+    /// differ); `None` without such calls.
+    pub fn full_hit_ns(&self) -> Option<f64> {
+        (self.full_calls > 0).then(|| self.lost_ns as f64 / self.full_calls as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        store::{RankRecord, RegionMarks},
+        test_support::JobMetaBuilder,
+    };
+
+    fn stats(calls: u64, count_only: bool, sampled: bool) -> CallStats {
+        CallStats {
+            calls,
+            count_only,
+            sampled,
+            ..CallStats::default()
+        }
+    }
+
+    #[test]
+    fn calls_in_full_cost_a_full_hit_and_storms_are_counted_apart() {
+        let cost = RankProbeCost::of(
+            &[
+                stats(1_000, false, false),
+                stats(500, false, false),
+                stats(10_000, true, false),
+                stats(300, false, true),
+            ],
+            ProbeCost {
+                full_ns: 2_000.0,
+                count_only_ns: Some(900.0),
+            },
+        );
+        assert_eq!((cost.full_calls, cost.storm_calls), (1_500, 10_300));
+        assert_eq!(cost.lost_ns(), 3_000_000.0);
+        assert_eq!(cost.storm_ns(), 9_270_000.0);
+    }
+
+    #[test]
+    fn a_job_sums_its_ranks_costs_over_their_run_time_and_names_the_ranks_without() {
+        let mut job = crate::store::Job::new(JobMetaBuilder::new("pmix:1").size(3).build());
+        for (rank, cost) in [
+            (0, Some((1_000, 2_000.0))),
+            (1, Some((3_000, 1_000.0))),
+            (2, None),
+        ] {
+            job.ranks.insert(
+                rank,
+                RankRecord {
+                    rank,
+                    pid: 10 + rank,
+                    first_seen_ns: 0,
+                    ended_ns: Some(2_000_000_000),
+                    totals: Default::default(),
+                    functions: Default::default(),
+                    call_sites: Vec::new(),
+                    region: RegionMarks {
+                        init_return_ns: Some(500_000_000),
+                        finalize_entry_ns: Some(1_500_000_000),
+                        ..RegionMarks::default()
+                    },
+                    probe_cost: cost.map(|(calls, hit)| RankProbeCost {
+                        full_calls: calls,
+                        storm_calls: 0,
+                        full_hit_ns: hit,
+                        entry_hit_ns: Some(hit / 2.0),
+                    }),
+                },
+            );
+        }
+        let cost = JobProbeCost::of(&job, 3_000_000_000);
+        assert_eq!((cost.ranks, cost.ranks_unestimated), (2, 1));
+        assert_eq!(cost.lost_ns, 5_000_000);
+        assert_eq!(cost.runtime_ns, 2_000_000_000);
+        assert_eq!(cost.share, Some(0.0025));
+        assert_eq!(cost.full_hit_ns(), Some(1_250.0));
+    }
+}
