@@ -126,9 +126,11 @@ fn k_phases_give_k_perfectly_spmd_clusters_on_2_4_and_8_ranks() {
             BTreeSet::from(["MPI_Barrier".to_string()]),
             "{what}: cluster 3"
         );
+        // A sliver scores at least 1/ranks, so it lowers the global score by at most its time
+        // share.
         assert!(
-            analysis.global_score > 0.99,
-            "{what}: global score {}",
+            analysis.global_score > 0.99 - slivers,
+            "{what}: global score {}, {slivers} of the time in one-off clusters {summary:?}",
             analysis.global_score
         );
     }
