@@ -53,6 +53,26 @@ fn last_window(phases: &serde_json::Value) -> (u64, Vec<f64>, f64) {
     )
 }
 
+/// The live signature of a phases answer: its ranks, run time so far, phases (W, PET in ns) and
+/// PAET in ns.
+fn signature(phases: &serde_json::Value) -> (u64, u64, Vec<(f64, f64)>, f64) {
+    let s = &phases["signature"];
+    assert!(s.is_object(), "no signature: {s}");
+    let phases: Vec<(f64, f64)> = s["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["weight"].as_f64().unwrap(), p["pet_ns"].as_f64().unwrap()))
+        .collect();
+    let paet = phases.iter().map(|(w, pet)| w * pet).sum();
+    (
+        s["ranks"].as_u64().unwrap(),
+        s["runtime_ns"].as_u64().unwrap(),
+        phases,
+        paet,
+    )
+}
+
 /// `mpiburst report ADDR --job ID --format json`'s job report.
 fn report_of(addr: &str, id: &str) -> serde_json::Value {
     let out = Command::new(daemon_binary())
@@ -187,6 +207,37 @@ fn assert_job_wide_equal(aggregator: &str, all: &str, id: &str, count: usize) {
     assert!(
         (spmd - expected_spmd).abs() <= 0.02,
         "SPMD {spmd} vs {expected_spmd}"
+    );
+    let (signature, expected_signature) = (signature(&merged), signature(&whole));
+    eprintln!("signature merged {signature:?}\nsignature all ranks {expected_signature:?}");
+    assert_eq!(signature.0, 4, "ranks of the signature");
+    assert_eq!(signature.0, expected_signature.0);
+    // Each daemon moves the kernel's clock to Unix time by its own reading: microseconds apart.
+    assert!(
+        (signature.1 as f64 / expected_signature.1 as f64 - 1.0).abs() <= 0.001,
+        "the signature's run time"
+    );
+    // A burst that starts within those microseconds of the window's end may count on one side.
+    let weights = |s: &[(f64, f64)]| {
+        let mut w: Vec<f64> = s.iter().map(|p| p.0).collect();
+        w.sort_by(f64::total_cmp);
+        w
+    };
+    assert_eq!(signature.2.len(), expected_signature.2.len(), "phases");
+    for (got, want) in weights(&signature.2)
+        .iter()
+        .zip(weights(&expected_signature.2))
+    {
+        assert!(
+            (got - want).abs() <= 0.5,
+            "the phases' repetitions per rank: {signature:?} vs {expected_signature:?}"
+        );
+    }
+    assert!(
+        (signature.3 / expected_signature.3 - 1.0).abs() <= 0.02,
+        "PAET {} vs {}",
+        signature.3,
+        expected_signature.3
     );
 
     let job = get_json(aggregator, &format!("/api/jobs/{}", encode(id)));

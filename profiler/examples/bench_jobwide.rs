@@ -4,6 +4,9 @@
 //! targets, printed beside the numbers and never asserted: at most 64 KiB per node and window on
 //! the wire, and for 2,000 nodes at most 2 s of CPU and 1 GiB of memory for the aggregator.
 //!
+//! Each node also sends its ranks' repetitions of every code region, from which the aggregator
+//! sums the job's signature over every rank (not only the sampled ones).
+//!
 //! The job is a synthetic SPMD loop of three phases (distinct instructions and IPC, ±3 %
 //! jitter, one call site each), about 150 bursts per rank and second. Each node's daemon is
 //! played as in the daemon: its ranks' bursts are pushed into a `JobPhases` of the node's rank
@@ -319,8 +322,24 @@ fn main() {
             if matched { "3 of 3" } else { "NOT the 3" },
             last.spmd_score,
         );
+        let signature = merged.snapshot.signature.as_ref().map_or_else(
+            || "none".to_string(),
+            |s| {
+                let weights: Vec<String> =
+                    s.phases.iter().map(|p| format!("{:.0}", p.weight)).collect();
+                format!(
+                    "{} ranks, W per rank {} (each rank ran {} iterations), PAET {:.2} s of {:.2} s",
+                    s.ranks,
+                    weights.join(" / "),
+                    rank_bursts(0).len() / PHASES.len(),
+                    s.paet_ns() / 1e9,
+                    s.runtime_ns as f64 / 1e9
+                )
+            },
+        );
         details.push(format!(
-            "{nodes} nodes: {} bursts analysed of {} seen, over {} ranks; phases {}",
+            "{nodes} nodes: {} bursts analysed of {} seen, over {} ranks; phases {}; signature \
+             over every rank: {signature}",
             last.bursts_analysed,
             last.bursts_seen,
             last.ranks_sampled,

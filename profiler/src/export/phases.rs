@@ -14,6 +14,7 @@ use crate::{
         Analysis, ClusterStats, ClusteringMethod, ClusteringReport, DurationFilter, FeatureReport,
         FeatureSelection, FeatureSet, FilterReport,
     },
+    export::signature::render_signature,
     model::JobId,
     store::Job,
     symbols::SiteNames,
@@ -407,6 +408,15 @@ pub fn render_live_phases(
     }
     if let Some(c) = &s.cumulative {
         whole_job(&mut out, s, c, names);
+    }
+    if let (Some(signature), Some(w)) = (&s.signature, &s.last_window) {
+        let _ = writeln!(
+            out,
+            "== the job's signature up to {} UTC: every rank's repetitions of each code region, \
+             the phases of that window",
+            utc(w.end_ns)
+        );
+        out.push_str(&render_signature(signature, names));
     }
     out
 }
@@ -860,8 +870,22 @@ mod tests {
                 "about 97 iterations × 4 ranks: {text}"
             );
         }
+        let (whole, signature) = whole
+            .split_once("== the job's signature up to 2023-11-14 22:13:22 UTC: ")
+            .expect("the signature up to the last window's end");
         let (_, whole_table) = whole.split_once('\n').unwrap();
         assert_eq!(rows(whole_table).len(), 3, "{text}");
+        // 3 phases, each run once per 10 ms iteration of the job's first 2 s.
+        let s = snapshot.signature.as_ref().unwrap();
+        assert_eq!((s.ranks, s.phases.len()), (4, 3), "{text}");
+        assert!(
+            s.phases.iter().all(|p| (190.0..=200.0).contains(&p.weight)),
+            "{text}"
+        );
+        assert!(
+            signature.contains("signature: PAET = Σ PET × W = "),
+            "{text}"
+        );
     }
 
     #[test]

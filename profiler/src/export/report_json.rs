@@ -156,6 +156,8 @@ pub struct OnlineView<'a> {
     pub tracking: Tracking<'a>,
     pub last_error: Option<&'a str>,
     pub whole_job: Option<&'a CumulativeView>,
+    /// The job's signature up to the end of the last window, with that window's phases.
+    pub signature: Option<SignatureView>,
 }
 
 impl<'a> OnlineView<'a> {
@@ -189,6 +191,7 @@ impl<'a> OnlineView<'a> {
             },
             last_error: s.last_error.as_deref(),
             whole_job: s.cumulative.as_ref(),
+            signature: s.signature.clone().map(SignatureView::from),
         }
     }
 }

@@ -25,8 +25,10 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
+use super::snapshot::live_signature;
 use super::windows::{slot_of, window_ns};
 use super::{JobPhases, OnlineError, OnlineParams, PhasesSnapshot, RankSample, WindowSample};
+use crate::analysis::signature::live::{RepetitionSums, SumsError};
 use crate::model::JobId;
 
 /// Closed windows whose samples a node keeps: the last one, and two before it for a node that
@@ -93,6 +95,7 @@ impl NodeSamples {
             Arc::new(WindowSample {
                 dropped: window.dropped + left_out,
                 bursts,
+                repetitions: window.repetitions.clone(),
                 ..**window
             })
         };
@@ -151,6 +154,8 @@ pub enum MergeError {
         first: String,
         other: String,
     },
+    #[error("{0}; give every node's daemon the same [analysis] settings")]
+    Repetitions(#[from] SumsError),
     #[error(transparent)]
     Online(#[from] OnlineError),
 }
@@ -264,12 +269,21 @@ pub fn merge_nodes(job: &JobId, nodes: &[NodeSamples]) -> Result<MergedPhases, M
     }
     let mut snapshot = phases.snapshot();
     snapshot.cumulative = None;
-    // The window totals are the nodes', not the re-pushed samples'.
+    // The window totals and the repetitions are the nodes', not the re-pushed samples'.
+    snapshot.signature = None;
     if let Some(last) = snapshot.last_window.as_mut() {
         if let Some(samples) = by_window.get(&last.window) {
             last.bursts_seen = samples.iter().map(|s| s.seen).sum();
             last.time_seen_ns = samples.iter().map(|s| s.seen_time_ns).sum();
             last.bursts_dropped = last.bursts_seen.saturating_sub(last.bursts_analysed);
+            let mut repetitions = RepetitionSums {
+                cut_ns: (last.window + 1).saturating_mul(phases.window_ns),
+                ..RepetitionSums::default()
+            };
+            for sample in samples {
+                repetitions.add(&sample.repetitions)?;
+            }
+            snapshot.signature = live_signature(last, &repetitions);
         }
     }
     Ok(MergedPhases {
@@ -372,6 +386,30 @@ mod tests {
         (last.window, shares, last.spmd_score)
     }
 
+    /// The last windows of `merged` and `one` are the same window with the same phases, their
+    /// time shares and scores equal but for the precision of the wire (four significant digits).
+    fn assert_same_last_window(merged: &PhasesSnapshot, one: &PhasesSnapshot, what: &str) {
+        let (window, phases, score) = last_window(merged);
+        let (expected_window, expected, expected_score) = last_window(one);
+        assert_eq!(window, expected_window, "{what}");
+        assert_eq!(
+            phases.len(),
+            expected.len(),
+            "{what}: {phases:?} vs {expected:?}"
+        );
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-4;
+        for (got, want) in phases.iter().zip(&expected) {
+            assert!(
+                close(got.0, want.0) && close(got.1, want.1),
+                "{what}: {phases:?} vs {expected:?}"
+            );
+        }
+        assert!(
+            close(score, expected_score),
+            "{what}: {score} vs {expected_score}"
+        );
+    }
+
     #[test]
     fn the_nodes_samples_merge_into_what_one_daemon_seeing_all_ranks_finds() {
         for counters in [true, false] {
@@ -386,12 +424,26 @@ mod tests {
             assert_eq!(merged.windows.len(), KEPT_WINDOW_SAMPLES);
             assert!(merged.missing_ranks.is_empty());
             assert!(merged.nodes.iter().all(|n| !n.late));
-            assert_eq!(
-                last_window(&merged.snapshot),
-                last_window(&all.snapshot()),
-                "counters {counters}"
+            assert_same_last_window(
+                &merged.snapshot,
+                &all.snapshot(),
+                &format!("counters {counters}"),
             );
             assert!(merged.snapshot.cumulative.is_none());
+            // The signature: sums of every rank's repetitions, exact, over the same phases.
+            let signature = |s: &PhasesSnapshot| {
+                let s = s.signature.clone().expect("a signature");
+                let phases: Vec<_> = s
+                    .phases
+                    .iter()
+                    .map(|p| (p.key.clone(), p.weight, p.pet_ns))
+                    .collect();
+                (s.ranks, s.runtime_ns, phases)
+            };
+            let (ranks, runtime_ns, phases) = signature(&merged.snapshot);
+            assert_eq!((ranks, phases.len()), (4, E1_PHASES.len()));
+            assert!(phases.iter().all(|p| p.1 > 1.0 && p.2 > 0.0), "{phases:?}");
+            assert_eq!((ranks, runtime_ns, phases), signature(&all.snapshot()));
         }
     }
 
@@ -435,10 +487,7 @@ mod tests {
         assert_eq!(last.ranks_sampled, 32);
         assert_eq!(last.bursts_analysed, 4_096);
         assert!(last.sequences.iter().all(|s| sample.keeps(s.rank)));
-        assert_eq!(
-            last_window(&merged.snapshot),
-            last_window(&one_daemon.snapshot())
-        );
+        assert_same_last_window(&merged.snapshot, &one_daemon.snapshot(), "64 ranks");
     }
 
     #[test]

@@ -38,10 +38,12 @@
 //! * **Memory**: bursts held ≤ [`MAX_OPEN_WINDOWS`] × max_window_bursts + min_window_bursts
 //!   (windows and carry) + [`KEPT_WINDOW_SAMPLES`] × max_window_bursts (the samples of the last
 //!   closed windows, for the job-wide analysis) + max_cumulative_bursts; model points ≤ max_window_bursts; tracked ids ≤
-//!   [`TrackingParams::max_phases`]; events listed ≤ [`TrackingParams::max_events`]
+//!   [`TrackingParams::max_phases`]; events listed ≤ [`TrackingParams::max_events`]; code regions
+//!   whose repetitions are counted for the signature ≤ [`MAX_REGIONS`]
 //!   ([`JobPhases::held`] reports them).
 //!
 //! [`analyse`]: super::analyse
+//! [`MAX_REGIONS`]: crate::analysis::signature::live::MAX_REGIONS
 //! [`RunSignature`]: crate::analysis::tracking::RunSignature
 //! [`TrackingParams::max_phases`]: crate::analysis::tracking::TrackingParams::max_phases
 //! [`TrackingParams::max_events`]: crate::analysis::tracking::TrackingParams::max_events
@@ -49,7 +51,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
-use crate::analysis::tracking::Tracker;
+use crate::analysis::{signature::live::Repetitions, tracking::Tracker};
 use crate::model::Burst;
 
 pub mod keys;
@@ -106,6 +108,8 @@ pub struct JobPhases {
     last: Option<WindowView>,
     cumulative: CumulativeSample,
     cumulative_view: Option<CumulativeView>,
+    /// Every burst's repetition of its code region, for the job's signature.
+    repetitions: Repetitions,
     pending: Vec<PhaseEvent>,
     totals: Totals,
     /// Bursts accepted into a window, for the classification subsample.
@@ -119,11 +123,12 @@ impl JobPhases {
     pub fn new(ranks: u32, params: OnlineParams) -> Result<Self, OnlineError> {
         params.validate()?;
         let tracker = Tracker::new(params.tracking.clone())?;
+        let window_ns = windows::window_ns(&params);
         Ok(JobPhases {
             ranks,
             rank_sample: RankSample::new(ranks, &params),
             sampled_seen: 0,
-            window_ns: windows::window_ns(&params),
+            window_ns,
             lateness_ns: (params.lateness_s * 1e9).round() as u64,
             params,
             seen_ranks: BTreeSet::new(),
@@ -138,6 +143,7 @@ impl JobPhases {
             last: None,
             cumulative: CumulativeSample::default(),
             cumulative_view: None,
+            repetitions: Repetitions::new(window_ns),
             pending: Vec::new(),
             totals: Totals::default(),
             accepted: 0,

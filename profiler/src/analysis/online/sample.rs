@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 
 use super::OnlineParams;
 use crate::analysis::hashing::{mix, FastMap};
-use crate::analysis::tracking::StableId;
+use crate::analysis::{signature::live::RepetitionSums, tracking::StableId};
 use crate::model::Burst;
 
 /// Bursts a stratum keeps at least: fewer, and the window sample keeps a sample of the ranks
@@ -172,6 +172,9 @@ pub struct WindowSample {
     pub dropped: u64,
     /// The kept bursts, by rank and then start time.
     pub bursts: Vec<Burst>,
+    /// The repetitions of every burst of the node's ranks up to the window's end, for the job's
+    /// signature.
+    pub repetitions: RepetitionSums,
 }
 
 /// One window's contribution to the cumulative sample: bursts with the stable id their window

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{HeldSamples, JobPhases, OnlineError, PhaseKey, ProvisionalCounts};
+use crate::analysis::signature::{live::RepetitionSums, AppSignature};
 use crate::analysis::tracking::{AppIdentity, EventCounts, RunSignature, StableId, TrackingEvent};
 use crate::analysis::{
     analyse, ClusterId, ClusterStats, ClusteringReport, FeatureReport, FilterReport,
@@ -159,10 +160,25 @@ pub struct PhasesSnapshot {
     pub totals: Totals,
     pub held: Held,
     pub last_error: Option<String>,
+    /// The signature of the job up to the end of the last clustered window, its phases being
+    /// that window's ([`crate::analysis::signature::live`]); `None` before a window is clustered
+    /// or when no phase ran in it.
+    #[serde(default)]
+    pub signature: Option<AppSignature>,
     /// The samples of the last closed windows, for the job-wide analysis; served on their own
     /// (`/api/jobs/{id}/samples`), not with the phases.
     #[serde(skip)]
     pub samples: HeldSamples,
+}
+
+/// The signature of the job up to the end of `view`'s window from the repetitions cut there,
+/// the phases being the window's, by time.
+pub fn live_signature(view: &WindowView, repetitions: &RepetitionSums) -> Option<AppSignature> {
+    let mut phases: Vec<&PhaseView> = view.phases.iter().collect();
+    phases.sort_by_key(|p| p.time_rank);
+    repetitions
+        .signature(phases.iter().map(|p| (p.id, &p.stats.regions[..])))
+        .ok()
 }
 
 impl JobPhases {
@@ -206,6 +222,10 @@ impl JobPhases {
             totals: self.totals,
             held: self.held(),
             last_error: self.last_error.clone(),
+            signature: self.last.as_ref().and_then(|view| {
+                let sample = self.samples.iter().find(|s| s.window == view.window)?;
+                live_signature(view, &sample.repetitions)
+            }),
             samples: HeldSamples {
                 params: self.params.clone(),
                 samples_from: self.samples_from,

@@ -78,6 +78,9 @@ impl JobPhases {
         let run_ns: u64 = run.iter().map(|b| b.duration_ns).sum();
         self.totals.bursts_seen += run.len() as u64;
         self.totals.time_seen_ns += run_ns;
+        for burst in run {
+            self.repetitions.push(burst);
+        }
         self.see_rank(first.rank);
         if window < self.closed_before {
             self.totals.late_bursts += run.len() as u64;
@@ -154,12 +157,14 @@ impl JobPhases {
         // By rank, then start: the order bursts arrived in (drains interleave the ranks, and the
         // nodes of a job each hold some of them) does not change the clustering.
         own.sort_by_key(|b| (b.rank, b.start_ns, b.tid));
+        let repetitions = self.repetitions.close(window);
         self.keep_sample(WindowSample {
             window,
             seen: buffer.seen,
             seen_time_ns: buffer.seen_time_ns,
             dropped: buffer.dropped,
             bursts: own.clone(),
+            repetitions,
         });
         let mut bursts = std::mem::take(&mut self.carry);
         bursts.extend(own);

@@ -23,26 +23,30 @@
 //!
 //! Threads: a rank's repetitions come from its thread with the most analysed bursts (the one that
 //! calls MPI); the bursts of other threads overlap that thread's time and are left out.
+//!
+//! A running job's signature, job-wide over its nodes, is counted as its bursts arrive instead
+//! ([`live`]).
 
 pub mod fit;
+pub mod live;
 pub mod predict;
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Analysis, ClusterId, NOISE};
 use crate::model::{Burst, CallSite};
 
 /// A phase's name: its dominant code region, the same in every run of the same build.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PhaseKey {
     pub start: CallSite,
     pub end: CallSite,
 }
 
 /// One phase of a run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PhaseSignature {
     pub key: PhaseKey,
     /// The clusters of the analysis that make the phase.
@@ -61,7 +65,7 @@ impl PhaseSignature {
 }
 
 /// The signature of one run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AppSignature {
     /// Ranks with a region of interest, over which the weights are means.
     pub ranks: usize,
