@@ -31,13 +31,14 @@ struct OwnClocks {
     units_per_ms: f64,
 }
 
-/// Runs `workload n=N` under the running daemon, with the given calibration or its own; returns
-/// what rank 0 measured itself.
-fn run_workload(n: u32, units_per_ms: Option<f64>, dir: &Path) -> OwnClocks {
+/// Runs `workload n=N` and `more` arguments under the running daemon, with the given
+/// calibration or its own; returns what rank 0 measured itself.
+fn run_workload(n: u32, more: &[&str], units_per_ms: Option<f64>, dir: &Path) -> OwnClocks {
     let out = dir.join(format!("workload-{n}.out"));
     let mut cmd = MPI.launcher(RANKS);
     cmd.arg(program("workload", MPI))
         .arg(format!("n={n}"))
+        .args(more)
         .args(units_per_ms.map(|u| format!("units_per_ms={u}")))
         .stdout(std::fs::File::create(&out).unwrap());
     let st = run_with_timeout(cmd, Duration::from_secs(300));
@@ -96,7 +97,7 @@ fn reported_runtime_s(recording: &Path, job: &str) -> f64 {
 fn the_signature_of_a_run_reproduces_its_run_time() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(&[]);
-    let own_region_s = run_workload(6, None, dir.path()).region_s;
+    let own_region_s = run_workload(6, &[], None, dir.path()).region_s;
     let recording = daemon.stop();
     let job = job_of(&recording, &program("workload", MPI));
     let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
@@ -131,6 +132,30 @@ fn the_signature_of_a_run_reproduces_its_run_time() {
 #[test]
 #[ignore = "needs root (BPF) and MPI: run by `cargo xtask test`"]
 fn runs_at_four_sizes_predict_a_fifth_within_five_percent() {
+    // The weights are the loop's iteration counts, exactly linear in n.
+    let prediction = predict_the_run_at_7(&[]);
+    for phase in prediction["phases"].as_array().unwrap() {
+        assert_eq!(phase["weight"]["family"], "linear", "{phase}");
+        assert!((phase["weight"]["predicted"].as_f64().unwrap() - 70.0).abs() < 1e-6);
+    }
+}
+
+#[test]
+#[ignore = "needs root (BPF) and MPI: run by `cargo xtask test`"]
+fn runs_that_stop_at_an_iteration_cap_predict_a_fifth_within_five_percent() {
+    // 10 iterations per unit of n up to 75: the runs at 8 and 10 stop at the cap, the one at 7
+    // does not.
+    let prediction = predict_the_run_at_7(&["max_iterations=75"]);
+    for phase in prediction["phases"].as_array().unwrap() {
+        assert_eq!(phase["weight"]["family"], "capped_linear", "{phase}");
+        assert!((phase["weight"]["predicted"].as_f64().unwrap() - 70.0).abs() < 1e-6);
+    }
+}
+
+/// Runs the workload with `more` arguments at n = 4, 10, 7, 6 and 8 under one daemon, predicts
+/// the run at 7 from the four others, and checks the prediction within 5 % of the run's time;
+/// returns the prediction.
+fn predict_the_run_at_7(more: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let kept: PathBuf = dir.path().join("runs.jsonl");
     let daemon = Daemon::start(&[]);
@@ -138,13 +163,13 @@ fn runs_at_four_sizes_predict_a_fifth_within_five_percent() {
     // weighs on both sides. Every run does the same work per unit of n: the first run's
     // calibration is passed on.
     let sizes = [4, 10, 7, 6, 8];
-    let first = run_workload(sizes[0], None, dir.path());
+    let first = run_workload(sizes[0], more, None, dir.path());
     let calibration = Some(first.units_per_ms);
     let mut own = vec![first];
     own.extend(
         sizes[1..]
             .iter()
-            .map(|&n| run_workload(n, calibration, dir.path())),
+            .map(|&n| run_workload(n, more, calibration, dir.path())),
     );
     let recording = daemon.stop_keeping(Some(&kept));
     let mut jobs = jobs_of(&recording, &program("workload", MPI));
@@ -177,9 +202,5 @@ fn runs_at_four_sizes_predict_a_fifth_within_five_percent() {
         "predicted {predicted} s, the run at 7 took {measured} s, {at_fitted_speed} s at the \
          fitted runs' CPU speed"
     );
-    // The weights are the loop's iteration counts, exactly linear in n.
-    for phase in prediction["phases"].as_array().unwrap() {
-        assert_eq!(phase["weight"]["family"], "linear", "{phase}");
-        assert!((phase["weight"]["predicted"].as_f64().unwrap() - 70.0).abs() < 1e-6);
-    }
+    prediction
 }

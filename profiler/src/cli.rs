@@ -60,9 +60,9 @@ pub enum Command {
     ///
     /// Each recording's phases, with how often each repeats (W) and what one repetition costs
     /// (PET), make its signature; per phase, W and PET are fitted as functions of the workload
-    /// (constant, log, linear, n log n, quadratic or cubic, chosen by how well each predicts a
-    /// measured run it was not fitted to), and the prediction is Σ PET × W plus the time no phase
-    /// covers. The run time is the one `mpiburst report` shows: MPI_Init's return to
+    /// (constant, log, linear, n log n, a line up to a cap, quadratic or cubic, chosen by how well
+    /// each predicts a measured run it was not fitted to), and the prediction is Σ PET × W plus
+    /// the time no phase covers. The run time is the one `mpiburst report` shows: MPI_Init's return to
     /// MPI_Finalize's entry of the slowest rank.
     Predict(PredictArgs),
     /// Serve one job-wide view of the jobs whose ranks run on many nodes: the daemons' API

@@ -1,10 +1,12 @@
 /*
  * workload: an application whose run time follows its workload value n, for the signature and
  * run-time prediction tests. Its loop runs iters_per_n * n iterations of two phases: a linear
- * one of n * linear_ms milliseconds of one core, and a quadratic one of n² * quadratic_ms.
+ * one of n * linear_ms milliseconds of one core, and a quadratic one of n² * quadratic_ms. With
+ * max_iterations=M it stops after M iterations if that comes first, as a simulation stops at its
+ * end time or at an iteration cap.
  *
- * Usage: workload n=N [iters_per_n=K] [linear_ms=A] [quadratic_ms=B] [units_per_ms=U]
- *        (defaults 10, 0.5, 0.3, calibrated)
+ * Usage: workload n=N [iters_per_n=K] [max_iterations=M] [linear_ms=A] [quadratic_ms=B]
+ *        [units_per_ms=U] (defaults 10, no cap, 0.5, 0.3, calibrated)
  *
  * Work is a fixed amount of arithmetic, calibrated on rank 0 and broadcast; runs that are to do
  * the same work per unit of n pass one calibration as units_per_ms. Rank 0 prints its own region
@@ -43,6 +45,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 
     double n = 0, iters_per_n = 10, linear_ms = 0.5, quadratic_ms = 0.3, units_per_ms = 0;
+    int max_iterations = 0;
     for (int a = 1; a < argc; a++) {
         const char *v = strchr(argv[a], '=');
         if (!v) {
@@ -54,6 +57,8 @@ int main(int argc, char **argv)
             n = atof(v);
         else if (!strncmp(argv[a], "iters_per_n=", 12))
             iters_per_n = atof(v);
+        else if (!strncmp(argv[a], "max_iterations=", 15))
+            max_iterations = atoi(v);
         else if (!strncmp(argv[a], "linear_ms=", 10))
             linear_ms = atof(v);
         else if (!strncmp(argv[a], "quadratic_ms=", 13))
@@ -73,6 +78,8 @@ int main(int argc, char **argv)
     double per_ms = rank != 0 ? 0 : units_per_ms > 0 ? units_per_ms : work_units_per_ms();
     end_quadratic(&per_ms);
     int iterations = (int)(iters_per_n * n + 0.5);
+    if (max_iterations > 0 && iterations > max_iterations)
+        iterations = max_iterations;
     double token = 1;
     long long work_cpu_ns = 0;
     long linear_units = (long)(n * linear_ms * per_ms);

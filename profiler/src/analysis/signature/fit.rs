@@ -5,7 +5,12 @@
 //!
 //! * **Families**: constant, log n, n, n log n, n², n³, each with a constant term. Exponential and
 //!   factorial growth are left out: with a handful of measured points they cannot be told apart
-//!   from a polynomial, and they extrapolate wildly.
+//!   from a polynomial, and they extrapolate wildly. One more family is for repetition counts
+//!   that a run stops short of, as codes that stop at a simulated end time or at an iteration
+//!   cap, whichever comes first: a line up to a cap, min(a + b·n, cap). Its cap is the value the
+//!   runs of the largest workloads share (iteration counts are exact, so they share it exactly)
+//!   and its line is fitted to the runs below the cap; it needs two runs below and one at the
+//!   cap.
 //! * **Fit**: least squares over the points, which is the exact interpolation when there are as
 //!   many points as coefficients (the thesis's two-point line and three-point parabola).
 //! * **Choice** ([`select`]): each family with fewer coefficients than points is fitted without
@@ -30,17 +35,20 @@ pub enum Family {
     Log,
     Linear,
     NLogN,
+    /// min(a + b·x, cap).
+    CappedLinear,
     Quadratic,
     Cubic,
 }
 
 impl Family {
     /// In the order the choice prefers them: fewer coefficients first.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Family::Constant,
         Family::Log,
         Family::Linear,
         Family::NLogN,
+        Family::CappedLinear,
         Family::Quadratic,
         Family::Cubic,
     ];
@@ -49,17 +57,18 @@ impl Family {
         match self {
             Family::Constant => 1,
             Family::Log | Family::Linear | Family::NLogN => 2,
-            Family::Quadratic => 3,
+            Family::CappedLinear | Family::Quadratic => 3,
             Family::Cubic => 4,
         }
     }
 
-    /// The basis functions at x: the fitted value is Σ coefficient_j · basis_j(x).
+    /// The basis functions at x: the fitted value is Σ coefficient_j · basis_j(x), but for the
+    /// capped line, whose first two are its line's.
     fn basis(self, x: f64) -> Vec<f64> {
         match self {
             Family::Constant => vec![1.0],
             Family::Log => vec![1.0, x.ln()],
-            Family::Linear => vec![1.0, x],
+            Family::Linear | Family::CappedLinear => vec![1.0, x],
             Family::NLogN => vec![1.0, x * x.ln()],
             Family::Quadratic => vec![1.0, x, x * x],
             Family::Cubic => vec![1.0, x, x * x, x * x * x],
@@ -78,6 +87,10 @@ impl Family {
             Family::Log => vec![fmt(c[0]), format!("{}·ln x", fmt(c[1]))],
             Family::Linear => vec![fmt(c[0]), format!("{}·x", fmt(c[1]))],
             Family::NLogN => vec![fmt(c[0]), format!("{}·x ln x", fmt(c[1]))],
+            Family::CappedLinear => {
+                let line = format!("{} + {}·x", fmt(c[0]), fmt(c[1])).replace("+ -", "- ");
+                return format!("min({line}, {})", fmt(c[2]));
+            }
             Family::Quadratic => vec![
                 fmt(c[0]),
                 format!("{}·x", fmt(c[1])),
@@ -113,19 +126,65 @@ pub struct Fit {
 
 impl Fit {
     pub fn eval(&self, x: f64) -> f64 {
-        self.family
+        let value = self
+            .family
             .basis(x)
             .iter()
             .zip(&self.coefficients)
             .map(|(b, c)| b * c)
-            .sum()
+            .sum();
+        match self.family {
+            Family::CappedLinear => f64::min(value, self.coefficients[2]),
+            _ => value,
+        }
     }
 }
 
+/// Measured points: (workload, value).
+type Points = [(f64, f64)];
+
+/// The points below the cap and those at it (the largest workloads' points that share the last
+/// value, to one part in 10⁹), of points sorted by workload.
+fn split_at_cap(sorted: &Points) -> (&Points, &Points) {
+    let Some(&(_, cap)) = sorted.last() else {
+        return (sorted, &[]);
+    };
+    let at_cap = sorted
+        .iter()
+        .rev()
+        .take_while(|&&(_, y)| (y - cap).abs() <= 1e-9 * cap.abs())
+        .count();
+    sorted.split_at(sorted.len() - at_cap)
+}
+
+/// The capped line through `points`: the cap is the value of the largest workloads' points, the
+/// line the least-squares one through the others, which must be two or more and below the cap.
+/// `None` when the points are not of that shape.
+fn capped_line(points: &[(f64, f64)]) -> Option<Vec<f64>> {
+    let mut sorted = points.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (below, at_cap) = split_at_cap(&sorted);
+    let cap = at_cap.first()?.1;
+    if below.len() < 2 {
+        return None;
+    }
+    let line = least_squares(Family::Linear, below)?;
+    // The line reaches the cap after the last point below it, rising.
+    let last_below = below[below.len() - 1].0;
+    if line[1] <= 0.0 || line[0] + line[1] * last_below > cap {
+        return None;
+    }
+    Some(vec![line[0], line[1], cap])
+}
+
 /// Least-squares coefficients of `family` through `points` (x, y); `None` when there are fewer
-/// points than coefficients, the family is undefined at a point, or the points do not determine
-/// the coefficients (repeated x values).
+/// points than coefficients, the family is undefined at a point, the points do not determine
+/// the coefficients (repeated x values), or they are not of a capped line's shape (see the
+/// module docs).
 pub fn least_squares(family: Family, points: &[(f64, f64)]) -> Option<Vec<f64>> {
+    if family == Family::CappedLinear {
+        return capped_line(points);
+    }
     let k = family.coefficients();
     if points.len() < k || points.iter().any(|&(x, _)| !family.defined_at(x)) {
         return None;
@@ -208,9 +267,16 @@ fn validation_error(
             .filter(|&(i, _)| i != held)
             .map(|(_, &p)| p)
             .collect();
+        let coefficients = match least_squares(family, &rest) {
+            Some(c) => c,
+            // Without a point below the cap, the rest has too few to draw the line: the other
+            // held-out points check it.
+            None if family == Family::CappedLinear => continue,
+            None => return None,
+        };
         let fit = Fit {
             family,
-            coefficients: least_squares(family, &rest)?,
+            coefficients,
             validation_error: None,
             above_tolerance: false,
         };
@@ -249,8 +315,11 @@ pub fn select_relative_to(points: &[(f64, f64, f64)], tolerance: f64) -> Option<
     if points.iter().all(|&(_, y)| y == first) {
         return fitted(Family::Constant, None, false);
     }
+    // A cap is a value two runs or more share exactly: one run's value is no cap.
+    let capped = split_at_cap(&points).1.len() >= 2;
     let checked: Vec<(Family, f64)> = Family::ALL
         .iter()
+        .filter(|&&f| f != Family::CappedLinear || capped)
         .filter_map(|&f| validation_error(f, &points, &reference).map(|e| (f, e)))
         .collect();
     let best_within = checked
@@ -351,6 +420,40 @@ mod tests {
         assert_eq!(fit.family, Family::Quadratic);
         assert!(close(fit.eval(7.0), 49.0, 0.02));
         assert!(!fit.above_tolerance);
+    }
+
+    #[test]
+    fn repetitions_that_stop_at_a_cap_are_a_capped_line() {
+        // 10 iterations per unit of n, at most 75: the runs at 8 and 10 stop at the cap.
+        let law = |x: f64| f64::min(10.0 * x, 75.0);
+        let points: Vec<(f64, f64)> = [4.0, 6.0, 8.0, 10.0].map(|x| (x, law(x))).into();
+        let fit = select(&points, DEFAULT_TOLERANCE).unwrap();
+        assert_eq!(fit.family, Family::CappedLinear, "{fit:?}");
+        assert!(!fit.above_tolerance);
+        for x in [5.0, 7.0, 7.5, 9.0, 12.0] {
+            assert!(close(fit.eval(x), law(x), 1e-9), "at {x}: {}", fit.eval(x));
+        }
+        assert_eq!(
+            Family::CappedLinear.formula(&[1.0, -2.0, 75.0]),
+            "min(1.0000e0 - 2.0000e0·x, 7.5000e1)"
+        );
+        // Without a cap the same family is not chosen: a line is a line, and one run's value is
+        // no cap.
+        let line: Vec<(f64, f64)> = [4.0, 6.0, 8.0, 10.0].map(|x| (x, 10.0 * x)).into();
+        assert_eq!(
+            select(&line, DEFAULT_TOLERANCE).unwrap().family,
+            Family::Linear
+        );
+        let quadratic: Vec<(f64, f64)> = [4.0, 6.0, 8.0, 10.0].map(|x| (x, x * x)).into();
+        assert_eq!(
+            select(&quadratic, DEFAULT_TOLERANCE).unwrap().family,
+            Family::Quadratic
+        );
+        // Times that fall at the largest workloads are no cap: the line must rise to it.
+        assert_eq!(
+            capped_line(&[(4.0, 40.0), (6.0, 80.0), (8.0, 50.0), (10.0, 50.0)]),
+            None
+        );
     }
 
     #[test]
