@@ -322,7 +322,7 @@ fn main() {
             if matched { "3 of 3" } else { "NOT the 3" },
             last.spmd_score,
         );
-        let signature = merged.snapshot.signature.as_ref().map_or_else(
+        let signature = merged.snapshot.signature.as_ref().map(|s| &s.signature).map_or_else(
             || "none".to_string(),
             |s| {
                 let weights: Vec<String> =

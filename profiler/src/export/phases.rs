@@ -409,14 +409,14 @@ pub fn render_live_phases(
     if let Some(c) = &s.cumulative {
         whole_job(&mut out, s, c, names);
     }
-    if let (Some(signature), Some(w)) = (&s.signature, &s.last_window) {
+    if let Some(live) = &s.signature {
         let _ = writeln!(
             out,
             "== the job's signature up to {} UTC: every rank's repetitions of each code region, \
-             the phases of that window",
-            utc(w.end_ns)
+             the phases of the last clustered window",
+            utc(live.up_to_ns)
         );
-        out.push_str(&render_signature(signature, names));
+        out.push_str(&render_signature(&live.signature, names));
     }
     out
 }
@@ -876,7 +876,7 @@ mod tests {
         let (_, whole_table) = whole.split_once('\n').unwrap();
         assert_eq!(rows(whole_table).len(), 3, "{text}");
         // 3 phases, each run once per 10 ms iteration of the job's first 2 s.
-        let s = snapshot.signature.as_ref().unwrap();
+        let s = &snapshot.signature.as_ref().unwrap().signature;
         assert_eq!((s.ranks, s.phases.len()), (4, 3), "{text}");
         assert!(
             s.phases.iter().all(|p| (190.0..=200.0).contains(&p.weight)),

@@ -26,6 +26,7 @@ use crate::{
     analysis::{
         groups::RankGroupsView,
         online::{PhaseKey, PhaseView, PhasesSnapshot, WindowView},
+        signature::AppSignature,
         tracking::StableId,
         ClusterStats,
     },
@@ -766,6 +767,55 @@ fn phase_families(
         top.iter().filter_map(|(l, c)| Some((l.clone(), c.ipc?))),
     );
     phase_key_families(f, &labelled);
+    signature_families(f, &labelled);
+}
+
+/// The job's signature here up to the end of the last clustered window, as sums over this node's
+/// ranks that add up exactly across nodes: the recording rules turn them into each phase's W
+/// (repetitions per rank) and PET and the job's PAET. Phases are keyed by `phase_key`, the key of
+/// the first phase of their dominant region ([`PhaseKey::of_region`]).
+fn signature_families(f: &mut Families, labelled: &[(Labels, &PhasesSnapshot)]) {
+    let signatures: Vec<(&Labels, &AppSignature)> = labelled
+        .iter()
+        .filter_map(|(l, p)| Some((l, &p.signature.as_ref()?.signature)))
+        .collect();
+    f.gauge(
+        "mpiburst_job_signature_ranks",
+        "Ranks here with a CPU burst before the end of the last clustered window: what the signature's repetitions per rank divide by.",
+        signatures.iter().map(|(l, s)| ((*l).clone(), s.ranks as f64)),
+    );
+    f.gauge(
+        "mpiburst_job_signature_runtime_seconds",
+        "Longest time here from a rank's first CPU burst to MPI_Finalize or the end of the last clustered window.",
+        signatures.iter().map(|(l, s)| ((*l).clone(), secs(s.runtime_ns))),
+    );
+    // (labels, repetitions, their seconds), summed over the ranks here: W and W × PET are means
+    // over them.
+    let phases: Vec<(Labels, f64, f64)> = signatures
+        .iter()
+        .flat_map(|&(l, s)| {
+            let ranks = s.ranks as f64;
+            s.phases.iter().map(move |p| {
+                let key = PhaseKey::of_region(&p.key.start, &p.key.end);
+                let repetitions = (p.weight * ranks).round();
+                (
+                    with(l, "phase_key", key),
+                    repetitions,
+                    p.time_ns() * ranks / 1e9,
+                )
+            })
+        })
+        .collect();
+    f.gauge(
+        "mpiburst_phase_key_repetitions",
+        "Repetitions of the phase (a CPU burst of it and the MPI time until the next) by the ranks here, from the job's start to the end of the last clustered window.",
+        phases.iter().map(|(l, n, _)| (l.clone(), *n)),
+    );
+    f.gauge(
+        "mpiburst_phase_key_repetition_seconds",
+        "Time of those repetitions, summed over the ranks here.",
+        phases.iter().map(|(l, _, s)| (l.clone(), *s)),
+    );
 }
 
 /// Per-phase sums of the last closed window of each job, keyed by phase key (the same phase's
@@ -1424,6 +1474,31 @@ mod tests {
         );
         assert!(text.lines().any(|l| l == window_seconds), "{text}");
         assert!(seconds.values().sum::<f64>() <= secs(window.time_seen_ns));
+
+        // The signature up to the window's end: each phase's repetitions by the 4 ranks, under
+        // the key of its dominant region, which is the key of the window's phase of it.
+        let repetitions = values("mpiburst_phase_key_repetitions");
+        assert_eq!(
+            repetitions.keys().collect::<Vec<_>>(),
+            expected.keys().collect::<Vec<_>>(),
+            "{text}"
+        );
+        // 10 ms iterations over the job's first 2 s, on 4 ranks.
+        assert!(
+            repetitions.values().all(|&n| (760.0..=800.0).contains(&n)),
+            "{repetitions:?}"
+        );
+        let repetition_seconds: f64 = values("mpiburst_phase_key_repetition_seconds")
+            .values()
+            .sum();
+        assert!(
+            (7.5..=8.0).contains(&repetition_seconds),
+            "4 ranks × 2 s: {repetition_seconds}"
+        );
+        assert!(text.contains("mpiburst_job_signature_ranks{mpi_job=\"pmix:5\",node=\"n1\"} 4\n"));
+        assert!(text.contains(
+            "mpiburst_job_signature_runtime_seconds{mpi_job=\"pmix:5\",node=\"n1\"} 2\n"
+        ));
     }
 
     #[test]

@@ -156,8 +156,18 @@ pub struct OnlineView<'a> {
     pub tracking: Tracking<'a>,
     pub last_error: Option<&'a str>,
     pub whole_job: Option<&'a CumulativeView>,
-    /// The job's signature up to the end of the last window, with that window's phases.
-    pub signature: Option<SignatureView>,
+    /// The job's signature up to the end of the last closed window, with the last clustering's
+    /// phases.
+    pub signature: Option<LiveSignatureView>,
+}
+
+/// A running job's signature, with the instant it is of.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveSignatureView {
+    /// Unix ns: the end of the window whose repetitions it counts.
+    pub up_to_ns: u64,
+    #[serde(flatten)]
+    pub signature: SignatureView,
 }
 
 impl<'a> OnlineView<'a> {
@@ -191,7 +201,10 @@ impl<'a> OnlineView<'a> {
             },
             last_error: s.last_error.as_deref(),
             whole_job: s.cumulative.as_ref(),
-            signature: s.signature.clone().map(SignatureView::from),
+            signature: s.signature.as_ref().map(|live| LiveSignatureView {
+                up_to_ns: live.up_to_ns,
+                signature: live.signature.clone().into(),
+            }),
         }
     }
 }

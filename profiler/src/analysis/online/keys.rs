@@ -85,6 +85,17 @@ impl TryFrom<String> for PhaseKey {
     }
 }
 
+impl PhaseKey {
+    /// The key of the first phase whose dominant region is (`start`, `end`): the name a phase of
+    /// the job's signature, which joins the phases of one region, has in the metrics.
+    pub fn of_region(start: &CallSite, end: &CallSite) -> PhaseKey {
+        PhaseKey {
+            region: region_hash(start, end),
+            part: 0,
+        }
+    }
+}
+
 /// A fixed hash of a call site pair: the same in every process and on every node (unlike std's
 /// randomly seeded hasher). FNV-1a over the module names' bytes and the offsets, with
 /// splitmix64's mixing at the end so that neighbouring offsets give unrelated keys.

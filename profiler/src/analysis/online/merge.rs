@@ -432,7 +432,7 @@ mod tests {
             assert!(merged.snapshot.cumulative.is_none());
             // The signature: sums of every rank's repetitions, exact, over the same phases.
             let signature = |s: &PhasesSnapshot| {
-                let s = s.signature.clone().expect("a signature");
+                let s = s.signature.clone().expect("a signature").signature;
                 let phases: Vec<_> = s
                     .phases
                     .iter()

@@ -75,8 +75,8 @@ pub use recluster::{PhaseEvent, ReclusterReason};
 use sample::{CumulativeSample, WindowBuffer};
 pub use sample::{RankSample, WindowSample, MIN_STRATUM_BURSTS};
 pub use snapshot::{
-    CumulativeCluster, CumulativeView, Held, OpenWindow, PhaseShare, PhaseView, PhasesSnapshot,
-    RankSequence, Totals, WindowView,
+    CumulativeCluster, CumulativeView, Held, LiveSignature, OpenWindow, PhaseShare, PhaseView,
+    PhasesSnapshot, RankSequence, Totals, WindowView,
 };
 pub use windows::MAX_OPEN_WINDOWS;
 pub use wire::{WireError, SAMPLES_FORMAT};

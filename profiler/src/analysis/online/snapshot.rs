@@ -160,25 +160,38 @@ pub struct PhasesSnapshot {
     pub totals: Totals,
     pub held: Held,
     pub last_error: Option<String>,
-    /// The signature of the job up to the end of the last clustered window, its phases being
-    /// that window's ([`crate::analysis::signature::live`]); `None` before a window is clustered
-    /// or when no phase ran in it.
+    /// The signature of the job up to the end of the window of the last clustering, its phases
+    /// those of that clustering ([`crate::analysis::signature::live`]); `None` before a window is
+    /// clustered or when no phase ran in it.
     #[serde(default)]
-    pub signature: Option<AppSignature>,
+    pub signature: Option<LiveSignature>,
     /// The samples of the last closed windows, for the job-wide analysis; served on their own
     /// (`/api/jobs/{id}/samples`), not with the phases.
     #[serde(skip)]
     pub samples: HeldSamples,
 }
 
-/// The signature of the job up to the end of `view`'s window from the repetitions cut there,
-/// the phases being the window's, by time.
-pub fn live_signature(view: &WindowView, repetitions: &RepetitionSums) -> Option<AppSignature> {
+/// A running job's signature and the instant it is of.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LiveSignature {
+    /// Unix ns: the end of the window whose repetitions it counts.
+    pub up_to_ns: u64,
+    #[serde(flatten)]
+    pub signature: AppSignature,
+}
+
+/// The signature of the job from the repetitions cut at a window's end, the phases being those
+/// of `view`, by time.
+pub fn live_signature(view: &WindowView, repetitions: &RepetitionSums) -> Option<LiveSignature> {
     let mut phases: Vec<&PhaseView> = view.phases.iter().collect();
     phases.sort_by_key(|p| p.time_rank);
-    repetitions
+    let signature = repetitions
         .signature(phases.iter().map(|p| (p.id, &p.stats.regions[..])))
-        .ok()
+        .ok()?;
+    Some(LiveSignature {
+        up_to_ns: repetitions.cut_ns,
+        signature,
+    })
 }
 
 impl JobPhases {
@@ -222,8 +235,15 @@ impl JobPhases {
             totals: self.totals,
             held: self.held(),
             last_error: self.last_error.clone(),
+            // The repetitions up to the end of the last clustering's window, or of the last
+            // closed window before it when it was clustered early, while open: the aggregator
+            // cuts at the window of its last clustering too.
             signature: self.last.as_ref().and_then(|view| {
-                let sample = self.samples.iter().find(|s| s.window == view.window)?;
+                let sample = self
+                    .samples
+                    .iter()
+                    .rev()
+                    .find(|s| s.window <= view.window)?;
                 live_signature(view, &sample.repetitions)
             }),
             samples: HeldSamples {
