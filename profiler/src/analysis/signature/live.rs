@@ -164,13 +164,22 @@ impl RepetitionSums {
 
 /// Index of a region in [`Repetitions::regions`]; [`UNLISTED`] past [`MAX_REGIONS`].
 type RegionId = u32;
-const UNLISTED: RegionId = RegionId::MAX;
+const UNLISTED: RegionId = MAX_REGIONS as RegionId;
 
 /// Count and time of one region's repetitions.
 #[derive(Clone, Copy, Debug, Default)]
 struct Sums {
     count: u64,
     time_ns: u64,
+}
+
+/// The sums of `region` among sums by region id: every burst finds its own by index.
+fn slot(sums: &mut Vec<Sums>, region: RegionId) -> &mut Sums {
+    let index = region as usize;
+    if sums.len() <= index {
+        sums.resize(index + 1, Sums::default());
+    }
+    &mut sums[index]
 }
 
 /// What is known of one rank's thread.
@@ -195,9 +204,9 @@ pub struct Repetitions {
     index: FastMap<(CallSite, CallSite), RegionId>,
     ranks: BTreeMap<u32, RankThread>,
     /// Counts and time of windows not cut yet, by window.
-    open: BTreeMap<u64, HashMap<RegionId, Sums>>,
+    open: BTreeMap<u64, Vec<Sums>>,
     /// Up to the last cut.
-    cut: HashMap<RegionId, Sums>,
+    cut: Vec<Sums>,
     /// The last cut's window (its end is the cut).
     cut_window: Option<u64>,
 }
@@ -210,7 +219,7 @@ impl Repetitions {
             index: FastMap::default(),
             ranks: BTreeMap::new(),
             open: BTreeMap::new(),
-            cut: HashMap::new(),
+            cut: Vec::new(),
             cut_window: None,
         }
     }
@@ -236,7 +245,7 @@ impl Repetitions {
         } else {
             self.open.entry(window).or_default()
         };
-        sums.entry(region).or_default()
+        slot(sums, region)
     }
 
     /// Adds the time [from, to) of a repetition of `region`, split at window ends.
@@ -304,8 +313,8 @@ impl Repetitions {
         }
         let later = self.open.split_off(&(window + 1));
         for (_, sums) in std::mem::replace(&mut self.open, later) {
-            for (region, s) in sums {
-                let total = self.cut.entry(region).or_default();
+            for (region, s) in sums.into_iter().enumerate() {
+                let total = slot(&mut self.cut, region as RegionId);
                 total.count += s.count;
                 total.time_ns += s.time_ns;
             }
@@ -319,9 +328,10 @@ impl Repetitions {
         let mut regions: Vec<RegionRepetitions> = self
             .cut
             .iter()
-            .filter(|(&id, s)| id != UNLISTED && s.count > 0)
-            .map(|(&id, s)| {
-                let (start, end) = self.regions[id as usize].clone();
+            .enumerate()
+            .filter(|&(id, s)| id != UNLISTED as usize && s.count > 0)
+            .map(|(id, s)| {
+                let (start, end) = self.regions[id].clone();
                 RegionRepetitions {
                     start,
                     end,
