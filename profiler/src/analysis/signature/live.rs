@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::{AppSignature, PhaseKey, PhaseSignature, SignatureError};
+use super::{assemble, AppSignature, PhaseKey, PhaseRepetitions, SignatureError};
 use crate::analysis::{hashing::FastMap, stats::RegionCount, ClusterId};
 use crate::model::{Burst, CallSite, FINALIZE_FUNCTION};
 
@@ -105,25 +105,18 @@ impl RepetitionSums {
         if self.ranks == 0 || self.runtime_ns == 0 {
             return Err(SignatureError::NoRegion);
         }
-        let mut phase_of: HashMap<(&CallSite, &CallSite), (&PhaseKey, ClusterId)> = HashMap::new();
         let keys: Vec<(ClusterId, PhaseKey, &[RegionCount])> = phases
             .into_iter()
-            .filter_map(|(id, regions)| {
-                let dominant = regions.first()?;
-                let key = PhaseKey {
-                    start: dominant.start.clone(),
-                    end: dominant.end.clone(),
-                };
-                Some((id, key, regions))
-            })
+            .filter_map(|(id, regions)| Some((id, PhaseKey::dominant(regions)?, regions)))
             .collect();
+        let mut phase_of: HashMap<(&CallSite, &CallSite), (&PhaseKey, ClusterId)> = HashMap::new();
         for (id, key, regions) in &keys {
             for r in regions.iter() {
                 phase_of.entry((&r.start, &r.end)).or_insert((key, *id));
             }
         }
-        let mut repetitions: BTreeMap<&PhaseKey, (Vec<ClusterId>, u64, u64)> = BTreeMap::new();
-        for r in &self.regions {
+        let mut repetitions: PhaseRepetitions = BTreeMap::new();
+        for r in self.regions.iter().filter(|r| r.count > 0) {
             let Some(&(key, id)) = phase_of.get(&(&r.start, &r.end)) else {
                 continue;
             };
@@ -134,31 +127,7 @@ impl RepetitionSums {
             entry.1 += r.count;
             entry.2 += r.time_ns;
         }
-        let ranks = self.ranks as f64;
-        let mut phases: Vec<PhaseSignature> = repetitions
-            .into_iter()
-            .filter(|(_, (_, count, _))| *count > 0)
-            .map(|(key, (mut clusters, count, time_ns))| {
-                clusters.sort_unstable();
-                PhaseSignature {
-                    key: key.clone(),
-                    clusters,
-                    weight: count as f64 / ranks,
-                    pet_ns: time_ns as f64 / count as f64,
-                }
-            })
-            .collect();
-        if phases.is_empty() {
-            return Err(SignatureError::NoPhase);
-        }
-        phases.sort_by(|a, b| b.time_ns().total_cmp(&a.time_ns()).then(a.key.cmp(&b.key)));
-        let paet: f64 = phases.iter().map(PhaseSignature::time_ns).sum();
-        Ok(AppSignature {
-            ranks: self.ranks as usize,
-            runtime_ns: self.runtime_ns,
-            phases,
-            other_ns: self.runtime_ns as f64 - paet,
-        })
+        assemble(self.ranks as usize, self.runtime_ns, repetitions)
     }
 }
 

@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Analysis, ClusterId, NOISE};
+use super::{stats::RegionCount, Analysis, ClusterId, NOISE};
 use crate::model::{Burst, CallSite};
 
 /// A phase's name: its dominant code region, the same in every run of the same build.
@@ -149,7 +149,7 @@ pub fn signature(
 
     // Each repetition lasts until the next analysed burst of the thread, the last one until the
     // end of the rank's region; only what lies inside the region counts.
-    let mut repetitions: BTreeMap<&PhaseKey, (Vec<ClusterId>, u64, u64)> = BTreeMap::new();
+    let mut repetitions: PhaseRepetitions = BTreeMap::new();
     for (rank, mut seq) in main {
         seq.sort_unstable_by_key(|&(at, label, _)| (at, label));
         let (start, end) = regions[&rank];
@@ -167,10 +167,23 @@ pub fn signature(
             entry.2 += next.saturating_sub(from);
         }
     }
+    assemble(regions.len(), runtime_ns, repetitions)
+}
+
+/// Each phase's clusters, repetitions and their time, by phase.
+type PhaseRepetitions<'a> = BTreeMap<&'a PhaseKey, (Vec<ClusterId>, u64, u64)>;
+
+/// The signature of `ranks` ranks whose slowest ran `runtime_ns`, from each phase's repetitions
+/// summed over the ranks: W and PET per phase, by decreasing W × PET, and the time no phase
+/// covers.
+fn assemble(
+    ranks: usize,
+    runtime_ns: u64,
+    repetitions: PhaseRepetitions,
+) -> Result<AppSignature, SignatureError> {
     if repetitions.is_empty() {
         return Err(SignatureError::NoPhase);
     }
-    let ranks = regions.len();
     let mut phases: Vec<PhaseSignature> = repetitions
         .into_iter()
         .map(|(key, (mut clusters, count, time_ns))| {
@@ -199,17 +212,20 @@ fn phase_keys(analysis: &Analysis) -> HashMap<ClusterId, PhaseKey> {
         .clusters
         .iter()
         .filter(|c| c.id != NOISE)
-        .filter_map(|c| {
-            let region = c.regions.first()?;
-            Some((
-                c.id,
-                PhaseKey {
-                    start: region.start.clone(),
-                    end: region.end.clone(),
-                },
-            ))
-        })
+        .filter_map(|c| Some((c.id, PhaseKey::dominant(&c.regions)?)))
         .collect()
+}
+
+impl PhaseKey {
+    /// The phase of a cluster whose code regions are `regions`, by decreasing burst count: the
+    /// first.
+    fn dominant(regions: &[RegionCount]) -> Option<PhaseKey> {
+        let region = regions.first()?;
+        Some(PhaseKey {
+            start: region.start.clone(),
+            end: region.end.clone(),
+        })
+    }
 }
 
 #[cfg(test)]
