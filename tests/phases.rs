@@ -832,3 +832,70 @@ fn runs_with_2_and_4_ranks_are_matched_phase_for_phase() {
         assert!(p.trend.duration_mean_change.is_finite());
     }
 }
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn an_fft_code_keeps_its_three_phases_in_ten_runs_of_four_ranks_on_two_cores() {
+    // A memory-bound spectral solver (tests/mpi/fft.c: 4 MiB of grid per rank, twice a core's
+    // second-level cache) on four ranks over this machine's two cores, no PMU: ranks that share
+    // a core evict each other's data, so a computation takes longer on some ranks than on
+    // others, which splits its code region along rank lines unless the analysis keeps it one
+    // phase. Each of the three computations ends at its own call site.
+    const RUNS: usize = 10;
+    const ITERS: u64 = 30;
+    let ranks = 4u32;
+    let daemon = Daemon::start(&[]);
+    let program = program("fft", Mpi::OpenMpi);
+    for _ in 0..RUNS {
+        run_mpi(Mpi::OpenMpi, ranks, &program, &[&format!("iters={ITERS}")]);
+    }
+    let recording = daemon.stop();
+    let mut jobs = jobs_of(&recording, &program);
+    assert_eq!(jobs.len(), RUNS, "one job per run");
+    jobs.sort_by_key(|j| j.meta.first_seen_ns);
+    let mut good = 0;
+    for (run, job) in jobs.iter().enumerate() {
+        let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
+        let analysis = analyse(&bursts, ranks, &AnalysisParams::default()).unwrap();
+        let mut sites: BTreeMap<ClusterId, BTreeSet<_>> = BTreeMap::new();
+        for (burst, label) in bursts.iter().zip(&analysis.labels) {
+            if let Some(id) = label.filter(|&id| id != 0) {
+                sites.entry(id).or_default().insert(burst.end_site.clone());
+            }
+        }
+        let summary: Vec<_> = analysis
+            .clusters
+            .iter()
+            .map(|c| {
+                (
+                    c.id,
+                    c.bursts,
+                    c.time_share,
+                    c.spmd_score,
+                    sites[&c.id].len(),
+                )
+            })
+            .collect();
+        // The three computations: clusters that hold a step of (nearly) every iteration on every
+        // rank, each ending at one call site of its own.
+        let phases: Vec<_> = analysis
+            .clusters
+            .iter()
+            .filter(|c| c.bursts >= (ITERS - 2) * u64::from(ranks))
+            .collect();
+        let ends: BTreeSet<_> = phases.iter().flat_map(|c| sites[&c.id].clone()).collect();
+        let ok = analysis.clusters.len() == 3
+            && phases.len() == 3
+            && ends.len() == 3
+            && phases.iter().all(|c| sites[&c.id].len() == 1)
+            && analysis.global_score >= 0.9;
+        good += usize::from(ok);
+        eprintln!(
+            "run {run}: clusters (id, bursts, time share, SPMD, end sites) {summary:?}, SPMD score \
+             {:.3}{}",
+            analysis.global_score,
+            if ok { "" } else { ": NOT the 3 phases" }
+        );
+    }
+    assert_eq!(good, RUNS, "runs with the 3 phases and SPMD ≥ 0.9");
+}

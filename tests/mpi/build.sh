@@ -18,10 +18,10 @@ status=0
 build() { # build COMPILER SOURCE OUTPUT FLAGS...
     cc=$1 file=$2 bin=$3
     shift 3
-    if msg=$("$cc" "$@" -o "$bin" "$file" 2>&1) && [ -z "$msg" ]; then
+    if msg=$("$cc" -o "$bin" "$file" "$@" 2>&1) && [ -z "$msg" ]; then
         echo "built $bin"
     else
-        echo "FAILED: $cc $* -o $bin $file" >&2
+        echo "FAILED: $cc -o $bin $file $*" >&2
         [ -n "$msg" ] && echo "$msg" >&2
         rm -f "$bin" # never leave a binary that did not build cleanly
         status=1
@@ -32,6 +32,8 @@ for mpi in openmpi mpich; do
     for prog in counts burst_timing callsites demo call_loop imbalance imbalance_io phases io pop oncpu sweep workload distributor stencil role_switch halo solver poll_loop shared_slot escape families; do
         build "mpicc.$mpi" "$src/$prog.c" "$out/$prog.$mpi" -O2 -g -Wall
     done
+    # Needs the maths library.
+    build "mpicc.$mpi" "$src/fft.c" "$out/fft.$mpi" -O2 -g -Wall -lm
     # A shared library to preload, not a program.
     build "mpicc.$mpi" "$src/interposer.c" "$out/interposer.$mpi" -shared -fPIC -O2 -g -Wall
     build "mpicc.$mpi" "$src/interposer.c" "$out/interposer_tail.$mpi" -shared -fPIC -O2 -g -Wall -DTAIL_CALLS

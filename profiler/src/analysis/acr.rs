@@ -20,7 +20,8 @@
 //!    other. It runs unconditionally; perfect clusters never share a column with another cluster,
 //!    so it only ever touches imperfect ones.
 //! 2. Rare clusters join the frequent cluster whose place they take in the sequences
-//!    ([`super::roles::join_rare_variants`]).
+//!    ([`super::roles::join_rare_variants`]), and the clusters of one code region that are one
+//!    computation at other speeds join ([`super::roles::join_same_region`]).
 //! 3. Column-majority absorption, again after the merges.
 //!
 //! Column-majority absorption (our addition, along the fix González García (2013) proposes in
@@ -46,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use super::css::{sequence_score, RankSequences, SequenceScore};
 use super::dbscan::{dbscan, k_distances_sample};
 use super::points::{cluster_count, PointSet};
-use super::roles::{join_rare_variants, merge_region_variants};
+use super::roles::{join_rare_variants, join_same_region, merge_region_variants};
 use super::{ClusterId, NOISE};
 
 /// The top of the k-dist curve that the knee line and the largest Eps skip, as a share of the
@@ -93,6 +94,11 @@ pub struct ClusteringReport {
     /// ([`super::roles::join_rare_variants`]).
     #[serde(default)]
     pub rare_clusters_joined: usize,
+    /// Clusters that joined another cluster of their code region as the same computation run at
+    /// another speed, on other ranks in the same steps or for a stretch of time
+    /// ([`super::roles::join_same_region`]).
+    #[serde(default)]
+    pub same_region_joined: usize,
 }
 
 /// A final labelling (1 = most time, [`NOISE`] = 0), its score and how it was reached.
@@ -213,6 +219,17 @@ pub fn acr(
             *label = target;
         }
     }
+    let same_region = join_same_region(
+        points,
+        &labels,
+        sequences,
+        &score.relabelled(&labels, sequences),
+    );
+    for label in &mut labels {
+        if let Some(&host) = same_region.get(label) {
+            *label = host;
+        }
+    }
     let hosts = join_rare_variants(
         points,
         &labels,
@@ -224,6 +241,11 @@ pub fn acr(
             *label = host;
         }
     }
+    let joined: BTreeMap<ClusterId, ClusterId> = same_region
+        .iter()
+        .map(|(&guest, host)| (guest, *hosts.get(host).unwrap_or(host)))
+        .chain(hosts.iter().map(|(&guest, &host)| (guest, host)))
+        .collect();
     absorb_into_column_majority(&mut labels, &mut absorbed, sequences, &score);
     let absorbed_by_column = absorbed.iter().filter(|&&a| a).count();
     let (labels, final_id) = number_by_time(&labels, sequences.durations());
@@ -234,10 +256,11 @@ pub fn acr(
         report: ClusteringReport {
             min_points,
             steps: reports,
-            sequence_merges: sequence_merges(parts, &hosts, &final_id),
+            sequence_merges: sequence_merges(parts, &joined, &final_id),
             absorbed_by_column,
             region_variants_merged,
             rare_clusters_joined: hosts.len(),
+            same_region_joined: same_region.len(),
         },
     }
 }
@@ -381,6 +404,7 @@ pub fn single_dbscan(
             absorbed_by_column: 0,
             region_variants_merged: 0,
             rare_clusters_joined: 0,
+            same_region_joined: 0,
         },
     }
 }

@@ -1,6 +1,6 @@
 //! Clusters that play the same role in the ranks' sequences: what makes one phase out of the
-//! parts that the code regions or a perturbed iteration split off. Both run inside ACR
-//! ([`super::acr()`]).
+//! parts that the code regions, ranks that share cores or a perturbed iteration split off. All
+//! run inside ACR ([`super::acr()`]).
 //!
 //! **Region variants** ([`merge_region_variants`], after every DBSCAN step). Without a PMU each
 //! code region (start call site, end call site) is clustered on its own, because the region
@@ -44,6 +44,29 @@
 //! burst by burst; at least one neighbour must match for real. A rare computation that does
 //! not take another's place, such as a checkpoint every 20 iterations between two phases, has a
 //! context no frequent cluster has and stays a phase of its own.
+//!
+//! **One region at other speeds** ([`join_same_region`], once, at the end, before the rare
+//! variants). Ranks that share cores take turns at evicting each other's data: on 4 ranks over 2
+//! cores a memory-bound code ran a computation 1.5 times longer on two ranks for the first half
+//! of the run and on the two others now and then, or on every rank for its first 9 of 30
+//! iterations. Each code region then falls into a slow and a fast cluster that neither ranks nor
+//! columns alone separate. Two clusters of one code region (the region most of a cluster's bursts
+//! have) are one computation when
+//!
+//! 1. they share aligned columns: at least [`MIN_SHARED_COLUMNS`], and at least
+//!    1/[`SHARED_COLUMNS_PART`] of the columns of the one in fewer. An aligned column is one step
+//!    of the program; in it, some ranks ran the code at one speed and the others at another: load
+//!    imbalance within one phase; or
+//! 2. one is a stretch of time of the region's largest cluster: every rank that runs it also runs
+//!    that cluster, and on every such rank its bursts form at most [`MAX_STRETCHES`] unbroken runs
+//!    among the region's bursts: the code ran at another speed for a while on every rank.
+//!
+//! Its spread and per-rank balance then show the slowdown. Clusters of one region that take turns
+//! on every rank at once, such as a phase that alternates between two durations with the
+//! iteration parity, share no column and make many runs: they stay apart. Joining them first
+//! also gives the rare variants below the contexts of whole phases (the slow first burst of a run
+//! takes the place of a phase whose next phase had split). Only where the groups are code regions
+//! (no counters), as for rank splits.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -56,6 +79,19 @@ use super::{ClusterId, NOISE};
 /// different path every fourth iteration, stays two clusters; a hiccup in a handful of
 /// iterations out of dozens does not.
 pub const RARE_FACTOR: u64 = 8;
+
+/// A cluster of a code region whose bursts form at most this many unbroken runs among the
+/// region's bursts on every rank is a stretch of time of the region's largest cluster: one or two
+/// passing slowdowns (or speed-ups), rather than a pattern that comes back.
+pub const MAX_STRETCHES: usize = 2;
+
+/// Two clusters of one code region that share at least this many aligned columns, and at least
+/// 1/[`SHARED_COLUMNS_PART`] of the columns of the one in fewer, are one computation: in one step
+/// of the program some ranks ran it at one speed and the others at another. One shared column
+/// could be the aligner's choice around a missing burst.
+pub const MIN_SHARED_COLUMNS: usize = 2;
+/// See [`MIN_SHARED_COLUMNS`].
+pub const SHARED_COLUMNS_PART: usize = 4;
 
 /// Per-cluster facts for the merges.
 struct Summary {
@@ -330,4 +366,95 @@ fn most_common(seen: &BTreeMap<Context, u64>) -> Context {
         .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
         .map(|(&context, _)| context)
         .expect("a cluster has at least one burst")
+}
+
+/// Joins the clusters of one code region that are one computation run at other speeds: those
+/// that share aligned columns, and stretches of time of the region's largest cluster (see the
+/// module documentation). A cluster's region is the one most of its bursts have (a stretch at the
+/// start of a run also holds the first bursts, from another call site). `score` is the alignment
+/// of `labels`. Returns each joined cluster's host, the smallest id of its set.
+pub fn join_same_region(
+    points: &PointSet,
+    labels: &[ClusterId],
+    sequences: &RankSequences,
+    score: &SequenceScore,
+) -> BTreeMap<ClusterId, ClusterId> {
+    if !points.by_region() {
+        return BTreeMap::new();
+    }
+    let clusters = summaries(points, labels, sequences);
+    let mut per_region: BTreeMap<(ClusterId, u32), usize> = BTreeMap::new();
+    for (&label, &group) in labels.iter().zip(points.groups()) {
+        if label != NOISE {
+            *per_region.entry((label, group)).or_default() += 1;
+        }
+    }
+    let mut region: BTreeMap<ClusterId, (u32, usize)> = BTreeMap::new();
+    for (&(id, group), &n) in &per_region {
+        let best = region.entry(id).or_insert((group, n));
+        if n > best.1 {
+            *best = (group, n);
+        }
+    }
+    let mut sets = Sets(BTreeMap::new());
+
+    // Clusters of one region in the same aligned columns.
+    let column = columns_of_points(sequences, score);
+    let mut columns: BTreeMap<ClusterId, Vec<u32>> = BTreeMap::new();
+    for (p, &label) in labels.iter().enumerate() {
+        if label != NOISE {
+            columns.entry(label).or_default().push(column[p]);
+        }
+    }
+    for c in columns.values_mut() {
+        c.sort_unstable();
+        c.dedup();
+    }
+    let ids: Vec<ClusterId> = region.keys().copied().collect();
+    for (i, &a) in ids.iter().enumerate() {
+        for &b in &ids[i + 1..] {
+            let (ca, cb) = (&columns[&a], &columns[&b]);
+            let fewer = ca.len().min(cb.len());
+            if region[&a].0 == region[&b].0
+                && shared(ca, cb) >= MIN_SHARED_COLUMNS.max(fewer.div_ceil(SHARED_COLUMNS_PART))
+            {
+                sets.union(a, b);
+            }
+        }
+    }
+
+    // Stretches of time of the region's largest cluster (ties: the lower id).
+    let mut host_of: BTreeMap<u32, ClusterId> = BTreeMap::new();
+    for (&id, &(group, _)) in &region {
+        let host = host_of.entry(group).or_insert(id);
+        if clusters[&id].points > clusters[host].points {
+            *host = id;
+        }
+    }
+    for (&guest, &(group, _)) in &region {
+        let host = host_of[&group];
+        let ranks = |id: ClusterId| clusters[&id].ranks.iter();
+        if guest == host || ranks(guest).zip(ranks(host)).any(|(&g, &h)| g && !h) {
+            continue;
+        }
+        // The guest's unbroken runs among the region's bursts (and its own, and the host's).
+        let stretches = (0..sequences.ranks()).all(|rank| {
+            let mut runs = 0;
+            let mut previous = NOISE;
+            for &p in sequences.sequence(rank) {
+                let label = labels[p];
+                let in_region = label == guest || label == host || points.groups()[p] == group;
+                if label == NOISE || !in_region {
+                    continue;
+                }
+                runs += usize::from(label == guest && previous != guest);
+                previous = label;
+            }
+            runs <= MAX_STRETCHES
+        });
+        if stretches {
+            sets.union(guest, host);
+        }
+    }
+    sets.mapping()
 }

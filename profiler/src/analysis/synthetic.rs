@@ -1,6 +1,6 @@
 //! Deterministic synthetic burst streams of an SPMD loop, for tests, the clustering benchmark and
 //! demos without MPI: every rank runs the same phases in every iteration, with jitter, optional
-//! imbalance, parity-dependent work, outliers, iterations slowed on every rank, pipeline stages
+//! imbalance, parity-dependent work, outliers, iterations slowed on every rank or on some, pipeline stages
 //! and rare phases, separated by collective calls, plus the tiny bursts that back-to-back MPI
 //! calls produce.
 
@@ -38,6 +38,9 @@ pub struct Phase {
     /// (the same instructions at a lower IPC), as when the hypervisor preempts all of them at
     /// once, or in a slow first iteration.
     pub slowed: Vec<(u32, f64)>,
+    /// (rank, iteration, factor): that rank takes FACTOR times longer for the phase in that
+    /// iteration, as ranks do while another rank shares their core.
+    pub slowed_on: Vec<(u32, u32, f64)>,
     /// Each rank opens the phase at a call site of its own, as a pipeline stage does: in a
     /// wavefront the first rank receives nothing and the last sends nothing, so the same
     /// computation sits between different MPI calls on different ranks.
@@ -56,6 +59,7 @@ impl Phase {
             run_by: None,
             every: 1,
             slowed: Vec::new(),
+            slowed_on: Vec::new(),
             per_rank_sites: false,
         }
     }
@@ -166,7 +170,12 @@ impl SyntheticJob {
                         instructions *= random.uniform(0.2f64.ln(), 5f64.ln()).exp();
                         ipc *= random.uniform(0.5, 1.5);
                     }
-                    let cycles = instructions / ipc * slowed;
+                    let slowed_here = phase
+                        .slowed_on
+                        .iter()
+                        .find(|&&(r, it, _)| r == rank && it == iteration)
+                        .map_or(1.0, |&(.., factor)| factor);
+                    let cycles = instructions / ipc * slowed * slowed_here;
                     let duration_ns = (cycles / CLOCK_GHZ) as u64;
                     let start_ns = now + u64::from(rank) * 100;
                     let counters = self.counters.then_some(HwCounters {

@@ -369,7 +369,8 @@ fn equal_work_at_different_places_in_the_iteration_stays_two_phases() {
 fn iterations_slowed_on_every_rank_join_their_phases() {
     // A slow first iteration (3×), and two iterations in which the hypervisor slowed every rank:
     // each gives a perfectly SPMD one-column cluster at a small Eps, frozen before it could join
-    // its phase; as a rare cluster in its phase's place in the sequences it joins it.
+    // its phase. Without counters it joins the cluster of its code region as a stretch of time;
+    // with counters, as a rare cluster in its phase's place in the sequences.
     for counters in [false, true] {
         for ranks in [2u32, 4, 8] {
             let mut job = e1_job(ranks, counters);
@@ -380,11 +381,12 @@ fn iterations_slowed_on_every_rank_join_their_phases() {
             let (_, analysis) = analyse_job(&job);
             let context = format!("{ranks} ranks, counters {counters}");
             assert_perfect_phases(&analysis, &[2, 1, 0], &context);
-            assert!(
-                analysis.clustering.rare_clusters_joined > 0,
-                "{context}: {:?}",
-                analysis.clustering
-            );
+            let joined = if counters {
+                analysis.clustering.rare_clusters_joined
+            } else {
+                analysis.clustering.same_region_joined
+            };
+            assert!(joined > 0, "{context}: {:?}", analysis.clustering);
         }
     }
 }
@@ -538,7 +540,96 @@ fn a_phase_that_drifts_by_one_percent_stays_one_phase() {
     job.phases[1].slowed = (25..50).map(|iteration| (iteration, 1.01)).collect();
     let bursts = job.bursts();
     let thesis = analyse(&bursts, job.ranks, &thesis_acr()).unwrap();
-    assert_eq!(thesis.clusters.len(), 4, "{:?}", thesis.clustering);
+    // From those Eps alone the halves stay two clusters, until the second half joins the first
+    // as a stretch of time of its code region.
+    assert_perfect_phases(&thesis, &[2, 1, 0], "thesis ACR");
+    assert_eq!(
+        thesis.clustering.same_region_joined, 1,
+        "{:?}",
+        thesis.clustering
+    );
     let (_, analysis) = analyse_job(&job);
     assert_perfect_phases(&analysis, &[2, 1, 0], "one phase per computation");
+    assert_eq!(
+        analysis.clustering.same_region_joined, 0,
+        "the resolution did it"
+    );
+}
+
+#[test]
+fn a_stretch_of_slower_iterations_on_every_rank_joins_its_phases() {
+    // Every computation runs 1.5 times longer on every rank for 12 of 50 iterations, as when
+    // ranks that share cores evict each other's data for a while: at the start (the first
+    // iterations of a run), and in the middle. Too frequent to be rare, perfectly SPMD, and
+    // still one phase per computation.
+    for stretch in [0..12, 20..32] {
+        for ranks in [2u32, 4, 8] {
+            let mut job = e1_job(ranks, false);
+            for phase in &mut job.phases {
+                phase.jitter = 0.01;
+                phase.slowed = stretch.clone().map(|iteration| (iteration, 1.5)).collect();
+            }
+            let context = format!("{ranks} ranks, iterations {stretch:?} slower");
+            assert_phases_joined_within_their_regions(&job, &context);
+        }
+    }
+}
+
+/// The job's three phases come out perfectly SPMD, with clusters of one code region joined.
+fn assert_phases_joined_within_their_regions(job: &SyntheticJob, context: &str) {
+    let (_, analysis) = analyse_job(job);
+    assert_perfect_phases(&analysis, &[2, 1, 0], context);
+    assert!(
+        analysis.clustering.same_region_joined > 0,
+        "{context}: {:?}",
+        analysis.clustering
+    );
+}
+
+#[test]
+fn ranks_slowed_at_different_times_join_their_phases() {
+    // Ranks that share cores in turns, as seen on 4 ranks over 2 cores: ranks 1 and 3 run every
+    // computation 1.5 times longer for the first 15 iterations, ranks 0 and 2 for the first 5 and
+    // now and then after. Each code region falls into a slow and a fast cluster that no rank
+    // and no stretch of time separates, but that share aligned columns: one phase each.
+    for ranks in [4u32, 8] {
+        let mut job = e1_job(ranks, false);
+        let mut slowed_on = Vec::new();
+        for rank in 0..ranks {
+            let iterations: Vec<u32> = if rank % 2 == 1 {
+                (0..15).collect()
+            } else {
+                (0..5).chain([6, 9, 11, 23, 41]).collect()
+            };
+            slowed_on.extend(iterations.into_iter().map(|it| (rank, it, 1.5)));
+        }
+        for phase in &mut job.phases {
+            phase.jitter = 0.01;
+            phase.slowed_on = slowed_on.clone();
+        }
+        assert_phases_joined_within_their_regions(&job, &format!("{ranks} ranks"));
+    }
+}
+
+#[test]
+fn slower_stretches_that_come_back_often_stay_apart() {
+    // Phase 1 runs 1.5 times longer in 3 stretches of 5 iterations on every rank: a pattern of
+    // its own rather than one passing slowdown, which stays a cluster of its own.
+    let mut job = e1_job(4, false);
+    for phase in &mut job.phases {
+        phase.jitter = 0.01;
+    }
+    job.phases[1].slowed = [5..10, 20..25, 35..40]
+        .into_iter()
+        .flatten()
+        .map(|iteration| (iteration, 1.5))
+        .collect();
+    let (_, analysis) = analyse_job(&job);
+    let phase1: Vec<&ClusterStats> = analysis
+        .clusters
+        .iter()
+        .filter(|c| phases_of(c) == [1])
+        .collect();
+    assert_eq!(phase1.len(), 2, "{:?}", analysis.clustering);
+    assert_eq!(analysis.clustering.same_region_joined, 0);
 }

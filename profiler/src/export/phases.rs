@@ -150,6 +150,13 @@ fn clustering_line(c: &ClusteringReport, method: Option<&ClusteringMethod>) -> S
     if !c.sequence_merges.is_empty() {
         let _ = write!(line, "; {} sequence merge(s)", c.sequence_merges.len());
     }
+    if c.same_region_joined > 0 {
+        let _ = write!(
+            line,
+            "; {} joined their code region's phase: the same computation at another speed on other ranks or for a while",
+            counted(c.same_region_joined, "cluster")
+        );
+    }
     if c.absorbed_by_column > 0 {
         let _ = write!(
             line,
