@@ -154,11 +154,13 @@ fn runs_that_stop_at_an_iteration_cap_predict_a_fifth_within_five_percent() {
 
 /// Runs the workload with `more` arguments at n = 4, 10, 7, 6 and 8 under one daemon, predicts
 /// the run at 7 from the four others, and checks the prediction within 5 % of the run's time;
-/// returns the prediction.
+/// returns the prediction. The same prediction from the daemon's live signatures of the ended
+/// jobs, with no recording, must agree within 2 %.
 fn predict_the_run_at_7(more: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let kept: PathBuf = dir.path().join("runs.jsonl");
-    let daemon = Daemon::start(&[]);
+    // Windows of 2 s, so that the window in which each job ended closes soon after it.
+    let daemon = Daemon::with_config("[analysis]\nwindow_s = 2.0\nlateness_s = 0.5\n", &[]);
     // The run predicted in the middle, so that a change of the machine's load over the test
     // weighs on both sides. Every run does the same work per unit of n: the first run's
     // calibration is passed on.
@@ -171,6 +173,7 @@ fn predict_the_run_at_7(more: &[&str]) -> serde_json::Value {
             .iter()
             .map(|&n| run_workload(n, more, calibration, dir.path())),
     );
+    let live = predicted_live(&daemon, &sizes);
     let recording = daemon.stop_keeping(Some(&kept));
     let mut jobs = jobs_of(&recording, &program("workload", MPI));
     assert_eq!(jobs.len(), sizes.len(), "one job per run");
@@ -202,5 +205,60 @@ fn predict_the_run_at_7(more: &[&str]) -> serde_json::Value {
         "predicted {predicted} s, the run at 7 took {measured} s, {at_fitted_speed} s at the \
          fitted runs' CPU speed"
     );
+    println!("predicted from the daemon's live signatures: {live:.4} s");
+    assert!(
+        (live - predicted).abs() <= 0.02 * predicted,
+        "predicted {live} s from the live signatures, {predicted} s from the recording"
+    );
     prediction
+}
+
+/// The run at 7 predicted from the daemon's live signatures of the other runs' ended jobs (the
+/// workload's jobs in the order they started, of the sizes `sizes`), once the window in which the
+/// last one ended has closed.
+fn predicted_live(daemon: &Daemon, sizes: &[u32]) -> f64 {
+    let exe = program("workload", MPI).canonicalize().unwrap();
+    let mut jobs: Vec<serde_json::Value> = get_json(&daemon.addr, "/api/jobs")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["meta"].clone())
+        .filter(|meta| meta["executable"].as_str() == exe.to_str())
+        .collect();
+    jobs.sort_by_key(|meta| meta["first_seen_ns"].as_u64());
+    assert_eq!(jobs.len(), sizes.len(), "one job per run: {jobs:?}");
+    let ids: Vec<&str> = jobs.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    // Each job's signature covers it once the window in which it ended (2 s, plus 0.5 s of
+    // lateness) has closed; a bounded wait.
+    for id in &ids {
+        let mut seen = (None, None);
+        let covered = (0..40).any(|_| {
+            let phases = get_json(&daemon.addr, &format!("/api/jobs/{}/phases", encode(id)));
+            let job = get_json(&daemon.addr, &format!("/api/jobs/{}", encode(id)));
+            // The run ends at the last rank's MPI_Finalize entry.
+            let finalized = job["ranks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["region"]["finalize_entry_ns"].as_u64())
+                .collect::<Option<Vec<u64>>>()
+                .and_then(|ends| ends.into_iter().max());
+            seen = (finalized, phases["signature"]["up_to_ns"].as_u64());
+            let done = matches!(seen, (Some(ended), Some(up_to)) if up_to >= ended);
+            if !done {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            done
+        });
+        assert!(
+            covered,
+            "job {id}: its live signature never covered its end: (finalized, up_to_ns) {seen:?}"
+        );
+    }
+    let args: Vec<String> = [0, 1, 3, 4]
+        .map(|i| format!("http://{}#{}={}", daemon.addr, ids[i], sizes[i]))
+        .into();
+    let mut command = vec!["predict", "--at", "7", "--format", "json"];
+    command.extend(args.iter().map(String::as_str));
+    mpiburst(&command)["predicted_runtime_s"].as_f64().unwrap()
 }

@@ -179,7 +179,10 @@ pub struct PredictArgs {
     /// that holds several jobs names the one meant: run-64.jsonl#JOB=64 (or see --executable).
     /// A run recorded on several nodes is the recordings of its nodes joined by commas, merged
     /// into the job-wide run: n1-64.jsonl,n2-64.jsonl=64 or n1-64.jsonl,n2-64.jsonl#JOB=64.
-    #[arg(value_name = "RECORDING[,RECORDING…][#JOB]=X", required = true, num_args = 2.., value_parser = RunArg::parse)]
+    /// A run that no one recorded is read from the daemon, or the aggregator for a job over
+    /// several nodes, that still holds it after it ended: http://HOST:PORT#JOB=64 (its live
+    /// signature, once the window in which the job ended has closed).
+    #[arg(value_name = "RECORDING[,RECORDING…][#JOB]=X|ADDRESS#JOB=X", required = true, num_args = 2.., value_parser = RunArg::parse)]
     pub runs: Vec<RunArg>,
     /// In recordings that hold several jobs, take the one that ran this executable (its path,
     /// or its file name).
@@ -227,10 +230,21 @@ impl RecordingSet {
     }
 }
 
-/// One run of `mpiburst predict`: `RECORDING[,RECORDING…][#JOB]=X`.
+/// Where `mpiburst predict` reads one run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunSource {
+    /// The run's recordings: its bursts, clustered as `mpiburst report` does.
+    Recordings(RecordingSet),
+    /// A daemon or the aggregator that still holds the ended job: its live signature.
+    Live(DaemonClient),
+}
+
+/// One run of `mpiburst predict`: `RECORDING[,RECORDING…][#JOB]=X` or `ADDRESS#JOB=X`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunArg {
-    pub recordings: RecordingSet,
+    /// As given on the command line, without the job and the value: what the output calls it.
+    pub name: PathBuf,
+    pub source: RunSource,
     pub job: Option<String>,
     pub workload: f64,
 }
@@ -254,8 +268,25 @@ impl RunArg {
                 "expected RECORDING[,RECORDING…][#JOB]=X with a finite number X, got {arg}"
             ));
         }
+        let default_port = Config::default().daemon.listen.port();
+        let live = if Path::new(path).exists() {
+            None
+        } else {
+            DaemonClient::parse(path, default_port).map_err(|e| e.to_string())?
+        };
+        let source = match live {
+            Some(_) if job.is_none() => {
+                return Err(format!(
+                    "a daemon or an aggregator holds many jobs: name the run's as \
+                     {path}#JOB={value} (`mpiburst report {path}` lists them)"
+                ))
+            }
+            Some(client) => RunSource::Live(client),
+            None => RunSource::Recordings(RecordingSet::parse(path)?),
+        };
         Ok(RunArg {
-            recordings: RecordingSet::parse(path)?,
+            name: path.into(),
+            source,
             job,
             workload,
         })
@@ -544,9 +575,25 @@ mod tests {
         assert_eq!(set(odd.to_str().unwrap()), Ok(vec![odd.clone()]));
 
         let run = RunArg::parse("n1.jsonl,n2.jsonl#pmix:7=64").unwrap();
-        assert_eq!(run.recordings.paths.len(), 2);
-        assert_eq!(run.recordings.name, PathBuf::from("n1.jsonl,n2.jsonl"));
+        let RunSource::Recordings(recordings) = &run.source else {
+            panic!("{run:?}")
+        };
+        assert_eq!(recordings.paths.len(), 2);
+        assert_eq!(run.name, PathBuf::from("n1.jsonl,n2.jsonl"));
         assert_eq!((run.job.as_deref(), run.workload), (Some("pmix:7"), 64.0));
+
+        let run = RunArg::parse("http://127.0.0.1:9465#pmix:7=64").unwrap();
+        assert_eq!(
+            run.source,
+            RunSource::Live(
+                DaemonClient::parse("127.0.0.1:9465", 9464)
+                    .unwrap()
+                    .unwrap()
+            )
+        );
+        assert_eq!((run.job.as_deref(), run.workload), (Some("pmix:7"), 64.0));
+        let e = RunArg::parse("http://127.0.0.1:9465=64").unwrap_err();
+        assert!(e.contains("http://127.0.0.1:9465#JOB=64"), "{e}");
 
         let cli = Cli::parse_from(["mpiburst", "report", "n1.jsonl", "n2.jsonl", "--phases"]);
         let Command::Report(a) = cli.command else {

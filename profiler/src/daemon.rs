@@ -430,7 +430,15 @@ impl Daemon {
             .store
             .jobs
             .iter()
-            .map(|(id, job)| (id.clone(), job.ranks.len().max(1) as u32))
+            .map(|(id, job)| {
+                let finalized = job
+                    .ranks
+                    .values()
+                    .filter_map(|r| Some((r.rank, r.region.finalize_entry_ns?)))
+                    .collect();
+                let count = job.ranks.len().max(1) as u32;
+                (id.clone(), analysis::TickRanks { count, finalized })
+            })
             .collect();
         self.analysis
             .send(analysis::Request::Tick { now_ns: now, ranks });

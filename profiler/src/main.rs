@@ -6,11 +6,14 @@ use mpiburst::{
     aggregate::Sources,
     analysis::{
         analyse,
-        signature::{predict::predict, signature},
+        signature::{predict::predict, signature, AppSignature},
         tracking::{match_runs, AppIdentity, RunSignature, TrackingParams},
         AnalysisParams,
     },
-    cli::{Cli, Command, CompareArgs, OutputFormat, PredictArgs, ReportArgs, ReportTarget, RunArg},
+    cli::{
+        Cli, Command, CompareArgs, OutputFormat, PredictArgs, RecordingSet, ReportArgs,
+        ReportTarget, RunArg, RunSource,
+    },
     config::Config,
     daemon::Daemon,
     export::{
@@ -586,7 +589,7 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
                 )
             })?;
         signatures.push(RunSignature::from_analysis(
-            app_identity(job),
+            app_identity(&job.meta),
             job.meta.id.0.clone(),
             &analysis,
             &bursts,
@@ -614,72 +617,118 @@ fn compare_command(args: &CompareArgs) -> anyhow::Result<()> {
     Stdout::default().print(&text)
 }
 
-/// `mpiburst predict`: the signature of each recorded run, the workload model fitted to them,
-/// and the run time it predicts.
+/// `mpiburst predict`: the signature of each run (from its recordings, or live from a daemon or
+/// the aggregator), the workload model fitted to them, and the run time it predicts.
 fn predict_command(args: &PredictArgs) -> anyhow::Result<()> {
-    let mut recordings = Vec::new();
+    let mut runs: Vec<(JobMeta, AppSignature)> = Vec::new();
     for run in &args.runs {
-        recordings.push(Recording::read_all(&run.recordings.paths)?);
-    }
-    let mut jobs: Vec<&Job> = Vec::new();
-    for (run, recording) in args.runs.iter().zip(&recordings) {
-        let job = predicted_job(recording, run, args.executable.as_deref())?;
-        if let Some(first) = jobs.first() {
+        let (meta, signature) = match &run.source {
+            RunSource::Recordings(set) => recorded_run(run, set, args.executable.as_deref())?,
+            RunSource::Live(client) => live_run(run, client)?,
+        };
+        if let Some((first, _)) = runs.first() {
             anyhow::ensure!(
-                app_identity(first).same_application(&app_identity(job)),
+                app_identity(first).same_application(&app_identity(&meta)),
                 "{} is a run of {} (build-id {}), not of {} (build-id {}) like {}: a prediction \
                  needs runs of one build",
-                run.recordings.name.display(),
-                job.meta.executable,
-                job.meta.build_id.as_deref().unwrap_or("none"),
-                first.meta.executable,
-                first.meta.build_id.as_deref().unwrap_or("none"),
-                args.runs[0].recordings.name.display()
+                run.name.display(),
+                meta.executable,
+                meta.build_id.as_deref().unwrap_or("none"),
+                first.executable,
+                first.build_id.as_deref().unwrap_or("none"),
+                args.runs[0].name.display()
             );
         }
-        jobs.push(job);
-    }
-    let mut signatures = Vec::new();
-    for ((run, recording), job) in args.runs.iter().zip(&recordings).zip(&jobs) {
-        let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
-        let context = || format!("job {} in {}", job.meta.id, run.recordings.name.display());
-        let analysis = analyse(&bursts, job.node_ranks(), &AnalysisParams::default())
-            .with_context(|| format!("phase analysis of {}", context()))?;
-        let now = recording
-            .end
-            .as_ref()
-            .map(|e| e.ended_ns)
-            .unwrap_or_else(unix_now_ns);
-        let s = signature(&bursts, &analysis, &regions(job, now))
-            .with_context(|| format!("the signature of {}", context()))?;
-        signatures.push(s);
+        runs.push((meta, signature));
     }
     let points: Vec<(f64, &_)> = args
         .runs
         .iter()
-        .zip(&signatures)
-        .map(|(run, s)| (run.workload, s))
+        .zip(&runs)
+        .map(|(run, (_, s))| (run.workload, s))
         .collect();
     let prediction = predict(&points, args.at, args.tolerance, args.extrapolate)?;
-    let runs = args
+    let points = args
         .runs
         .iter()
-        .zip(&jobs)
-        .zip(&signatures)
-        .map(|((run, job), s)| RunPoint::new(&run.recordings.name, &job.meta.id.0, run.workload, s))
+        .zip(&runs)
+        .map(|(run, (meta, s))| RunPoint::new(&run.name, &meta.id.0, run.workload, s))
         .collect();
-    let metas: Vec<&JobMeta> = jobs.iter().map(|j| &j.meta).collect();
+    let metas: Vec<&JobMeta> = runs.iter().map(|(meta, _)| meta).collect();
     let keys = prediction
         .phases
         .iter()
         .flat_map(|m| [&m.key.start, &m.key.end]);
     let names = sites::names(&mut SiteResolver::new(), &metas, keys);
-    let document = PredictDocument::new(runs, &prediction, args.tolerance, &names);
+    let document = PredictDocument::new(points, &prediction, args.tolerance, &names);
     let text = match args.format {
         OutputFormat::Text => document.text(),
         OutputFormat::Json => json_text(&document)?,
     };
     Stdout::default().print(&text)
+}
+
+/// A recorded run of a prediction: its job, and the signature of its bursts.
+fn recorded_run(
+    run: &RunArg,
+    set: &RecordingSet,
+    executable: Option<&str>,
+) -> anyhow::Result<(JobMeta, AppSignature)> {
+    let recording = Recording::read_all(&set.paths)?;
+    let job = predicted_job(&recording, run, executable)?;
+    let bursts: Vec<Burst> = job.bursts.iter().cloned().collect();
+    let context = || format!("job {} in {}", job.meta.id, run.name.display());
+    let analysis = analyse(&bursts, job.node_ranks(), &AnalysisParams::default())
+        .with_context(|| format!("phase analysis of {}", context()))?;
+    let now = recording
+        .end
+        .as_ref()
+        .map(|e| e.ended_ns)
+        .unwrap_or_else(unix_now_ns);
+    let s = signature(&bursts, &analysis, &regions(job, now))
+        .with_context(|| format!("the signature of {}", context()))?;
+    Ok((job.meta.clone(), s))
+}
+
+/// A run that a daemon or the aggregator still holds: its live signature, which covers the whole
+/// run once the window in which the job ended has closed.
+fn live_run(run: &RunArg, client: &DaemonClient) -> anyhow::Result<(JobMeta, AppSignature)> {
+    let id = JobId(run.job.clone().unwrap_or_default());
+    let job = client
+        .job(&id)
+        .with_context(|| format!("job {id} on {client}"))?
+        .into_job();
+    let Some(ended_ns) = job.meta.ended_ns else {
+        anyhow::bail!(
+            "job {id} on {client} is still running: a prediction needs whole runs; pass it once \
+             it has ended"
+        );
+    };
+    // The run time ends at the last rank's MPI_Finalize entry (at its exit without one).
+    let region_end_ns = job
+        .ranks
+        .values()
+        .map(|r| r.region.finalize_entry_ns.unwrap_or(ended_ns))
+        .max()
+        .unwrap_or(ended_ns);
+    let live = client
+        .phases(&id)
+        .with_context(|| format!("the phases of job {id} on {client}"))?
+        .and_then(|snapshot| snapshot.signature);
+    match live {
+        Some(live) if live.up_to_ns >= region_end_ns => Ok((job.meta, live.signature)),
+        Some(live) => anyhow::bail!(
+            "job {id} on {client} ended at {}, but its signature covers it only up to {}: the \
+             window in which it ended has not closed yet; try again in a window's length \
+             (analysis.window_s)",
+            phases::utc(region_end_ns),
+            phases::utc(live.up_to_ns)
+        ),
+        None => anyhow::bail!(
+            "job {id} on {client} has no signature: no window of its phase analysis has closed \
+             yet; try again in a window's length (analysis.window_s)"
+        ),
+    }
 }
 
 /// The job of one run of a prediction: the one `#JOB` names, else the one that ran
@@ -689,7 +738,7 @@ fn predicted_job<'a>(
     run: &RunArg,
     executable: Option<&str>,
 ) -> anyhow::Result<&'a Job> {
-    let path = &run.recordings.name;
+    let path = &run.name;
     if run.job.is_some() || executable.is_none() {
         return pick_job(
             recording,
@@ -728,10 +777,10 @@ fn predicted_job<'a>(
     }
 }
 
-fn app_identity(job: &Job) -> AppIdentity {
+fn app_identity(meta: &JobMeta) -> AppIdentity {
     AppIdentity {
-        build_id: job.meta.build_id.clone(),
-        executable: job.meta.executable.clone(),
+        build_id: meta.build_id.clone(),
+        executable: meta.executable.clone(),
     }
 }
 

@@ -39,10 +39,10 @@ pub enum Request {
         ranks: u32,
         bursts: Vec<Burst>,
     },
-    /// The stats timer: close the windows due at `now_ns` (Unix), with each job's rank count.
+    /// The stats timer: close the windows due at `now_ns` (Unix), with each job's ranks.
     Tick {
         now_ns: u64,
-        ranks: BTreeMap<JobId, u32>,
+        ranks: BTreeMap<JobId, TickRanks>,
     },
     /// A job ended: print `report` with its phases over `bursts` (call sites named from the
     /// binaries `job` lists).
@@ -54,6 +54,13 @@ pub enum Request {
     },
     /// The job was evicted: drop its analysis.
     Forget(JobId),
+}
+
+/// A job's ranks on this node at a tick.
+pub struct TickRanks {
+    pub count: u32,
+    /// (rank, Unix ns) of each rank's MPI_Finalize entry, for those that entered it.
+    pub finalized: Vec<(u32, u64)>,
 }
 
 impl Request {
@@ -208,8 +215,11 @@ impl Analyses {
             Request::Tick { now_ns, ranks } => {
                 let mut failed = Vec::new();
                 for (id, phases) in &mut self.jobs {
-                    if let Some(&r) = ranks.get(id) {
-                        phases.set_ranks(r);
+                    if let Some(r) = ranks.get(id) {
+                        phases.set_ranks(r.count);
+                        for &(rank, at_ns) in &r.finalized {
+                            phases.finalize(rank, at_ns);
+                        }
                     }
                     match isolated(|| (phases.tick(now_ns), phases.snapshot())) {
                         Ok((events, snapshot)) => {

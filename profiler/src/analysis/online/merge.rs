@@ -276,15 +276,33 @@ pub fn merge_nodes(job: &JobId, nodes: &[NodeSamples]) -> Result<MergedPhases, M
             last.bursts_seen = samples.iter().map(|s| s.seen).sum();
             last.time_seen_ns = samples.iter().map(|s| s.seen_time_ns).sum();
             last.bursts_dropped = last.bursts_seen.saturating_sub(last.bursts_analysed);
-            let mut repetitions = RepetitionSums {
-                cut_ns: (last.window + 1).saturating_mul(phases.window_ns),
-                ..RepetitionSums::default()
-            };
-            for sample in samples {
-                repetitions.add(&sample.repetitions)?;
-            }
-            snapshot.signature = live_signature(last, &repetitions);
         }
+    }
+    // The repetitions up to the end of the last window any node sampled, as a daemon's own
+    // signature: a node that sampled no later window had no burst since its last sample, so its
+    // sums up to that sample hold at the later cut (all but the time of a burst that spans whole
+    // windows).
+    if let (Some(last), Some(&window)) = (&snapshot.last_window, by_window.keys().next_back()) {
+        let cut_ns = (window + 1).saturating_mul(phases.window_ns);
+        let mut repetitions = RepetitionSums {
+            cut_ns,
+            ..RepetitionSums::default()
+        };
+        for node in nodes {
+            let latest = node
+                .held
+                .windows
+                .iter()
+                .filter(|s| (from..=window).contains(&s.window))
+                .max_by_key(|s| s.window);
+            if let Some(sample) = latest {
+                repetitions.add(&RepetitionSums {
+                    cut_ns,
+                    ..sample.repetitions.clone()
+                })?;
+            }
+        }
+        snapshot.signature = live_signature(last, &repetitions);
     }
     Ok(MergedPhases {
         job: job.clone(),

@@ -235,17 +235,13 @@ impl JobPhases {
             totals: self.totals,
             held: self.held(),
             last_error: self.last_error.clone(),
-            // The repetitions up to the end of the last clustering's window, or of the last
-            // closed window before it when it was clustered early, while open: the aggregator
-            // cuts at the window of its last clustering too.
-            signature: self.last.as_ref().and_then(|view| {
-                let sample = self
-                    .samples
-                    .iter()
-                    .rev()
-                    .find(|s| s.window <= view.window)?;
-                live_signature(view, &sample.repetitions)
-            }),
+            // The repetitions up to the end of the last closed window, with the phases of the
+            // last clustering: a job's last window is often too small to be clustered on its
+            // own, and its repetitions are what makes the signature cover the job's end.
+            signature: self
+                .last
+                .as_ref()
+                .and_then(|view| live_signature(view, &self.samples.back()?.repetitions)),
             samples: HeldSamples {
                 params: self.params.clone(),
                 samples_from: self.samples_from,

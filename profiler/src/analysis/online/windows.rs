@@ -43,6 +43,18 @@ pub(super) fn slot_of(start_ns: u64, window_ns: u64, slots: u32) -> (u64, u32, u
 }
 
 impl JobPhases {
+    /// `rank` entered MPI_Finalize at `at_ns` (Unix): its last repetition ends there (see
+    /// [`crate::analysis::signature::live::Repetitions::finalize`]). Repeating it changes nothing.
+    /// The window it falls in closes even if no burst of the job reached it (the last bursts are
+    /// often short enough for the kernel's filter), so that a cut covers the job's end.
+    pub fn finalize(&mut self, rank: u32, at_ns: u64) {
+        self.repetitions.finalize(rank, at_ns);
+        let window = at_ns / self.window_ns;
+        if window >= self.closed_before {
+            self.buffers.entry(window).or_default();
+        }
+    }
+
     /// Classifies a burst against the current model and adds it to its window's sample.
     pub fn push(&mut self, burst: &Burst) {
         self.push_all(std::slice::from_ref(burst));

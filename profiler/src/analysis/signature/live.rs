@@ -239,7 +239,9 @@ impl Repetitions {
             running: None,
             finalized_ns: None,
         });
-        if (thread.pid, thread.tid) != (burst.pid, burst.tid) {
+        // A rank whose MPI_Finalize entry came first ([`Self::finalize`]): the burst that ends
+        // there is counted already.
+        if (thread.pid, thread.tid) != (burst.pid, burst.tid) || thread.finalized_ns.is_some() {
             return;
         }
         let previous = thread.running;
@@ -261,6 +263,23 @@ impl Repetitions {
         }
         if finalized && in_order {
             self.add_time(region, burst.start_ns, end_ns);
+        }
+    }
+
+    /// `rank` entered MPI_Finalize at `at_ns` (Unix): its running repetition ends there. The
+    /// burst that ends in MPI_Finalize does that too, but the kernel's duration filter drops it
+    /// when it is short, as it mostly is; without this the last repetition would run on to every
+    /// later cut, and the run time with it.
+    pub fn finalize(&mut self, rank: u32, at_ns: u64) {
+        let Some(thread) = self.ranks.get_mut(&rank) else {
+            return;
+        };
+        if thread.finalized_ns.is_some() {
+            return;
+        }
+        thread.finalized_ns = Some(at_ns);
+        if let Some((region, from)) = thread.running.take() {
+            self.add_time(region, from, at_ns.max(from));
         }
     }
 
@@ -412,6 +431,29 @@ mod tests {
         assert_eq!(end.runtime_ns, 5 * W - 50_000_000);
         assert_eq!(region(&end, 10), (40, 40 * 350_000_000));
         assert_eq!(region(&end, 20), (40, 36 * 150_000_000 + 4 * 100_000_000));
+    }
+
+    #[test]
+    fn a_finalize_entry_ends_the_last_repetition_when_its_burst_was_filtered_out() {
+        // The kernel kept the bursts that end in MPI_Finalize (100 ms, below its filter); the
+        // daemon passes each rank's MPI_Finalize entry instead, and the ranks' run time and
+        // their last repetition end there, not at the cut 5 s later.
+        let kept: Vec<Burst> = run(0..4, 10 * W, 10)
+            .into_iter()
+            .filter(|b| b.end_func.as_str() != FINALIZE_FUNCTION)
+            .collect();
+        let mut r = counted(&Repetitions::new(W), &kept);
+        for rank in 0..4u32 {
+            r.finalize(rank, 15 * W - 50_000_000 + u64::from(rank) * 1_000);
+        }
+        let end = r.close(20);
+        assert_eq!(end.runtime_ns, 5 * W - 50_000_000);
+        // The last repetition of region 10 runs from its burst to MPI_Finalize's entry (450 ms,
+        // over its own 300 ms burst and the filtered 100 ms one) and is not one of region 20.
+        assert_eq!(region(&end, 10).0, 40);
+        assert_eq!(region(&end, 20), (36, 36 * 150_000_000));
+        let (_, time_10) = region(&end, 10);
+        assert_eq!(time_10, 36 * 350_000_000 + 4 * 450_000_000);
     }
 
     #[test]
