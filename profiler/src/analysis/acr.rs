@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use super::css::{sequence_score, RankSequences, SequenceScore};
 use super::dbscan::{dbscan, k_distances_sample};
 use super::points::{cluster_count, PointSet};
-use super::roles::{join_rare_variants, join_same_region, merge_region_variants};
+use super::roles::{join_rare_variants, join_same_region, merge_region_variants, relabel};
 use super::{ClusterId, NOISE};
 
 /// The top of the k-dist curve that the knee line and the largest Eps skip, as a share of the
@@ -214,33 +214,21 @@ pub fn acr(
     for &target in merged_into.values() {
         *parts.entry(target).or_insert(1) += 1;
     }
-    for label in &mut labels {
-        if let Some(&target) = merged_into.get(label) {
-            *label = target;
-        }
-    }
+    labels = relabel(&labels, &merged_into);
     let same_region = join_same_region(
         points,
         &labels,
         sequences,
         &score.relabelled(&labels, sequences),
     );
-    for label in &mut labels {
-        if let Some(&host) = same_region.get(label) {
-            *label = host;
-        }
-    }
+    labels = relabel(&labels, &same_region);
     let hosts = join_rare_variants(
         points,
         &labels,
         sequences,
         &score.relabelled(&labels, sequences),
     );
-    for label in &mut labels {
-        if let Some(&host) = hosts.get(label) {
-            *label = host;
-        }
-    }
+    labels = relabel(&labels, &hosts);
     let joined: BTreeMap<ClusterId, ClusterId> = same_region
         .iter()
         .map(|(&guest, host)| (guest, *hosts.get(host).unwrap_or(host)))

@@ -161,7 +161,11 @@ impl Sets {
     }
 }
 
-fn relabel(labels: &[ClusterId], map: &BTreeMap<ClusterId, ClusterId>) -> Vec<ClusterId> {
+/// `labels` with every id that `map` holds replaced by its target.
+pub(super) fn relabel(
+    labels: &[ClusterId],
+    map: &BTreeMap<ClusterId, ClusterId>,
+) -> Vec<ClusterId> {
     labels
         .iter()
         .map(|l| map.get(l).copied().unwrap_or(*l))

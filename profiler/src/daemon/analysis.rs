@@ -215,13 +215,17 @@ impl Analyses {
             Request::Tick { now_ns, ranks } => {
                 let mut failed = Vec::new();
                 for (id, phases) in &mut self.jobs {
-                    if let Some(r) = ranks.get(id) {
+                    let here = ranks.get(id);
+                    if let Some(r) = here {
                         phases.set_ranks(r.count);
-                        for &(rank, at_ns) in &r.finalized {
+                    }
+                    let ticked = isolated(|| {
+                        for &(rank, at_ns) in here.map_or(&[][..], |r| &r.finalized) {
                             phases.finalize(rank, at_ns);
                         }
-                    }
-                    match isolated(|| (phases.tick(now_ns), phases.snapshot())) {
+                        (phases.tick(now_ns), phases.snapshot())
+                    });
+                    match ticked {
                         Ok((events, snapshot)) => {
                             log_events(id, events);
                             // The loop may be gone at shutdown; the final prints still happen.

@@ -435,9 +435,9 @@ mod tests {
 
     #[test]
     fn a_finalize_entry_ends_the_last_repetition_when_its_burst_was_filtered_out() {
-        // The kernel kept the bursts that end in MPI_Finalize (100 ms, below its filter); the
-        // daemon passes each rank's MPI_Finalize entry instead, and the ranks' run time and
-        // their last repetition end there, not at the cut 5 s later.
+        // The kernel's duration filter dropped the bursts that end in MPI_Finalize (100 ms,
+        // taken as below it here); the daemon passes each rank's MPI_Finalize entry instead, and
+        // the ranks' run time and their last repetition end there, not at the cut 5 s later.
         let kept: Vec<Burst> = run(0..4, 10 * W, 10)
             .into_iter()
             .filter(|b| b.end_func.as_str() != FINALIZE_FUNCTION)
