@@ -119,9 +119,14 @@ fn node_daemon(i: usize, cgroup: &Cgroup) -> Daemon {
     )
 }
 
-/// mpirun of `phases iters=ITERS` on 4 ranks, rank r on the node of `cgroups[r mod count]`:
-/// each rank moves itself into its node's cgroup before it execs the program.
+/// mpirun of `phases iters=ITERS` on 4 ranks, rank r on the node of `cgroups[r mod count]`.
 fn phases_over(cgroups: &[Cgroup], iters: u32) -> Command {
+    program_over(cgroups, "phases", &[&format!("iters={iters}")])
+}
+
+/// mpirun of `NAME ARGS…` on 4 ranks, rank r on the node of `cgroups[r mod count]`: each rank
+/// moves itself into its node's cgroup before it execs the program.
+fn program_over(cgroups: &[Cgroup], name: &str, args: &[&str]) -> Command {
     let dirs: Vec<String> = cgroups
         .iter()
         .map(|c| c.dir.display().to_string())
@@ -131,12 +136,14 @@ fn phases_over(cgroups: &[Cgroup], iters: u32) -> Command {
         "sh",
         "-c",
         &format!(
-            "set -- {}; shift $((OMPI_COMM_WORLD_RANK % {})); echo $$ > $1/cgroup.procs && exec \"$PROGRAM\" iters={iters}",
+            "d=$(echo {} | cut -d' ' -f$((OMPI_COMM_WORLD_RANK % {} + 1))); echo $$ > $d/cgroup.procs && exec \"$PROGRAM\" \"$@\"",
             dirs.join(" "),
             cgroups.len()
         ),
+        "sh",
     ])
-    .env("PROGRAM", program("phases", Mpi::OpenMpi));
+    .args(args)
+    .env("PROGRAM", program(name, Mpi::OpenMpi));
     cmd
 }
 
@@ -445,4 +452,75 @@ fn a_node_daemon_restarted_while_the_job_runs_rejoins_with_its_ranks_flagged() {
     for node in nodes {
         node.stop();
     }
+}
+
+/// Ranks that switch roles half-way, over 2 nodes: the aggregator's rank groups and behaviour
+/// change are those of the daemon that sees all ranks, the change seen on both nodes.
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_behaviour_change_on_two_nodes_is_the_job_s_one_change() {
+    let cgroups: Vec<Cgroup> = (0..2)
+        .map(|i| Cgroup::new(&format!("mpiburst-agg-switch-{i}")))
+        .collect();
+    let nodes = vec![node_daemon(0, &cgroups[0]), node_daemon(1, &cgroups[1])];
+    let all = Daemon::with_config(WINDOWS, &["--node", "all"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let cmd = program_over(&cgroups, "role_switch", &[out, "7", "2"]);
+    let st = run_with_timeout(cmd, Duration::from_secs(180));
+    assert!(st.success(), "role_switch over 2 cgroups failed: {st}");
+    let id = job_id(&all.addr, &program("role_switch", Mpi::OpenMpi), &[]);
+    for daemon in nodes.iter().chain([&all]) {
+        ended_job_properties(&daemon.addr, &id);
+    }
+    let aggregator = Aggregator::start(&["--daemon", &nodes[0].addr, "--daemon", &nodes[1].addr]);
+    let ranks_path = format!("/api/jobs/{}/ranks", encode(&id));
+    let (merged, expected) = (
+        get_json(&aggregator.addr, &ranks_path),
+        get_json(&all.addr, &ranks_path),
+    );
+    eprintln!("merged {merged}\nall ranks {expected}");
+    assert_eq!(
+        groups(&merged),
+        groups(&expected),
+        "rank groups and lead ranks"
+    );
+    // After the switch the odd ranks send and the even ones receive.
+    assert_eq!(groups(&merged), [(0, vec![0, 2]), (1, vec![1, 3])]);
+    let (changes, expected_changes) = (
+        merged["changes"].as_array().unwrap(),
+        expected["changes"].as_array().unwrap(),
+    );
+    assert_eq!(changes.len(), 1, "{merged}");
+    assert_eq!(expected_changes.len(), 1, "{expected}");
+    for field in ["window", "ranks", "groups_before", "groups_after"] {
+        assert_eq!(changes[0][field], expected_changes[0][field], "{field}");
+    }
+    assert_eq!(
+        changes[0]["nodes"],
+        serde_json::json!(["node-0", "node-1"]),
+        "{merged}"
+    );
+    assert!(merged.get("longer_spans").is_none(), "{merged}");
+    assert_eq!(merged["job_wide"]["missing_ranks"], serde_json::json!([]));
+    // The report reads the same from the aggregator.
+    let report = Command::new(daemon_binary())
+        .args([
+            "report",
+            &format!("http://{}", aggregator.addr),
+            "--job",
+            &id,
+        ])
+        .output()
+        .expect("run mpiburst report");
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        text.contains("took another call path") && text.contains("(seen on node-0, node-1)"),
+        "{text}"
+    );
+    drop(aggregator);
+    for node in nodes {
+        node.stop();
+    }
+    all.stop();
 }

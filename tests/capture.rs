@@ -1099,8 +1099,10 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
                 &format!("{function} under {mpi:?} not probed in full again"),
                 settled,
             );
-            // The next run starts at once: its start is its exec, to the nanosecond, after the
-            // demotion ended.
+            // A rank's start is its exec, to the nanosecond, when the daemon saw the exec before
+            // the rank's first event, or else its fork as /proc gives it, rounded down to the
+            // clock tick (10 ms): the next run starts two ticks after the demotion ended.
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
     let log = daemon.log_text();

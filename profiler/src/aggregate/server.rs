@@ -5,10 +5,9 @@
 //! * `/api/jobs/{id}/phases`: the job-wide phases of the last windows every node closed.
 //! * `/api/jobs/{id}/properties`: the properties over the job's life, evaluated from the exact
 //!   totals of all its ranks (POP over the whole job), as a recording's report evaluates them.
-//! * `/api/jobs/{id}/ranks`: the rank groups and lead ranks of all ranks, clustered from their
-//!   exact counts over the job so far (default `[groups]` settings). Behaviour changes need the
-//!   counts at every window boundary, which a stateless merge does not have: each node's own
-//!   `/ranks` lists those of its ranks.
+//! * `/api/jobs/{id}/ranks`: the rank groups and lead ranks of all ranks, clustered from the
+//!   signatures each node's groups were last formed from (default `[groups]` settings), and the
+//!   job's behaviour changes, merged from the nodes' ([`crate::analysis::groups::merge`]).
 //! * `/healthz`, and `/metrics` with the aggregator's own counters.
 //!
 //! Each job answer carries `job_wide`: the nodes merged, the nodes that did not answer (with
@@ -34,13 +33,12 @@ use super::fanout::{fan_out, Unreachable};
 use super::Sources;
 use crate::{
     analysis::{
-        groups::{GroupParams, RankGroupTracker},
-        online::{merge_nodes, NodeSamples, OnlineParams},
+        groups::{merge::NodeRankGroups, GroupParams},
+        online::{merge_nodes, NodeSamples},
     },
     export::{
         client::{job_path, DaemonClient, ServedJob},
         compression,
-        groups::job_counts,
         http::{CountersInUse, JobDetail},
     },
     model::{unix_now_ns, JobId},
@@ -217,25 +215,63 @@ async fn properties(State(aggregator): State<Aggregator>, Path(id): Path<String>
     )
 }
 
-/// The rank groups of all the job's ranks over the job so far.
+/// The rank groups of all the job's ranks, and the job's behaviour changes.
 async fn ranks(State(aggregator): State<Aggregator>, Path(id): Path<String>) -> Response {
     let id = JobId(id);
-    let (job, unreachable, _) = match merged_job(&aggregator, &id).await {
+    let (daemons, unreachable) = match aggregator.nodes_of(&id).await {
+        Ok(found) => found,
+        Err(failure) => return failure.into_response(),
+    };
+    let path = format!("{}/ranks/signatures", job_path(&id));
+    let (merged, (answers, failed)) = tokio::join!(
+        merged_job_of(&aggregator, &id, &daemons, unreachable),
+        fan_out::<NodeRankGroups>(&daemons, path),
+    );
+    let (job, mut unreachable, _) = match merged {
         Ok(merged) => merged,
         Err(failure) => return failure.into_response(),
     };
-    let params = GroupParams::default();
-    let window_s = OnlineParams::default().window_s;
-    let mut tracker = RankGroupTracker::for_job(params, window_s, job.meta.first_seen_ns);
-    tracker.finish(
-        job.meta.ended_ns.unwrap_or_else(unix_now_ns),
-        &job_counts(&job),
-    );
-    let coverage = job_coverage(&job, unreachable);
-    with_coverage(
-        serde_json::to_value(tracker.view()).unwrap_or_default(),
-        coverage,
-    )
+    // A node that sent its job but not yet its groups (none before its first update) is named.
+    for failure in failed {
+        if !unreachable.iter().any(|u| u.node == failure.node) {
+            aggregator.failed(std::slice::from_ref(&failure));
+            unreachable.push(failure);
+        }
+    }
+    let nodes: Vec<NodeRankGroups> = answers.into_iter().map(|(_, n)| n).collect();
+    let merged = tokio::task::spawn_blocking(move || {
+        crate::analysis::groups::merge::merge_nodes(&nodes, &GroupParams::default())
+    })
+    .await;
+    let (view, longer_spans) = match merged {
+        Ok(Ok(merged)) => merged,
+        Ok(Err(e)) => {
+            aggregator
+                .counters
+                .merge_failures
+                .fetch_add(1, Ordering::Relaxed);
+            return Failure(
+                StatusCode::BAD_GATEWAY,
+                format!("{e}{}", unreachable_note(&unreachable)),
+            )
+            .into_response();
+        }
+        Err(e) => {
+            return Failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the merge of job {:?}'s rank groups failed: {e}", id.0),
+            )
+            .into_response()
+        }
+    };
+    let mut value = serde_json::to_value(&view).unwrap_or_default();
+    if let (Some(fields), false) = (value.as_object_mut(), longer_spans.is_empty()) {
+        fields.insert(
+            "longer_spans".into(),
+            serde_json::to_value(longer_spans).unwrap_or_default(),
+        );
+    }
+    with_coverage(value, job_coverage(&job, unreachable))
 }
 
 /// The job with the ranks of every node that answered, the nodes that did not, and the counters
@@ -244,8 +280,18 @@ async fn merged_job(
     aggregator: &Aggregator,
     id: &JobId,
 ) -> Result<(Job, Vec<Unreachable>, CountersInUse), Failure> {
-    let (daemons, mut unreachable) = aggregator.nodes_of(id).await?;
-    let (answers, failed) = fan_out::<ServedJob>(&daemons, job_path(id)).await;
+    let (daemons, unreachable) = aggregator.nodes_of(id).await?;
+    merged_job_of(aggregator, id, &daemons, unreachable).await
+}
+
+/// [`merged_job`] from the daemons of the job already found.
+async fn merged_job_of(
+    aggregator: &Aggregator,
+    id: &JobId,
+    daemons: &[DaemonClient],
+    mut unreachable: Vec<Unreachable>,
+) -> Result<(Job, Vec<Unreachable>, CountersInUse), Failure> {
+    let (answers, failed) = fan_out::<ServedJob>(daemons, job_path(id)).await;
     unreachable.extend(failed);
     aggregator.failed(&unreachable);
     if answers.is_empty() {

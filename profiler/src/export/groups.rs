@@ -164,13 +164,18 @@ pub fn render(view: &RankGroupsView, job_start_ns: u64) -> String {
         let _ = writeln!(
             out,
             "   behaviour change between {:.1} s and {:.1} s (window {}): ranks [{}] took another \
-             call path; {} → {} groups",
+             call path; {} → {} groups{}",
             since(c.start_ns),
             since(c.end_ns),
             c.window,
             rank_list(&c.ranks),
             c.groups_before,
-            c.groups_after
+            c.groups_after,
+            if c.nodes.is_empty() {
+                String::new()
+            } else {
+                format!(" (seen on {})", c.nodes.join(", "))
+            }
         );
     }
     out
@@ -217,6 +222,8 @@ mod tests {
                 ranks: vec![0, 1, 2],
                 groups_before: 2,
                 groups_after: 2,
+                nodes: vec!["node-1".into(), "node-2".into()],
+                leads: Default::default(),
             }],
             windows_closed: 9,
             clusterings: 2,
@@ -230,7 +237,10 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("behaviour change between 4.0 s and 6.0 s (window 7): ranks [0-2]"),
+            text.contains(
+                "behaviour change between 4.0 s and 6.0 s (window 7): ranks [0-2] took another \
+                 call path; 2 → 2 groups (seen on node-1, node-2)"
+            ),
             "{text}"
         );
     }

@@ -1,7 +1,7 @@
 //! HTTP server: Prometheus `/metrics`, the JSON API (`/api/jobs`, `/api/jobs/{id}`,
-//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`, `/api/jobs/{id}/ranks`,
-//! `/api/jobs/{id}/samples` for the job-wide analysis) and `/healthz` for the service manager
-//! and the node's health checks.
+//! `/api/jobs/{id}/phases`, `/api/jobs/{id}/properties`, `/api/jobs/{id}/ranks`, and for the
+//! job-wide analysis `/api/jobs/{id}/samples` and `/api/jobs/{id}/ranks/signatures`) and
+//! `/healthz` for the service manager and the node's health checks.
 //!
 //! The server runs on a thread of its own and reads only what the daemon last published (a
 //! [`Published`](crate::export::published::Published) view behind a watch channel): a scrape
@@ -25,7 +25,7 @@ use axum::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    analysis::online::NodeSamples,
+    analysis::{groups::merge::NodeRankGroups, online::NodeSamples},
     export::{
         compression,
         prometheus::Metrics,
@@ -226,6 +226,27 @@ async fn job_ranks(State(state): State<PublishedState>, Path(id): Path<String>) 
     }
 }
 
+/// The job's rank groups with this node's ranks' signatures: what the aggregator clusters into
+/// the job-wide groups.
+async fn job_rank_signatures(
+    State(state): State<PublishedState>,
+    Path(id): Path<String>,
+) -> Response {
+    let s = state.borrow().clone();
+    let id = JobId(id);
+    match (s.store.jobs.get(&id), s.rank_groups.get(&id)) {
+        (Some(job), Some(view)) => Json(NodeRankGroups::of(&job.meta.node, view)).into_response(),
+        _ => (
+            StatusCode::NOT_FOUND,
+            format!(
+                "no rank groups for job {:?} on this node; GET /api/jobs lists the jobs",
+                id.0
+            ),
+        )
+            .into_response(),
+    }
+}
+
 /// The samples of the job's last closed windows, with this node's ranks of the job: what the
 /// aggregator merges into the job-wide analysis (`mpiburst aggregate`), trimmed to what the merge
 /// keeps and in the compact form of [`crate::analysis::online::wire`].
@@ -308,6 +329,7 @@ pub fn serve(
         )
         .route("/api/jobs/{id}/properties", get(job_properties))
         .route("/api/jobs/{id}/ranks", get(job_ranks))
+        .route("/api/jobs/{id}/ranks/signatures", get(job_rank_signatures))
         .route("/api/jobs/{id}/samples", get(job_samples))
         .layer(middleware::from_fn(compression::gzip_when_accepted))
         .with_state(state);

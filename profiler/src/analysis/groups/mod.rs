@@ -29,8 +29,11 @@
 //!   re-cluster) and L (stable: keep the groups), with the fix that leaving L always leads to a
 //!   re-clustering once the new behaviour is stable. A re-clustering in which ranks keep another
 //!   call path than at the previous one is a behaviour change of the job.
+//! * **Job-wide** ([`merge`]): the ranks' signatures of every node clustered together, and the
+//!   nodes' behaviour changes merged into the job's.
 
 pub mod cluster;
+pub mod merge;
 pub mod online;
 pub mod signature;
 #[cfg(test)]
@@ -39,7 +42,7 @@ mod tests;
 use serde::{Deserialize, Serialize};
 
 pub use cluster::{cluster, RankGroup};
-pub use online::{BehaviourChange, GroupState, RankGroupTracker, RankGroupsView};
+pub use online::{BehaviourChange, ChangeLeads, GroupState, RankGroupTracker, RankGroupsView};
 pub use signature::{CallPathStep, FunctionUse, RankSignature};
 
 /// How ranks are grouped (`[groups]` in the configuration file).

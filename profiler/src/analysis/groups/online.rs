@@ -6,7 +6,7 @@
 //! cross a window boundary change its state, so a recording that keeps those readings replays
 //! to the same groups and changes.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -39,8 +39,24 @@ pub struct BehaviourChange {
     pub confirmed_ns: u64,
     /// The ranks whose call path changed, ascending.
     pub ranks: Vec<u32>,
+    /// The groups before and after the change; job-wide, those of the leads of the groups of
+    /// the nodes that saw it, clustered together.
     pub groups_before: usize,
     pub groups_after: usize,
+    /// Job-wide only: the nodes that saw the change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    /// The lead ranks' signatures of the groups before and after: what a job-wide merge counts
+    /// the job's groups from. Served apart, for the merge only.
+    #[serde(skip)]
+    pub leads: ChangeLeads,
+}
+
+/// The signatures of the lead ranks of the groups before and after a behaviour change.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChangeLeads {
+    pub before: BTreeMap<u32, RankSignature>,
+    pub after: BTreeMap<u32, RankSignature>,
 }
 
 /// What the API, the reports and the metrics show of a job's rank groups.
@@ -55,7 +71,14 @@ pub struct RankGroupsView {
     /// Start (Unix ns) of the span the groups' signatures cover: the job's start, or the start of
     /// the first window of its current behaviour.
     pub since_ns: u64,
+    /// The reading (Unix ns) the groups were last formed from.
+    #[serde(default)]
+    pub through_ns: u64,
     pub window_s: f64,
+    /// Each rank's signature over that span, as the groups were last formed from: what a
+    /// job-wide merge clusters ([`super::merge`]). Served apart, for the merge only.
+    #[serde(skip)]
+    pub signatures: Arc<BTreeMap<u32, RankSignature>>,
 }
 
 /// A window that has not closed yet.
@@ -142,7 +165,7 @@ impl RankGroupTracker {
                     start_ns: at_ns,
                 });
                 self.view.since_ns = at_ns;
-                self.refresh(ranks);
+                self.refresh(at_ns, ranks);
                 false
             }
             Some(open) if index > open.index => {
@@ -168,7 +191,7 @@ impl RankGroupTracker {
             Some(open) => self.close(open, at_ns, ranks),
             None => self.view.since_ns = at_ns,
         }
-        self.refresh(ranks);
+        self.refresh(at_ns, ranks);
         self.finished = true;
     }
 
@@ -196,7 +219,7 @@ impl RankGroupTracker {
         self.view.state = match self.view.state {
             GroupState::AllTracing if first || changed => {
                 if self.established.is_none() {
-                    self.refresh(ranks);
+                    self.refresh(at_ns, ranks);
                 }
                 GroupState::AllTracing
             }
@@ -209,7 +232,7 @@ impl RankGroupTracker {
                 GroupState::AllTracing
             }
             GroupState::Clustering | GroupState::Lead => {
-                self.refresh(ranks);
+                self.refresh(at_ns, ranks);
                 GroupState::Lead
             }
         };
@@ -232,7 +255,8 @@ impl RankGroupTracker {
             self.view.since_ns = self.previous_start_ns;
         }
         let before = self.view.groups.len();
-        self.refresh(ranks);
+        let leads_before = self.leads();
+        self.refresh(at_ns, ranks);
         self.view.clusterings += 1;
         if let (Some(established), Some(span)) = (&self.established, changed_in) {
             let moved: Vec<u32> = paths
@@ -249,18 +273,34 @@ impl RankGroupTracker {
                     ranks: moved,
                     groups_before: before,
                     groups_after: self.view.groups.len(),
+                    nodes: Vec::new(),
+                    leads: ChangeLeads {
+                        before: leads_before,
+                        after: self.leads(),
+                    },
                 });
             }
         }
         self.established = Some(paths.clone());
     }
 
-    /// The groups of the ranks' signatures since the segment's start.
-    fn refresh(&mut self, ranks: &BTreeMap<u32, Counts>) {
+    /// The signatures of the groups' lead ranks.
+    fn leads(&self) -> BTreeMap<u32, RankSignature> {
+        self.view
+            .groups
+            .iter()
+            .filter_map(|g| Some((g.lead, self.view.signatures.get(&g.lead)?.clone())))
+            .collect()
+    }
+
+    /// The groups of the ranks' signatures since the segment's start, read at `at_ns`.
+    fn refresh(&mut self, at_ns: u64, ranks: &BTreeMap<u32, Counts>) {
         let signatures: BTreeMap<u32, RankSignature> = ranks
             .iter()
             .map(|(&r, c)| (r, RankSignature::between(r, c, self.segment.get(&r))))
             .collect();
         self.view.groups = cluster(&signatures, &self.params);
+        self.view.signatures = Arc::new(signatures);
+        self.view.through_ns = at_ns;
     }
 }

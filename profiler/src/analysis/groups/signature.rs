@@ -159,6 +159,34 @@ impl RankSignature {
         self.call_sites.is_empty()
     }
 
+    /// The signature with its calls and bytes multiplied by `scale` (rounded): a span's counts
+    /// estimated from another span's, at the same rate.
+    pub fn scaled(&self, scale: f64) -> RankSignature {
+        let times = |n: u64| (n as f64 * scale).round() as u64;
+        RankSignature {
+            functions: self
+                .functions
+                .iter()
+                .map(|(f, u)| {
+                    let u = FunctionUse {
+                        calls: times(u.calls),
+                        bytes: times(u.bytes),
+                    };
+                    (f.clone(), u)
+                })
+                .collect(),
+            call_sites: self
+                .call_sites
+                .iter()
+                .map(|u| StepUse {
+                    calls: times(u.calls),
+                    bytes: times(u.bytes),
+                    ..u.clone()
+                })
+                .collect(),
+        }
+    }
+
     /// The parameters the subgroups are formed on, per step: calls, mean bytes per call and,
     /// with `peers`, the mean relative peer.
     fn parameters(&self, peers: bool) -> impl Iterator<Item = (f64, f64, f64)> + '_ {

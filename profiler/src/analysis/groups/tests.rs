@@ -341,12 +341,24 @@ fn split_by_peers_a_3x3_stencil_has_nine_src_dest_patterns() {
 /// Feeds a tracker windows of per-rank window counts (added up as the kernel would), one
 /// reading per window, 1 s windows; returns the tracker.
 fn run_windows(windows: &[Vec<Counts>]) -> RankGroupTracker {
+    run_node_windows(windows, |_| true, 0)
+}
+
+/// [`run_windows`] on the ranks a node holds, its readings `skew_ns` after the others'.
+fn run_node_windows(
+    windows: &[Vec<Counts>],
+    holds: impl Fn(u32) -> bool,
+    skew_ns: u64,
+) -> RankGroupTracker {
     let mut tracker = RankGroupTracker::new(GroupParams::default(), 1.0);
     let mut cumulative: BTreeMap<u32, Counts> = BTreeMap::new();
     let second = 1_000_000_000u64;
-    tracker.observe(100 * second, &cumulative);
+    tracker.observe(100 * second + skew_ns, &cumulative);
     for (i, window) in windows.iter().enumerate() {
         for (r, counts) in window.iter().enumerate() {
+            if !holds(r as u32) {
+                continue;
+            }
             let c = cumulative.entry(r as u32).or_default();
             for (f, u) in &counts.functions {
                 let e = c.functions.entry(f.clone()).or_default();
@@ -354,7 +366,7 @@ fn run_windows(windows: &[Vec<Counts>]) -> RankGroupTracker {
                 e.bytes += u.bytes;
             }
         }
-        assert!(tracker.observe((101 + i as u64) * second + 5, &cumulative));
+        assert!(tracker.observe((101 + i as u64) * second + 5 + skew_ns, &cumulative));
     }
     tracker
 }
@@ -389,19 +401,7 @@ fn a_stable_program_is_clustered_once() {
 fn a_persistent_role_switch_is_one_change_in_its_window() {
     let before = vec![producer(), consumer(), producer(), consumer()];
     let after = vec![consumer(), producer(), consumer(), producer()];
-    let mixed: Vec<Counts> = before
-        .iter()
-        .zip(&after)
-        .map(|(a, b)| {
-            let mut m = a.clone();
-            m.functions.extend(b.functions.clone());
-            m
-        })
-        .collect();
-    let mut windows = vec![before; 5];
-    windows.push(mixed);
-    windows.extend(vec![after; 5]);
-    let tracker = run_windows(&windows);
+    let tracker = run_windows(&switch_windows(before, after));
     let view = tracker.view();
     assert_eq!(view.changes.len(), 1, "{:?}", view.changes);
     let change = &view.changes[0];
@@ -474,5 +474,165 @@ fn the_closing_calls_of_a_job_are_no_change_and_the_groups_end_exact() {
     assert_eq!(
         (sends.calls, view.groups[0].signature.call_path.len()),
         (200, 3)
+    );
+}
+
+/// The windows of a role switch: `before` for 5 windows, one window of both, then `after`.
+fn switch_windows(before: Vec<Counts>, after: Vec<Counts>) -> Vec<Vec<Counts>> {
+    let mixed: Vec<Counts> = before
+        .iter()
+        .zip(&after)
+        .map(|(a, b)| {
+            let mut m = a.clone();
+            m.functions.extend(b.functions.clone());
+            m
+        })
+        .collect();
+    let mut windows = vec![before; 5];
+    windows.push(mixed);
+    windows.extend(vec![after; 5]);
+    windows
+}
+
+/// Each node's tracker of `windows`, node `n` holding the ranks r with r mod `nodes` = n and
+/// reading a millisecond after node n - 1, as the merge gets them.
+fn node_groups(windows: &[Vec<Counts>], nodes: u32) -> Vec<merge::NodeRankGroups> {
+    (0..nodes)
+        .map(|n| {
+            let tracker = run_node_windows(windows, |r| r % nodes == n, u64::from(n) * 1_000_000);
+            merge::NodeRankGroups::of(&format!("node-{n}"), tracker.view())
+        })
+        .collect()
+}
+
+/// A role switch of every rank, its ranks on 2 and on 4 nodes: the merge finds the groups, the
+/// change and the span of one tracker that sees all ranks.
+#[test]
+fn the_nodes_groups_and_changes_merge_into_those_of_one_tracker() {
+    let before = vec![producer(), consumer(), producer(), consumer()];
+    let after = vec![consumer(), producer(), consumer(), producer()];
+    let windows = switch_windows(before, after);
+    let whole = run_windows(&windows).view().clone();
+    for nodes in [2, 4] {
+        let (job, longer) =
+            merge::merge_nodes(&node_groups(&windows, nodes), &GroupParams::default()).unwrap();
+        assert_eq!(memberships(&job.groups), memberships(&whole.groups));
+        assert_eq!(job.groups, whole.groups, "{nodes} nodes");
+        assert_eq!(job.changes.len(), 1, "{:?}", job.changes);
+        let (change, expected) = (&job.changes[0], &whole.changes[0]);
+        assert_eq!(
+            (change.window, &change.ranks),
+            (expected.window, &expected.ranks)
+        );
+        // Each node has one group before and after; the job two, as one tracker counts.
+        assert_eq!(
+            (change.groups_before, change.groups_after),
+            (expected.groups_before, expected.groups_after)
+        );
+        assert_eq!((change.groups_before, change.groups_after), (2, 2));
+        let names: Vec<String> = (0..nodes).map(|n| format!("node-{n}")).collect();
+        assert_eq!(change.nodes, names);
+        assert_eq!((job.clusterings, job.state), (2, GroupState::Lead));
+        // The span starts at the last node's reading of the window that began it.
+        let skew = u64::from(nodes - 1) * 1_000_000;
+        assert_eq!(job.since_ns, whole.since_ns + skew);
+        assert!(longer.is_empty(), "{longer:?}");
+    }
+}
+
+/// Only the ranks of one node switch: the job's change is theirs, and the node that saw none is
+/// named, its groups covering its longer span.
+#[test]
+fn a_change_on_some_nodes_names_the_nodes_whose_groups_cover_more() {
+    let before = vec![producer(), consumer(), producer(), consumer()];
+    let after = vec![producer(), consumer(), consumer(), producer()];
+    let windows = switch_windows(before, after);
+    let nodes: Vec<merge::NodeRankGroups> = [[0u32, 1], [2, 3]]
+        .iter()
+        .enumerate()
+        .map(|(n, held)| {
+            let tracker = run_node_windows(&windows, |r| held.contains(&r), 0);
+            merge::NodeRankGroups::of(&format!("node-{n}"), tracker.view())
+        })
+        .collect();
+    let (job, longer) = merge::merge_nodes(&nodes, &GroupParams::default()).unwrap();
+    assert_eq!(job.changes.len(), 1, "{:?}", job.changes);
+    assert_eq!(job.changes[0].ranks, [2, 3]);
+    assert_eq!(job.changes[0].nodes, ["node-1"]);
+    // Node 0's groups cover its 11 windows, the job's the last 5 (from the window after the
+    // switch's).
+    assert_eq!(longer.len(), 1, "{longer:?}");
+    assert_eq!(
+        (longer[0].node.as_str(), longer[0].since_ns),
+        ("node-0", 100 * 1_000_000_000)
+    );
+    assert!((longer[0].scale - 5.0 / 11.0).abs() < 1e-6, "{longer:?}");
+    // Ranks 0 and 3 produce, 1 and 2 consume, at the same rate: one group each, as one tracker
+    // of all ranks finds.
+    let whole = run_windows(&windows).view().clone();
+    assert_eq!(memberships(&job.groups), memberships(&whole.groups));
+    assert_eq!(
+        memberships(&job.groups),
+        vec![(0, vec![0, 3]), (1, vec![1, 2])]
+    );
+}
+
+/// Changes of two nodes a window apart, the second before the first was confirmed, are one
+/// change of the job; a change after the confirmation is another.
+#[test]
+fn changes_of_nodes_merge_while_the_first_is_unconfirmed() {
+    let change = |window: u64, ranks: Vec<u32>| BehaviourChange {
+        window,
+        start_ns: window * 1_000_000_000,
+        end_ns: (window + 1) * 1_000_000_000,
+        confirmed_ns: (window + 2) * 1_000_000_000 + 5,
+        ranks,
+        groups_before: 1,
+        groups_after: 2,
+        nodes: Vec::new(),
+        leads: ChangeLeads::default(),
+    };
+    let node = |name: &str, changes: Vec<BehaviourChange>| merge::NodeRankGroups {
+        node: name.into(),
+        view: RankGroupsView {
+            changes,
+            window_s: 1.0,
+            ..RankGroupsView::default()
+        },
+        signatures: BTreeMap::new(),
+        change_leads: Vec::new(),
+    };
+    let nodes = [
+        node("a", vec![change(10, vec![0, 1]), change(20, vec![1])]),
+        node("b", vec![change(11, vec![2]), change(22, vec![3])]),
+    ];
+    let (job, _) = merge::merge_nodes(&nodes, &GroupParams::default()).unwrap();
+    let summary: Vec<(u64, Vec<u32>, Vec<String>, u64)> = job
+        .changes
+        .iter()
+        .map(|c| (c.window, c.ranks.clone(), c.nodes.clone(), c.confirmed_ns))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (
+                10,
+                vec![0, 1, 2],
+                vec!["a".into(), "b".into()],
+                13_000_000_005
+            ),
+            (20, vec![1], vec!["a".into()], 22_000_000_005),
+            (22, vec![3], vec!["b".into()], 24_000_000_005),
+        ]
+    );
+    let mismatched = [node("a", Vec::new()), {
+        let mut b = node("b", Vec::new());
+        b.view.window_s = 30.0;
+        b
+    }];
+    let error = merge::merge_nodes(&mismatched, &GroupParams::default()).unwrap_err();
+    assert!(
+        error.to_string().contains("give every daemon the same"),
+        "{error}"
     );
 }
