@@ -5,6 +5,9 @@
 //! `--cgroup` names it, and sees the job end. A job that mpirun or Hydra's mpiexec launches
 //! inside an allocation is named by its launcher, with the allocation's Slurm job beside.
 //!
+//! The epilog's test adds accounting: a MariaDB server on a data directory and a loopback port of
+//! its own, and slurmdbd, so that the epilog stores the job's summary in its AdminComment.
+//!
 //! Where the cluster cannot start on this machine (Slurm or munge not installed, a Slurm daemon
 //! that exits or never brings the node up, e.g. cgroup v2 without systemd's delegation), the test
 //! prints why and is reported skipped.
@@ -39,10 +42,31 @@ struct Cluster {
     cgroups: RefCell<Vec<String>>,
 }
 
+/// Where slurmctld sends its accounting: slurmdbd's port, and the munge socket (slurmctld and the
+/// accounting commands authenticate to slurmdbd through AccountingStoragePass).
+struct Accounting {
+    dbd_port: String,
+}
+
+impl Accounting {
+    /// slurm.conf's accounting lines.
+    fn settings(&self, munge_socket: &Path) -> String {
+        format!(
+            "AccountingStorageType=accounting_storage/slurmdbd\n\
+             AccountingStorageHost=127.0.0.1\n\
+             AccountingStoragePort={}\n\
+             AccountingStoragePass={}\n",
+            self.dbd_port,
+            munge_socket.display()
+        )
+    }
+}
+
 impl Cluster {
-    /// Starts munged, slurmctld and a slurmd for this machine, or for each of `nodes`, and waits
-    /// for the nodes to be idle; or says why the cluster cannot run on this machine.
-    fn start(nodes: Option<&SimulatedNodes>) -> Result<Cluster, String> {
+    /// Starts munged, with `accounting` a MariaDB server and slurmdbd, then slurmctld and a slurmd
+    /// for this machine, or for each of `nodes`, and waits for the nodes to be idle; or says why
+    /// the cluster cannot run on this machine.
+    fn start(nodes: Option<&SimulatedNodes>, accounting: bool) -> Result<Cluster, String> {
         for program in [
             "munged",
             "slurmctld",
@@ -67,7 +91,14 @@ impl Cluster {
         };
         let socket = cluster.path("munge.socket");
         cluster.start_munged(&socket)?;
-        cluster.write_config(&socket, nodes)?;
+        let accounting = match accounting {
+            true => Some(cluster.start_database(&socket)?),
+            false => None,
+        };
+        cluster.write_config(&socket, nodes, accounting.as_ref())?;
+        if accounting.is_some() {
+            cluster.start_slurmdbd()?;
+        }
         let conf = cluster.conf.display().to_string();
         cluster.spawn("slurmctld", &["-D", "-f", &conf])?;
         match nodes {
@@ -124,6 +155,102 @@ impl Cluster {
         })
     }
 
+    /// A MariaDB server on a data directory and a free loopback port of its own (no grant tables:
+    /// nothing else can reach it), and slurmdbd's configuration to store there.
+    fn start_database(&mut self, munge_socket: &Path) -> Result<Accounting, String> {
+        for program in [
+            "mariadb-install-db",
+            "mariadbd",
+            "slurmdbd",
+            "sacctmgr",
+            "sacct",
+        ] {
+            if !on_path(program) {
+                return Err(format!(
+                    "{program} is not installed: `cargo xtask install-deps` installs MariaDB and \
+                     slurmdbd"
+                ));
+            }
+        }
+        let port = || {
+            let addr = free_loopback_addr();
+            addr.rsplit_once(':').unwrap().1.to_string()
+        };
+        let data = self.path("mariadb");
+        let arg = |option: &str, value: &Path| format!("--{option}={}", value.display());
+        self.output(Command::new("mariadb-install-db").args([
+            "--no-defaults",
+            &arg("datadir", &data),
+            "--user=root",
+            "--skip-test-db",
+            "--auth-root-authentication-method=normal",
+        ]))?;
+        let db_port = port();
+        let mut mariadbd = Command::new("mariadbd");
+        mariadbd.args([
+            "--no-defaults",
+            &arg("datadir", &data),
+            &arg("socket", &self.path("mariadb.socket")),
+            &arg("pid-file", &self.path("mariadb.pid")),
+            &arg("log-error", &self.path("mariadb.err")),
+            &format!("--port={db_port}"),
+            "--bind-address=127.0.0.1",
+            "--user=root",
+            "--skip-grant-tables",
+            "--innodb-buffer-pool-size=32M",
+        ]);
+        self.spawn_command("mariadbd".into(), mariadbd)?;
+        let dbd_port = port();
+        let d = self.dir.path().display();
+        let conf = self.path("slurmdbd.conf");
+        fs::write(
+            &conf,
+            format!(
+                "AuthType=auth/munge\n\
+                 AuthInfo=socket={socket}\n\
+                 DbdAddr=127.0.0.1\n\
+                 DbdHost=localhost\n\
+                 DbdPort={dbd_port}\n\
+                 SlurmUser=root\n\
+                 StorageType=accounting_storage/mysql\n\
+                 StorageHost=127.0.0.1\n\
+                 StoragePort={db_port}\n\
+                 StorageUser=root\n\
+                 StorageLoc=slurm_acct_db\n\
+                 PidFile={d}/slurmdbd.pid\n\
+                 LogFile={d}/slurmdbd.log\n",
+                socket = munge_socket.display(),
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        // slurmdbd refuses a configuration others can read: it may hold the database password.
+        fs::set_permissions(&conf, fs::Permissions::from_mode(0o600)).unwrap();
+        Ok(Accounting { dbd_port })
+    }
+
+    /// slurmdbd (it reads slurmdbd.conf beside SLURM_CONF), and this cluster registered.
+    fn start_slurmdbd(&mut self) -> Result<(), String> {
+        self.spawn("slurmdbd", &["-D"])?;
+        self.wait_for(
+            "slurmdbd to register the cluster",
+            Duration::from_secs(60),
+            |cluster| {
+                let sacctmgr = || cluster.command("sacctmgr");
+                // Refused until slurmdbd answers, and once the cluster is there.
+                let _ = cluster.output(sacctmgr().args(["-i", "add", "cluster", "mpiburst"]));
+                let listed = cluster.output(sacctmgr().args([
+                    "-n",
+                    "-P",
+                    "list",
+                    "cluster",
+                    "format=cluster",
+                ]));
+                Ok(listed.is_ok_and(|l| l.lines().any(|c| c.trim() == "mpiburst")))
+            },
+        )
+    }
+
     /// slurm.conf (and cgroup.conf beside it): this node, as `slurmd -C` finds its hardware,
     /// is the controller and the only compute node, or each simulated node of `nodes` is a
     /// compute node with that hardware (at 127.0.0.1, on a slurmd port of its own);
@@ -133,6 +260,7 @@ impl Cluster {
         &self,
         munge_socket: &Path,
         nodes: Option<&SimulatedNodes>,
+        accounting: Option<&Accounting>,
     ) -> Result<(), String> {
         let hardware = self.output(Command::new("slurmd").arg("-C"))?;
         let node = hardware
@@ -202,7 +330,7 @@ impl Cluster {
              SelectTypeParameters=CR_Core\n\
              MpiDefault=none\n\
              JobAcctGatherType=jobacct_gather/none\n\
-             AccountingStorageType=accounting_storage/none\n\
+             {accounting}\
              ReturnToService=2\n\
              # Slurm names cgroups by job id: ids of this test process's own, apart from those\n\
              # of a test run from another checkout at the same time.\n\
@@ -215,6 +343,10 @@ impl Cluster {
             slurmd = port(),
             partition = names.join(","),
             socket = munge_socket.display(),
+            accounting = accounting.map_or_else(
+                || "AccountingStorageType=accounting_storage/none\n".to_string(),
+                |a| a.settings(munge_socket)
+            ),
             // Below Slurm's largest job id (67043328) for any pid (at most 2^22).
             first_job = std::process::id() * 8,
         );
@@ -246,18 +378,41 @@ impl Cluster {
     }
 
     /// From now on the epilog stores the summary of each job that ends, from the daemon or
-    /// aggregator at `url`, as a file in the cluster's directory (this cluster has no slurmdbd,
-    /// which the AdminComment needs).
-    fn store_summaries_from(&self, url: &str) {
+    /// aggregator at `url`, as a file in the cluster's directory and, with `admin_comment` (a
+    /// cluster with accounting), in the job's AdminComment.
+    fn store_summaries_from(&self, url: &str, admin_comment: bool) {
         fs::write(
             self.path("mpiburst-epilog.conf"),
             format!(
-                "MPIBURST_URL={url}\nMPIBURST={}\nMPIBURST_SUMMARY_DIR={}\nMPIBURST_ADMIN_COMMENT=no\n",
+                "MPIBURST_URL={url}\nMPIBURST={}\nMPIBURST_SUMMARY_DIR={}\nMPIBURST_ADMIN_COMMENT={}\n",
                 daemon_binary().display(),
-                self.path("summaries").display()
+                self.path("summaries").display(),
+                if admin_comment { "yes" } else { "no" }
             ),
         )
         .unwrap();
+    }
+
+    /// The summary the epilog stored in job `job`'s AdminComment (after the file), once there,
+    /// read back with the command the epilog's header gives.
+    fn admin_comment_summary(&self, job: u32) -> serde_json::Value {
+        let read = format!(
+            "sacct -j {job} -n -P -o AdminComment | sed -n 's/^mpiburst2://p' | tr a-z A-Z | \
+             base32 -d | gunzip"
+        );
+        let mut last = String::new();
+        for _ in 0..60 {
+            match self.output(self.command("sh").args(["-c", &read])) {
+                Ok(json) => {
+                    return serde_json::from_str(&json).unwrap_or_else(|e| {
+                        panic!("job {job}'s AdminComment is no summary ({e}): {json:?}")
+                    })
+                }
+                Err(e) => last = e,
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
+        panic!("no AdminComment of job {job}: {last}; {}", self.logs());
     }
 
     /// The summary the epilog stored of job `job`, once there.
@@ -356,8 +511,14 @@ impl Cluster {
             })
             .unwrap_or_default();
         slurmd.sort();
-        let daemons =
-            ["munged.out", "munged.log", "slurmctld.out", "slurmctld.log"].map(String::from);
+        let daemons = [
+            "munged.out",
+            "munged.log",
+            "mariadb.err",
+            "slurmctld.out",
+            "slurmctld.log",
+        ]
+        .map(String::from);
         for name in daemons.iter().chain(&slurmd) {
             if let Ok(log) = fs::read_to_string(self.path(name)) {
                 let lines: Vec<&str> = log.lines().collect();
@@ -623,9 +784,21 @@ fn on_path(program: &str) -> bool {
 fn cluster_for_this_test(
     nodes: Option<&SimulatedNodes>,
 ) -> Option<(MutexGuard<'static, ()>, Cluster)> {
+    start_cluster_for_this_test(nodes, false)
+}
+
+/// [`cluster_for_this_test`] with accounting (slurmdbd).
+fn accounted_cluster_for_this_test() -> Option<(MutexGuard<'static, ()>, Cluster)> {
+    start_cluster_for_this_test(None, true)
+}
+
+fn start_cluster_for_this_test(
+    nodes: Option<&SimulatedNodes>,
+    accounting: bool,
+) -> Option<(MutexGuard<'static, ()>, Cluster)> {
     require_root();
     let turn = CLUSTER_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
-    match Cluster::start(nodes) {
+    match Cluster::start(nodes, accounting) {
         Ok(cluster) => Some((turn, cluster)),
         Err(reason) => {
             // libtest runs each test on a thread named after it.
@@ -830,11 +1003,11 @@ fn mpirun_in_a_batch_job_over_two_nodes_is_one_job_on_both() {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn the_epilog_stores_the_jobs_summary_with_the_slurm_job() {
-    let Some((_turn, cluster)) = cluster_for_this_test(None) else {
+    let Some((_turn, cluster)) = accounted_cluster_for_this_test() else {
         return;
     };
     let daemon = Daemon::start(&[]);
-    cluster.store_summaries_from(&format!("http://{}", daemon.addr));
+    cluster.store_summaries_from(&format!("http://{}", daemon.addr), true);
     let job = cluster.allocate();
     let (program, outputs) = cluster.srun_counts(job, Mpi::OpenMpi).finish();
     // The allocation ends: slurmctld runs the epilog.
@@ -853,6 +1026,8 @@ fn the_epilog_stores_the_jobs_summary_with_the_slurm_job() {
     let pop = &stored["bottlenecks"]["properties"]["pop"];
     assert_eq!(pop["ranks"], RANKS, "{pop}");
     assert_eq!(pop["parallel_efficiency"]["status"], "measured", "{pop}");
+    // The same summary is in the job's accounting record, one command away by job id.
+    assert_eq!(cluster.admin_comment_summary(job), summary);
     let recording = daemon.stop();
     assert_calls_exact(
         job_of(&recording, &program),

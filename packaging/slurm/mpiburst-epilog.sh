@@ -1,10 +1,11 @@
 #!/bin/sh
 # Slurm EpilogSlurmctld: stores the job-wide mpiburst summary of a job that ended with the job
 # itself, as Jobstats does: in the job's AdminComment in the accounting database (sacctmgr; needs
-# slurmdbd), prefixed `mpiburst1:` and gzipped in base64, and/or as a file
+# slurmdbd), prefixed `mpiburst2:` and gzipped in base32 (sacctmgr lowercases what it sets, at
+# least up to Slurm 22.05, so the letters' case carries nothing), and/or as a file
 # MPIBURST_SUMMARY_DIR/JOBID.json.gz. Either way it is one command away by job id:
 #
-#   sacct -j JOBID -n -P -o AdminComment | sed -n 's/^mpiburst1://p' | base64 -d | gunzip
+#   sacct -j JOBID -n -P -o AdminComment | sed -n 's/^mpiburst2://p' | tr a-z A-Z | base32 -d | gunzip
 #   gunzip -c /var/lib/mpiburst/jobs/JOBID.json.gz
 #
 # The summary is `mpiburst report URL --slurm-job JOBID --format json` (docs/report-json.md):
@@ -47,9 +48,19 @@ if [ -n "$MPIBURST_SUMMARY_DIR" ]; then
         echo "mpiburst epilog: cannot write the summary of job $SLURM_JOB_ID to $MPIBURST_SUMMARY_DIR" >&2
 fi
 if [ "$MPIBURST_ADMIN_COMMENT" != no ]; then
-    blob=$(printf '%s' "$summary" | gzip -9 | base64 -w0)
-    # A job that ended can no longer be updated in slurmctld (scontrol); its accounting record can.
-    sacctmgr -i update job where jobid="$SLURM_JOB_ID" set AdminComment="mpiburst1:$blob" >&2 ||
-        echo "mpiburst epilog: cannot store the summary of job $SLURM_JOB_ID in its AdminComment (is slurmdbd configured?)" >&2
+    blob=$(printf '%s' "$summary" | gzip -9 | base32 -w0)
+    # A job that ended can no longer be updated in slurmctld (scontrol); its accounting record
+    # can, once slurmctld has sent it to slurmdbd: a few tries.
+    tries=5
+    while :; do
+        said=$(sacctmgr -i update job where jobid="$SLURM_JOB_ID" set AdminComment="mpiburst2:$blob" 2>&1)
+        case $said in *"Modified jobs"*) break ;; esac
+        tries=$((tries - 1))
+        if [ "$tries" -eq 0 ]; then
+            echo "mpiburst epilog: cannot store the summary of job $SLURM_JOB_ID in its AdminComment (is slurmdbd configured?): $said" >&2
+            break
+        fi
+        sleep 2
+    done
 fi
 exit 0

@@ -21,7 +21,7 @@ mod install;
 const BPF_LINKER_VERSION: &str = "0.10.4";
 /// Debian packages: MPI implementations and compilers for the bundled MPI programs, the
 /// Prometheus server and promtool for the metric tests, VictoriaMetrics for the remote-write
-/// test, perf to tell whether there is a PMU.
+/// test, perf to tell whether there is a PMU, Slurm with its accounting for the Slurm tests.
 const APT_PACKAGES: &[&str] = &[
     "openmpi-bin",
     "libopenmpi-dev",
@@ -39,6 +39,9 @@ const APT_PACKAGES: &[&str] = &[
     "slurmd",
     "slurm-client",
     "munge",
+    // Accounting for the epilog's test: slurmdbd and its database.
+    "slurmdbd",
+    "mariadb-server",
     // The hung file system of tests/hung_fs.rs: a FUSE server in Python.
     "python3-fusepy",
     "fuse3",
