@@ -1,42 +1,12 @@
 //! The job-wide view, live: a job's ranks split over simulated nodes (a cgroup and a daemon
 //! each), merged by `mpiburst aggregate`, against one more daemon that sees all ranks.
 
-use std::{
-    process::{Child, Command},
-    sync::{Arc, Mutex},
-    thread,
-    time::Duration,
-};
+use std::{process::Command, thread, time::Duration};
 
 use mpiburst_tests::*;
 
 /// Short windows, so that a run of a few seconds closes several.
 const WINDOWS: &str = "[analysis]\nwindow_s = 2.0\nlateness_s = 0.5\n";
-
-/// `mpiburst aggregate`, stopped (SIGKILL) when dropped.
-struct Aggregator {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
-    addr: String,
-}
-
-impl Aggregator {
-    /// Started with `args` (`--daemon ADDR`… or `--prometheus ADDR`).
-    fn start(args: &[&str]) -> Aggregator {
-        let addr = free_loopback_addr();
-        let mut command = Command::new(daemon_binary());
-        command.args(["aggregate", "--listen", &addr]).args(args);
-        let (child, log) = spawn_daemon(command);
-        Aggregator { child, log, addr }
-    }
-}
-
-impl Drop for Aggregator {
-    fn drop(&mut self) {
-        let log = &self.log;
-        kill_daemon_left_running(&mut self.child, || log.lock().unwrap().join("\n"));
-    }
-}
 
 /// Each phase's time share by the analysis's time order, and the window's SPMD score.
 fn last_window(phases: &serde_json::Value) -> (u64, Vec<f64>, f64) {

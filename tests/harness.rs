@@ -159,6 +159,31 @@ pub fn run_mpi(mpi: Mpi, ranks: u32, program: &Path, args: &[&str]) {
     );
 }
 
+/// `mpiburst aggregate`, stopped (SIGKILL) when dropped.
+pub struct Aggregator {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+    pub addr: String,
+}
+
+impl Aggregator {
+    /// Started with `args` (`--daemon ADDR`… or `--prometheus ADDR`).
+    pub fn start(args: &[&str]) -> Aggregator {
+        let addr = free_loopback_addr();
+        let mut command = Command::new(daemon_binary());
+        command.args(["aggregate", "--listen", &addr]).args(args);
+        let (child, log) = spawn_daemon(command);
+        Aggregator { child, log, addr }
+    }
+}
+
+impl Drop for Aggregator {
+    fn drop(&mut self) {
+        let log = &self.log;
+        kill_daemon_left_running(&mut self.child, || log.lock().unwrap().join("\n"));
+    }
+}
+
 /// The real daemon, recording to a temporary file. Stopped (SIGKILL) if the test panics.
 pub struct Daemon {
     child: Child,

@@ -155,7 +155,7 @@ fn runs_that_stop_at_an_iteration_cap_predict_a_fifth_within_five_percent() {
 /// Runs the workload with `more` arguments at n = 4, 10, 7, 6 and 8 under one daemon, predicts
 /// the run at 7 from the four others, and checks the prediction within 5 % of the run's time;
 /// returns the prediction. The same prediction from the daemon's live signatures of the ended
-/// jobs, with no recording, must agree within 2 %.
+/// jobs, with no recording, directly and through the aggregator, must agree within 2 %.
 fn predict_the_run_at_7(more: &[&str]) -> serde_json::Value {
     let dir = tempfile::tempdir().unwrap();
     let kept: PathBuf = dir.path().join("runs.jsonl");
@@ -173,7 +173,7 @@ fn predict_the_run_at_7(more: &[&str]) -> serde_json::Value {
             .iter()
             .map(|&n| run_workload(n, more, calibration, dir.path())),
     );
-    let live = predicted_live(&daemon, &sizes);
+    let (live, aggregated) = predicted_live(&daemon, &sizes);
     let recording = daemon.stop_keeping(Some(&kept));
     let mut jobs = jobs_of(&recording, &program("workload", MPI));
     assert_eq!(jobs.len(), sizes.len(), "one job per run");
@@ -205,18 +205,24 @@ fn predict_the_run_at_7(more: &[&str]) -> serde_json::Value {
         "predicted {predicted} s, the run at 7 took {measured} s, {at_fitted_speed} s at the \
          fitted runs' CPU speed"
     );
-    println!("predicted from the daemon's live signatures: {live:.4} s");
-    assert!(
-        (live - predicted).abs() <= 0.02 * predicted,
-        "predicted {live} s from the live signatures, {predicted} s from the recording"
+    println!(
+        "predicted from the daemon's live signatures: {live:.4} s, through the aggregator: \
+         {aggregated:.4} s"
     );
+    for (source, value) in [("the daemon", live), ("the aggregator", aggregated)] {
+        assert!(
+            (value - predicted).abs() <= 0.02 * predicted,
+            "predicted {value} s from the live signatures of {source}, {predicted} s from the \
+             recording"
+        );
+    }
     prediction
 }
 
 /// The run at 7 predicted from the daemon's live signatures of the other runs' ended jobs (the
 /// workload's jobs in the order they started, of the sizes `sizes`), once the window in which the
-/// last one ended has closed.
-fn predicted_live(daemon: &Daemon, sizes: &[u32]) -> f64 {
+/// last one ended has closed: from the daemon, and from an aggregator of it.
+fn predicted_live(daemon: &Daemon, sizes: &[u32]) -> (f64, f64) {
     let exe = program("workload", MPI).canonicalize().unwrap();
     let mut jobs: Vec<serde_json::Value> = get_json(&daemon.addr, "/api/jobs")
         .as_array()
@@ -255,10 +261,14 @@ fn predicted_live(daemon: &Daemon, sizes: &[u32]) -> f64 {
             "job {id}: its live signature never covered its end: (finalized, up_to_ns) {seen:?}"
         );
     }
-    let args: Vec<String> = [0, 1, 3, 4]
-        .map(|i| format!("http://{}#{}={}", daemon.addr, ids[i], sizes[i]))
-        .into();
-    let mut command = vec!["predict", "--at", "7", "--format", "json"];
-    command.extend(args.iter().map(String::as_str));
-    mpiburst(&command)["predicted_runtime_s"].as_f64().unwrap()
+    let predict = |addr: &str| {
+        let args: Vec<String> = [0, 1, 3, 4]
+            .map(|i| format!("http://{addr}#{}={}", ids[i], sizes[i]))
+            .into();
+        let mut command = vec!["predict", "--at", "7", "--format", "json"];
+        command.extend(args.iter().map(String::as_str));
+        mpiburst(&command)["predicted_runtime_s"].as_f64().unwrap()
+    };
+    let aggregator = Aggregator::start(&["--daemon", &daemon.addr]);
+    (predict(&daemon.addr), predict(&aggregator.addr))
 }
