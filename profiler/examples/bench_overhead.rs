@@ -27,12 +27,18 @@
 //! in use every system call on the node takes the kernel's traced path, so the tax on a process
 //! the daemon does not track (every other process on the node) is measured too: 1-byte pwrite
 //! calls to a file (a call the file I/O programs look at) and sched_yield (one they do not, the
-//! polling of MPI libraries), without the daemon, with the daemon but file I/O off (the
-//! scheduler programs alone) and with file I/O on, alternating. Last, 1-byte pwrite calls of a
+//! polling of MPI libraries), without the daemon, with the daemon but without any system call
+//! tracepoint (file I/O off and no holds of new MPI libraries: the scheduler programs alone), with
+//! its holds but file I/O off (the default's `library_open_exit` at openat's exit), and with file
+//! I/O on, alternating. Last, 1-byte pwrite calls of a
 //! tracked process to a file it opened (counted requests, checked to be counted exactly). These
 //! calls are made by a process of their own, this program run again, in its CPU time: the tax is
 //! that of the other processes on the node, not of the one the daemon runs in (whose own system
 //! calls were about 25 ns dearer, with or without a daemon).
+//!
+//! The scheduler programs run at every context switch on the node, whatever the task: their cost
+//! per switch is measured with the kernel's BPF statistics (which add their own clock reads to
+//! each run) over two processes that hand one CPU to each other with sched_yield.
 //!
 //! Last, the daemon's start-up with the default probe list beside the same start with its first
 //! 75 entries, the most common calls, alternating: the wall time to read the libraries, place
@@ -287,6 +293,90 @@ fn ns_per_yield() -> Result<f64> {
 
 /// The argument that makes this program measure its system calls and exit (see [`SyscallLoop`]).
 const SYSCALL_LOOP: &str = "--syscall-loop";
+/// The argument that makes this program yield its CPU (CPU 0) SWITCHES times and exit.
+const YIELD_LOOP: &str = "--yield-loop";
+/// Context switches the scheduler programs' cost is measured over, per round.
+const SWITCHES: u32 = 1_000_000;
+
+/// The yield loop's side: on CPU 0, which the other loop shares, each sched_yield switches to it.
+fn yield_loop() -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(0, &mut set) };
+    // SAFETY: the set is a valid cpu_set_t of the size given.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
+        bail!("cannot pin to CPU 0: {}", std::io::Error::last_os_error());
+    }
+    for _ in 0..SWITCHES / 2 {
+        // SAFETY: no arguments, no memory touched.
+        unsafe { libc::sched_yield() };
+    }
+    Ok(())
+}
+
+/// Per round, the scheduler programs' run time per context switch (ns) and sched_stat_runtime's
+/// runs per switch, with the daemon's probes as `config` has them and the BPF statistics on.
+fn scheduler_cost(config: &Config) -> Result<Vec<(f64, f64, f64)>> {
+    let with_stats = CaptureConfig {
+        bpf_stats: true,
+        ..config.capture.clone()
+    };
+    let mut rounds = Vec::new();
+    for round in 0..ROUNDS {
+        let capture = Capture::load(&with_stats)?;
+        let stats = |capture: &Capture| -> BTreeMap<&'static str, (u128, u64)> {
+            capture
+                .program_stats()
+                .into_iter()
+                .filter_map(|p| Some((p.name, (p.run_time?.as_nanos(), p.run_count?))))
+                .collect()
+        };
+        let before = stats(&capture);
+        let loops: Vec<std::process::Child> = (0..2)
+            .map(|_| {
+                Command::new(std::env::current_exe()?)
+                    .arg(YIELD_LOOP)
+                    .spawn()
+            })
+            .collect::<std::io::Result<_>>()?;
+        for mut child in loops {
+            let status = child.wait()?;
+            if !status.success() {
+                bail!("a yield loop failed: {status}");
+            }
+        }
+        let after = stats(&capture);
+        let delta = |name: &str| -> Result<(f64, f64)> {
+            let (t0, n0) = before
+                .get(name)
+                .context("no BPF statistics: are they on?")?;
+            let (t1, n1) = after[name];
+            Ok(((t1 - t0) as f64, (n1 - n0) as f64))
+        };
+        let (switch_ns, switches) = delta("sched_switch")?;
+        let (runtime_ns, runtime_runs) = delta("sched_stat_runtime")?;
+        let per_switch = (switch_ns + runtime_ns) / switches;
+        eprintln!(
+            "round {}: scheduler programs {per_switch:.1} ns per context switch over {switches} \
+             switches",
+            round + 1
+        );
+        rounds.push((per_switch, switch_ns / switches, runtime_runs / switches));
+    }
+    Ok(rounds)
+}
+
+fn print_scheduler_cost(rounds: Vec<(f64, f64, f64)>) {
+    let per_switch = median(rounds.iter().map(|r| r.0).collect());
+    let switch = median(rounds.iter().map(|r| r.1).collect());
+    let runs = median(rounds.iter().map(|r| r.2).collect());
+    println!(
+        "scheduler programs, per context switch between two processes the daemon does not track, \
+         median of {ROUNDS} rounds of {SWITCHES} switches, by the kernel's BPF statistics (their \
+         own clock reads included): {per_switch:.1} ns (sched_switch {switch:.1} ns, \
+         sched_stat_runtime {runs:.2} runs per switch)"
+    );
+}
 
 /// This program run again as a process of its own that measures CPU ns per pwrite and per
 /// sched_yield: the tax of system calls is that of the other processes on the node, and the
@@ -404,6 +494,9 @@ fn main() -> Result<()> {
     if programs.as_os_str() == SYSCALL_LOOP {
         return SyscallLoop::run();
     }
+    if programs.as_os_str() == YIELD_LOOP {
+        return yield_loop();
+    }
     let mpis = installed_mpis(&programs)?;
     let config = daemon_config(&mpis);
     let rounds = cost_per_call(&config, &mpis)?;
@@ -413,6 +506,7 @@ fn main() -> Result<()> {
     let (writes, yields) = untracked_system_calls(&config)?;
     let tracked = tracked_pwrite(&config)?;
     print_system_call_tax(writes, yields, tracked);
+    print_scheduler_cost(scheduler_cost(&config)?);
     print_start_up(&config, start_up(&config)?);
     Ok(())
 }
@@ -623,17 +717,27 @@ fn with_file_io(config: &Config, file_io: bool) -> Config {
     }
 }
 
-/// Per setup (without the daemon, with it but without file I/O counting: the scheduler
-/// programs alone, and with file I/O counting), per round: ns per untracked pwrite and
-/// sched_yield.
-type SyscallRounds = [Vec<f64>; 3];
+/// The daemon's configuration without any system call tracepoint: file I/O off, and no holds of
+/// processes that open an MPI library at a new path (whose program sits at openat's exit).
+fn without_syscall_tracepoints(config: &Config) -> Config {
+    let mut quiet = with_file_io(config, false);
+    quiet.mpi.hold_new_libraries = false;
+    quiet
+}
+
+/// Per setup (without the daemon; with it but without system call tracepoints: the scheduler
+/// programs alone; with its holds of new MPI libraries but without file I/O counting; with
+/// both), per round: ns per untracked pwrite and sched_yield.
+type SyscallRounds = [Vec<f64>; 4];
 
 fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRounds)> {
+    let quiet = without_syscall_tracepoints(config);
     let (io_off, io_on) = (with_file_io(config, false), with_file_io(config, true));
     let mut writes: SyscallRounds = Default::default();
     let mut yields: SyscallRounds = Default::default();
     for round in 0..ROUNDS {
-        for (setup, daemon_config) in [None, Some(&io_off), Some(&io_on)].into_iter().enumerate() {
+        let setups = [None, Some(&quiet), Some(&io_off), Some(&io_on)];
+        for (setup, daemon_config) in setups.into_iter().enumerate() {
             let _daemon = daemon_config
                 .map(|c| Daemon::start(c.clone(), None))
                 .transpose()?;
@@ -641,16 +745,16 @@ fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRoun
             writes[setup].push(write);
             yields[setup].push(sched_yield);
         }
+        let row = |v: &SyscallRounds| {
+            let values: Vec<String> = v.iter().map(|s| format!("{:.1}", s[round])).collect();
+            values.join(" / ")
+        };
         eprintln!(
-            "round {}: untracked pwrite {:.1} / {:.1} / {:.1} ns, sched_yield {:.1} / {:.1} / {:.1} ns \
-             (without the daemon / file I/O off / on)",
+            "round {}: untracked pwrite {} ns, sched_yield {} ns (without the daemon / no system \
+             call tracepoint / file I/O off / on)",
             round + 1,
-            writes[0][round],
-            writes[1][round],
-            writes[2][round],
-            yields[0][round],
-            yields[1][round],
-            yields[2][round]
+            row(&writes),
+            row(&yields)
         );
     }
     Ok((writes, yields))
@@ -686,17 +790,26 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
          of {ROUNDS} alternating rounds:"
     );
     println!(
-        "                          without daemon   daemon, file I/O off   daemon, file I/O on   \
-         tax of file I/O (on - off)   tax of the daemon (on - without)"
+        "                          without daemon   no syscall tracepoint   file I/O off   \
+         file I/O on   tax without syscall tracepoints   tax of file I/O (on - off)   tax of the \
+         daemon (on - without)"
     );
-    let [write_bare, write_off, write_on] = writes.map(median);
-    let [yield_bare, yield_off, yield_on] = yields.map(median);
-    for (name, bare, off, on) in [
-        ("1-byte pwrite to a file", write_bare, write_off, write_on),
-        ("sched_yield", yield_bare, yield_off, yield_on),
+    let [write_bare, write_quiet, write_off, write_on] = writes.map(median);
+    let [yield_bare, yield_quiet, yield_off, yield_on] = yields.map(median);
+    for (name, bare, quiet, off, on) in [
+        (
+            "1-byte pwrite to a file",
+            write_bare,
+            write_quiet,
+            write_off,
+            write_on,
+        ),
+        ("sched_yield", yield_bare, yield_quiet, yield_off, yield_on),
     ] {
         println!(
-            "  {name:<24} {bare:>9.1} ns {off:>18.1} ns {on:>19.1} ns {:>23.1} ns {:>29.1} ns",
+            "  {name:<24} {bare:>9.1} ns {quiet:>19.1} ns {off:>11.1} ns {on:>10.1} ns {:>30.1} ns \
+             {:>25.1} ns {:>30.1} ns",
+            quiet - bare,
             on - off,
             on - bare
         );
