@@ -81,6 +81,19 @@ fn groups(ranks: &serde_json::Value) -> Vec<(u64, Vec<u64>)> {
         .collect()
 }
 
+/// `count` simulated nodes: cgroups NAME-0, NAME-1, … with a daemon each.
+fn simulated_nodes(name: &str, count: usize) -> (Vec<Cgroup>, Vec<Daemon>) {
+    let cgroups: Vec<Cgroup> = (0..count)
+        .map(|i| Cgroup::new(&format!("{name}-{i}")))
+        .collect();
+    let nodes = cgroups
+        .iter()
+        .enumerate()
+        .map(|(i, c)| node_daemon(i, c))
+        .collect();
+    (cgroups, nodes)
+}
+
 /// Node `i`'s daemon: it sees only the processes of `cgroup`.
 fn node_daemon(i: usize, cgroup: &Cgroup) -> Daemon {
     Daemon::with_config(
@@ -122,14 +135,7 @@ fn program_over(cgroups: &[Cgroup], name: &str, args: &[&str]) -> Command {
 /// aggregator's job-wide answers with that daemon's. Returns the node daemons, the all-ranks one
 /// and the job id, for more checks.
 fn split_over(count: usize) -> (Vec<Daemon>, Daemon, String, Vec<Cgroup>) {
-    let cgroups: Vec<Cgroup> = (0..count)
-        .map(|i| Cgroup::new(&format!("mpiburst-agg-{i}")))
-        .collect();
-    let nodes: Vec<Daemon> = cgroups
-        .iter()
-        .enumerate()
-        .map(|(i, c)| node_daemon(i, c))
-        .collect();
+    let (cgroups, nodes) = simulated_nodes("mpiburst-agg", count);
     let all = Daemon::with_config(WINDOWS, &["--node", "all"]);
     let program = program("phases", Mpi::OpenMpi);
     let cmd = phases_over(&cgroups, 120);
@@ -377,10 +383,7 @@ fn the_aggregator_merges_four_nodes_into_what_a_daemon_seeing_all_ranks_finds() 
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_node_daemon_restarted_while_the_job_runs_rejoins_with_its_ranks_flagged() {
-    let cgroups: Vec<Cgroup> = (0..2)
-        .map(|i| Cgroup::new(&format!("mpiburst-agg-restart-{i}")))
-        .collect();
-    let mut nodes = vec![node_daemon(0, &cgroups[0]), node_daemon(1, &cgroups[1])];
+    let (cgroups, mut nodes) = simulated_nodes("mpiburst-agg-restart", 2);
     let mut cmd = phases_over(&cgroups, 200);
     let mut job = cmd.spawn().expect("start mpirun");
     let id = {
@@ -429,10 +432,7 @@ fn a_node_daemon_restarted_while_the_job_runs_rejoins_with_its_ranks_flagged() {
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_behaviour_change_on_two_nodes_is_the_job_s_one_change() {
-    let cgroups: Vec<Cgroup> = (0..2)
-        .map(|i| Cgroup::new(&format!("mpiburst-agg-switch-{i}")))
-        .collect();
-    let nodes = vec![node_daemon(0, &cgroups[0]), node_daemon(1, &cgroups[1])];
+    let (cgroups, nodes) = simulated_nodes("mpiburst-agg-switch", 2);
     let all = Daemon::with_config(WINDOWS, &["--node", "all"]);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();

@@ -203,7 +203,6 @@ fn merge_changes(
                 change.groups_before = cluster(&leads.before, params).len();
                 change.groups_after = cluster(&leads.after, params).len();
             }
-            change.leads = leads;
             change
         })
         .collect()
