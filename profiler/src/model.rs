@@ -68,6 +68,12 @@ impl Name {
     pub fn as_str(&self) -> &'static str {
         self.0
     }
+
+    /// What tells this name apart without reading it: its interned string's address. Maps that
+    /// every burst looks up hash this rather than the string (a module id is 40 characters).
+    pub fn identity(&self) -> usize {
+        std::ptr::from_ref(self.0) as usize
+    }
 }
 
 impl From<&str> for Name {
@@ -142,6 +148,12 @@ impl CallSite {
     /// processes.
     pub fn is_unknown(&self) -> bool {
         self.module.as_ref() == "?"
+    }
+
+    /// The site as a key that hashes without reading its module's name (see
+    /// [`Name::identity`]); equal for equal sites.
+    pub fn identity(&self) -> (usize, u64) {
+        (self.module.identity(), self.offset)
     }
 }
 

@@ -47,6 +47,7 @@ impl BurstSink for RecordingSink {
         self.write(|w| w.job(meta));
     }
 
+    #[inline]
     fn burst(&mut self, job: &JobId, burst: &Burst, event_counts: Option<[u64; 2]>) {
         self.write(|w| {
             w.burst(RecordedBurst {

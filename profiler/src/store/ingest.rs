@@ -118,8 +118,17 @@ impl Ingest {
         // run's sites nearly all share them, and comparing two names is cheaper than looking
         // them up.
         let mut noted: Option<[Name; 2]> = None;
+        // The end site of the last burst, resolved: a thread's next burst starts at the call its
+        // last one ended in, so most start sites need no lookup.
+        let mut last_end: Option<(u64, CallSite)> = None;
         for record in run {
             let has_counters = record.flags & BURST_HAS_COUNTERS != 0;
+            let start_site = match &last_end {
+                Some((address, site)) if *address == record.start_site => site.clone(),
+                _ => self.resolver.resolve(record.pid, record.start_site),
+            };
+            let end_site = self.resolver.resolve(record.pid, record.end_site);
+            last_end = (!end_site.is_unknown()).then(|| (record.end_site, end_site.clone()));
             let burst = Burst {
                 pid: record.pid,
                 tid: record.tid,
@@ -133,8 +142,8 @@ impl Ingest {
                 }),
                 start_func: self.names.shared(record.start_func),
                 end_func: self.names.shared(record.end_func),
-                start_site: self.resolver.resolve(record.pid, record.start_site),
-                end_site: self.resolver.resolve(record.pid, record.end_site),
+                start_site,
+                end_site,
             };
             let modules = [burst.start_site.module, burst.end_site.module];
             if let Some(job) = job.as_deref_mut().filter(|_| noted != Some(modules)) {
@@ -149,11 +158,7 @@ impl Ingest {
             }
         }
         if let Some(batch) = batch {
-            store.push_bursts(
-                &member.job,
-                batch.1[first_new..].iter().cloned(),
-                max_bursts,
-            );
+            store.push_bursts(&member.job, &batch.1[first_new..], max_bursts);
         }
     }
 

@@ -240,11 +240,11 @@ impl Job {
         }
     }
 
-    /// Drops the job's oldest burst from memory (its time stays in the totals).
-    fn evict_oldest_burst(&mut self) {
-        if self.bursts.pop_front().is_some() {
-            self.bursts_evicted += 1;
-        }
+    /// Drops the job's `n` oldest bursts from memory (their time stays in the totals).
+    fn evict_oldest_bursts(&mut self, n: usize) {
+        let n = n.min(self.bursts.len());
+        self.bursts.drain(..n);
+        self.bursts_evicted += n as u64;
     }
 
     /// The job's records without its burst buffer (the count of evicted bursts is kept): what the
@@ -336,12 +336,7 @@ impl JobStore {
     /// when the jobs hold that many, the oldest burst of the job holding the most goes first, so
     /// a burst storm in one job never pushes out the bursts of the others. Nothing happens for a
     /// job that is not held.
-    pub fn push_bursts(
-        &mut self,
-        id: &JobId,
-        bursts: impl ExactSizeIterator<Item = Burst>,
-        max_bursts: usize,
-    ) {
+    pub fn push_bursts(&mut self, id: &JobId, bursts: &[Burst], max_bursts: usize) {
         let max_bursts = max_bursts.max(1);
         let mut job = None;
         let mut others = Vec::new();
@@ -354,7 +349,7 @@ impl JobStore {
         }
         let Some(job) = job else { return };
         let others_held: usize = others.iter().map(|j| j.bursts.len()).sum();
-        let mut held = others_held + job.bursts.len();
+        let held = others_held + job.bursts.len();
         // Grown to what the node-wide budget leaves this job besides the other jobs' bursts,
         // at least doubling: no room is reserved that could never be filled.
         let needed = job.bursts.len() + bursts.len();
@@ -364,19 +359,37 @@ impl JobStore {
             job.bursts
                 .reserve_exact(target.saturating_sub(job.bursts.len()));
         }
-        for burst in bursts {
-            if held >= max_bursts {
-                match others.iter_mut().max_by_key(|j| j.bursts.len()) {
-                    Some(other) if other.bursts.len() > job.bursts.len() => {
-                        other.evict_oldest_burst()
-                    }
-                    _ => job.evict_oldest_burst(),
+        // The bursts past the budget each push one out: the oldest of the job holding the most,
+        // or this job's own when no other holds more. Who gives up how many is worked out on the
+        // jobs' lengths, burst by burst, and the bursts then move in bulk.
+        let over = (held + bursts.len())
+            .saturating_sub(max_bursts)
+            .min(bursts.len());
+        let mut job_len = job.bursts.len() + bursts.len() - over;
+        let mut other_lens: Vec<usize> = others.iter().map(|j| j.bursts.len()).collect();
+        let mut from_others = vec![0; others.len()];
+        let mut own = 0usize;
+        for _ in 0..over {
+            let most = (0..others.len()).max_by_key(|&i| other_lens[i]);
+            match most {
+                Some(i) if other_lens[i] > job_len => {
+                    other_lens[i] -= 1;
+                    from_others[i] += 1;
+                    job_len += 1;
                 }
-            } else {
-                held += 1;
+                // An empty job has no oldest burst to give up yet.
+                _ if job_len == 0 => job_len += 1,
+                _ => own += 1,
             }
-            job.bursts.push_back(burst);
         }
+        for (other, n) in others.iter_mut().zip(from_others) {
+            other.evict_oldest_bursts(n);
+        }
+        // This job's own evictions take its held bursts first, then the oldest of the new ones.
+        let new_evicted = own.saturating_sub(job.bursts.len());
+        job.evict_oldest_bursts(own);
+        job.bursts_evicted += new_evicted as u64;
+        job.bursts.extend(bursts[new_evicted..].iter().cloned());
     }
 
     /// Drops jobs that ended more than `grace_ns` before `now_ns`, and then, while more than
@@ -445,13 +458,13 @@ mod tests {
         assert_eq!(store.jobs.len(), 2);
     }
 
-    #[test]
-    fn the_node_wide_burst_budget_takes_from_the_job_holding_most() {
-        let b = Burst {
+    /// A burst of the budget tests, told apart by its start.
+    fn at(start_ns: u64) -> Burst {
+        Burst {
             pid: 1,
             tid: 1,
             rank: 0,
-            start_ns: 0,
+            start_ns,
             duration_ns: 1,
             oncpu_ns: 1,
             counters: None,
@@ -459,24 +472,30 @@ mod tests {
             end_func: "MPI_Barrier".into(),
             start_site: CallSite::unknown(1),
             end_site: CallSite::unknown(2),
-        };
-        let (storm, quiet) = (JobId("storm".into()), JobId("quiet".into()));
+        }
+    }
+
+    /// A store holding a job of each id, without bursts.
+    fn store_of<const N: usize>(ids: [&str; N]) -> (JobStore, [JobId; N]) {
         let mut store = JobStore::default();
-        for id in [&storm, &quiet] {
+        let ids = ids.map(|id| JobId(id.into()));
+        for id in &ids {
             store.jobs.insert(
                 id.clone(),
                 Job::new(JobMetaBuilder::new(id.0.as_str()).build()),
             );
         }
-        let at = |start_ns| Burst {
-            start_ns,
-            ..b.clone()
-        };
-        store.push_bursts(&quiet, [at(0)].into_iter(), 4);
+        (store, ids)
+    }
+
+    #[test]
+    fn the_node_wide_burst_budget_takes_from_the_job_holding_most() {
+        let (mut store, [storm, quiet]) = store_of(["storm", "quiet"]);
+        store.push_bursts(&quiet, &[at(0)], 4);
         for i in 1..=6 {
-            store.push_bursts(&storm, [at(i)].into_iter(), 4);
+            store.push_bursts(&storm, &[at(i)], 4);
         }
-        store.push_bursts(&JobId("gone".into()), [at(9)].into_iter(), 4);
+        store.push_bursts(&JobId("gone".into()), &[at(9)], 4);
         let (s, q) = (&store.jobs[&storm], &store.jobs[&quiet]);
         assert_eq!((s.bursts.len(), q.bursts.len()), (3, 1));
         assert_eq!(s.bursts_evicted, 3);
@@ -485,7 +504,8 @@ mod tests {
 
         // A drain's batch larger than the budget keeps its newest bursts, and still not the
         // quiet job's.
-        store.push_bursts(&storm, (7..17u32).map(|i| at(i.into())), 4);
+        let batch: Vec<Burst> = (7..17u32).map(|i| at(i.into())).collect();
+        store.push_bursts(&storm, &batch, 4);
         let (s, q) = (&store.jobs[&storm], &store.jobs[&quiet]);
         assert_eq!((s.bursts.len(), q.bursts.len()), (3, 1));
         assert_eq!(s.bursts.front().unwrap().start_ns, 14);
@@ -494,10 +514,26 @@ mod tests {
         // A job that fills the budget alone holds no room beyond it.
         let budget = 5000;
         for i in 0..2 * budget as u64 {
-            store.push_bursts(&storm, [at(i)].into_iter(), budget);
+            store.push_bursts(&storm, &[at(i)], budget);
         }
         let s = &store.jobs[&storm];
         assert_eq!(s.bursts.len() + store.jobs[&quiet].bursts.len(), budget);
         assert!(s.bursts.capacity() <= budget, "{}", s.bursts.capacity());
+    }
+
+    #[test]
+    fn a_batch_past_the_budget_takes_from_a_job_holding_more_until_they_hold_as_much() {
+        let (mut store, [old, new]) = store_of(["old", "new"]);
+        let held: Vec<Burst> = (0..6).map(at).collect();
+        store.push_bursts(&old, &held, 8);
+        // Burst by burst: two fit, the old job gives up two of its oldest (6 > 2, 5 > 3), and
+        // the fifth takes the new job's own oldest (4 is not more than 4).
+        let batch: Vec<Burst> = (10..15).map(at).collect();
+        store.push_bursts(&new, &batch, 8);
+        let (o, n) = (&store.jobs[&old], &store.jobs[&new]);
+        let starts = |j: &Job| j.bursts.iter().map(|b| b.start_ns).collect::<Vec<_>>();
+        assert_eq!(starts(o), [2, 3, 4, 5]);
+        assert_eq!(starts(n), [11, 12, 13, 14]);
+        assert_eq!((o.bursts_evicted, n.bursts_evicted), (2, 1));
     }
 }

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{assemble, AppSignature, PhaseKey, PhaseRepetitions, SignatureError};
 use crate::analysis::{hashing::FastMap, stats::RegionCount, ClusterId};
-use crate::model::{Burst, CallSite, FINALIZE_FUNCTION};
+use crate::model::{Burst, CallSite, Name, FINALIZE_FUNCTION};
 
 /// Distinct code regions counted per job.
 pub const MAX_REGIONS: usize = 4_096;
@@ -169,8 +169,10 @@ struct RankThread {
 pub struct Repetitions {
     window_ns: u64,
     regions: Vec<(CallSite, CallSite)>,
-    /// Looked up for every burst: a fast hash.
-    index: FastMap<(CallSite, CallSite), RegionId>,
+    /// Looked up for every burst: a fast hash of the sites' identities.
+    index: FastMap<[(usize, u64); 2], RegionId>,
+    /// The last region looked up, which a rank's next burst often repeats.
+    last_region: ([(usize, u64); 2], RegionId),
     ranks: BTreeMap<u32, RankThread>,
     /// Counts and time of windows not cut yet, by window.
     open: BTreeMap<u64, Vec<Sums>>,
@@ -178,6 +180,8 @@ pub struct Repetitions {
     cut: Vec<Sums>,
     /// The last cut's window (its end is the cut).
     cut_window: Option<u64>,
+    /// MPI_Finalize's name, which ends a rank's last repetition.
+    finalize: Name,
 }
 
 impl Repetitions {
@@ -186,35 +190,46 @@ impl Repetitions {
             window_ns,
             regions: Vec::new(),
             index: FastMap::default(),
+            last_region: ([(0, 0); 2], UNLISTED),
             ranks: BTreeMap::new(),
             open: BTreeMap::new(),
             cut: Vec::new(),
             cut_window: None,
+            finalize: Name::new(FINALIZE_FUNCTION),
         }
     }
 
     fn region(&mut self, burst: &Burst) -> RegionId {
-        let key = (burst.start_site.clone(), burst.end_site.clone());
+        let key = [burst.start_site.identity(), burst.end_site.identity()];
+        if self.last_region.0 == key {
+            return self.last_region.1;
+        }
         if let Some(&id) = self.index.get(&key) {
+            self.last_region = (key, id);
             return id;
         }
         if self.regions.len() >= MAX_REGIONS {
             return UNLISTED;
         }
         let id = self.regions.len() as RegionId;
-        self.regions.push(key.clone());
+        self.regions
+            .push((burst.start_site.clone(), burst.end_site.clone()));
         self.index.insert(key, id);
         id
     }
 
-    /// The sums of `window`, or those up to the last cut when it is cut already.
-    fn sums_of(&mut self, window: u64, region: RegionId) -> &mut Sums {
-        let sums = if self.cut_window.is_some_and(|cut| window <= cut) {
+    /// The sums of `window` by region, or those up to the last cut when it is cut already.
+    fn window_sums(&mut self, window: u64) -> &mut Vec<Sums> {
+        if self.cut_window.is_some_and(|cut| window <= cut) {
             &mut self.cut
         } else {
             self.open.entry(window).or_default()
-        };
-        slot(sums, region)
+        }
+    }
+
+    /// The sums of `region` in `window` (see [`Self::window_sums`]).
+    fn sums_of(&mut self, window: u64, region: RegionId) -> &mut Sums {
+        slot(self.window_sums(window), region)
     }
 
     /// Adds the time [from, to) of a repetition of `region`, split at window ends.
@@ -232,13 +247,17 @@ impl Repetitions {
     /// region, which MPI_Finalize ends at the burst's end.
     pub fn push(&mut self, burst: &Burst) {
         let region = self.region(burst);
-        let thread = self.ranks.entry(burst.rank).or_insert(RankThread {
-            pid: burst.pid,
-            tid: burst.tid,
-            first_start_ns: burst.start_ns,
-            running: None,
-            finalized_ns: None,
-        });
+        let window_ns = self.window_ns;
+        let thread = match self.ranks.get_mut(&burst.rank) {
+            Some(thread) => thread,
+            None => self.ranks.entry(burst.rank).or_insert(RankThread {
+                pid: burst.pid,
+                tid: burst.tid,
+                first_start_ns: burst.start_ns,
+                running: None,
+                finalized_ns: None,
+            }),
+        };
         // A rank whose MPI_Finalize entry came first ([`Self::finalize`]): the burst that ends
         // there is counted already.
         if (thread.pid, thread.tid) != (burst.pid, burst.tid) || thread.finalized_ns.is_some() {
@@ -246,7 +265,7 @@ impl Repetitions {
         }
         let previous = thread.running;
         let in_order = previous.is_none_or(|(_, from)| burst.start_ns >= from);
-        let finalized = burst.end_func.as_str() == FINALIZE_FUNCTION;
+        let finalized = burst.end_func == self.finalize;
         let end_ns = burst.start_ns + burst.duration_ns;
         if in_order {
             thread.running = (!finalized).then_some((region, burst.start_ns));
@@ -254,8 +273,15 @@ impl Repetitions {
                 thread.finalized_ns = Some(end_ns);
             }
         }
-        self.sums_of(burst.start_ns / self.window_ns, region).count += 1;
+        let window = burst.start_ns / window_ns;
+        let sums = self.window_sums(window);
+        slot(sums, region).count += 1;
         match (in_order, previous) {
+            // The repetition before, mostly within the burst's window: its time is in the same
+            // sums.
+            (true, Some((running, from))) if from >= window * window_ns => {
+                slot(sums, running).time_ns += burst.start_ns - from
+            }
             (true, Some((running, from))) => self.add_time(running, from, burst.start_ns),
             // Late (a cut it precedes has been made): its own time only.
             (false, _) => self.add_time(region, burst.start_ns, end_ns),
@@ -345,7 +371,6 @@ impl Repetitions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Name;
 
     const W: u64 = 1_000_000_000;
 
