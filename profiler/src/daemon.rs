@@ -240,18 +240,16 @@ impl Daemon {
         self.capture.drain_bursts(|r| records.push(r));
         for run in records.grouped().chunk_by(|a, b| a.pid == b.pid) {
             if let Some(member) = self.member(run[0].pid) {
-                self.ingest.run(
-                    run,
-                    &member,
-                    &mut self.state.store,
-                    self.config.daemon.max_bursts,
-                    &mut self.recording,
-                );
+                self.ingest
+                    .run(run, &member, &mut self.state.store, &mut self.recording);
             }
         }
         records.clear();
         self.records = records;
-        for (job, (ranks, bursts)) in self.ingest.take_batch() {
+        let batches = self
+            .ingest
+            .end_drain(&mut self.state.store, self.config.daemon.max_bursts);
+        for (job, ranks, bursts) in batches {
             self.analysis
                 .send(analysis::Request::Bursts { job, ranks, bursts });
         }

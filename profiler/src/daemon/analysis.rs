@@ -33,11 +33,12 @@ pub const QUEUE_BATCHES: usize = 1024;
 
 /// What the loop asks of the analysis thread.
 pub enum Request {
-    /// The bursts of one job from one drain, and its rank count here.
+    /// The bursts of one job from one drain (the batch the job's store holds too), and its
+    /// rank count here.
     Bursts {
         job: JobId,
         ranks: u32,
-        bursts: Vec<Burst>,
+        bursts: Arc<Vec<Burst>>,
     },
     /// The stats timer: close the windows due at `now_ns` (Unix), with each job's ranks.
     Tick {
@@ -67,7 +68,8 @@ impl Request {
     /// The bursts the request holds in memory until the analysis has taken it.
     fn bursts(&self) -> usize {
         match self {
-            Request::Bursts { bursts, .. } | Request::Ended { bursts, .. } => bursts.len(),
+            Request::Bursts { bursts, .. } => bursts.len(),
+            Request::Ended { bursts, .. } => bursts.len(),
             Request::Tick { .. } | Request::Forget(_) => 0,
         }
     }

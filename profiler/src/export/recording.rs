@@ -724,7 +724,7 @@ mod tests {
         let r = Recording::read(&path).unwrap();
         assert_eq!(r.header, header());
         let job = &r.jobs[&meta.id];
-        assert_eq!(job.bursts[0], burst);
+        assert_eq!(job.bursts.front(), Some(&burst));
         assert_eq!(job.ranks[&0], record);
         assert_eq!(r.event_counts[&meta.id], vec![Some([3, 4])]);
         assert_eq!(r.end.unwrap().ended_ns, 10);

@@ -3,7 +3,7 @@
 //! offset; the burst goes into the job's buffer, into the batch for the phase analysis, and to a
 //! [`BurstSink`] (the recording).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use profiler_common::{BurstRecord, BURST_HAS_COUNTERS, NO_FUNC};
 
@@ -91,13 +91,13 @@ impl Ingest {
 
     /// Takes in a run of burst records of one process, `member`: the job and its batch are
     /// looked up once per run, not per burst (a drain in a storm holds tens of thousands of
-    /// records, grouped by process). The sink gets every burst, also of a job no longer held.
+    /// records, grouped by process). The sink gets every burst, also of a job no longer held;
+    /// the job's store gets its batch at the end of the drain ([`Ingest::end_drain`]).
     pub fn run(
         &mut self,
         run: &[BurstRecord],
         member: &Member,
         store: &mut JobStore,
-        max_bursts: usize,
         sink: &mut impl BurstSink,
     ) {
         let mut job = store.jobs.get_mut(&member.job);
@@ -113,7 +113,6 @@ impl Ingest {
             }
             None => None,
         };
-        let first_new = batch.as_ref().map_or(0, |batch| batch.1.len());
         // The modules of the previous burst's sites, already noted in the job's metadata: a
         // run's sites nearly all share them, and comparing two names is cheaper than looking
         // them up.
@@ -157,14 +156,26 @@ impl Ingest {
                 batch.1.push(burst);
             }
         }
-        if let Some(batch) = batch {
-            store.push_bursts(&member.job, &batch.1[first_new..], max_bursts);
-        }
     }
 
-    /// The bursts of the drain for the analysis, by job, with the job's rank count.
-    pub fn take_batch(&mut self) -> BTreeMap<JobId, (u32, Vec<Burst>)> {
+    /// Ends the drain: each job's batch goes into its store, within the node's budget of
+    /// `max_bursts`, and is returned for the analysis, shared rather than copied, by job with
+    /// the job's rank count.
+    pub fn end_drain(
+        &mut self,
+        store: &mut JobStore,
+        max_bursts: usize,
+    ) -> Vec<(JobId, u32, Arc<Vec<Burst>>)> {
         std::mem::take(&mut self.batch)
+            .into_iter()
+            .map(|(job, (ranks, mut bursts))| {
+                // A batch stays as long as its bursts: without the room it grew into.
+                bursts.shrink_to_fit();
+                let bursts = Arc::new(bursts);
+                store.push_bursts(&job, bursts.clone(), max_bursts);
+                (job, ranks, bursts)
+            })
+            .collect()
     }
 }
 
@@ -279,11 +290,27 @@ mod tests {
         };
         let mut seen = Seen::default();
         let run = [record(1_000, BURST_HAS_COUNTERS), record(5_000, 0)];
-        ingest.run(&run, &member, &mut store, 100, &mut seen);
+        ingest.run(&run, &member, &mut store, &mut seen);
+        assert!(
+            store.jobs[&meta.id].bursts.is_empty(),
+            "stored at the drain's end"
+        );
+        let batch = ingest.end_drain(&mut store, 100);
+        assert_eq!(batch.len(), 1);
+        let (id, ranks, bursts) = &batch[0];
+        assert_eq!((id, *ranks), (&meta.id, 1), "the job's ranks on the node");
+        assert!(
+            ingest.end_drain(&mut store, 100).is_empty(),
+            "a batch is taken once"
+        );
 
         let job = &store.jobs[&meta.id];
         assert_eq!(job.bursts.len(), 2);
-        let burst = &job.bursts[0];
+        assert!(
+            job.bursts.iter().eq(bursts.iter()),
+            "the store's and the analysis's"
+        );
+        let burst = job.bursts.front().unwrap();
         assert_eq!(
             (burst.rank, burst.start_ns, burst.oncpu_ns),
             (3, clock.unix_ns(1_000), 900)
@@ -300,10 +327,6 @@ mod tests {
         // The module of this binary is noted once for the run, and the sink hears of it.
         assert_eq!(job.meta.modules.len(), 1);
         assert_eq!(seen.jobs.len(), 1);
-        let batch = ingest.take_batch();
-        assert_eq!(batch[&meta.id].0, 1, "the job's ranks on the node");
-        assert_eq!(batch[&meta.id].1.len(), 2);
-        assert!(ingest.take_batch().is_empty(), "a batch is taken once");
     }
 
     #[test]
@@ -315,9 +338,9 @@ mod tests {
             rank: 0,
         };
         let mut seen = Seen::default();
-        ingest.run(&[record(1, 0)], &member, &mut store, 100, &mut seen);
+        ingest.run(&[record(1, 0)], &member, &mut store, &mut seen);
         assert_eq!(seen.bursts.len(), 1);
+        assert!(ingest.end_drain(&mut store, 100).is_empty());
         assert!(store.jobs.is_empty());
-        assert!(ingest.take_batch().is_empty());
     }
 }

@@ -63,7 +63,7 @@ pub fn add_node_part(job: &mut Job, part: Job) -> Result<(), JobWideError> {
     }
     merge_meta(&mut job.meta, meta);
     job.ranks.extend(part.ranks);
-    job.bursts.extend(part.bursts);
+    job.bursts.extend(part.bursts.iter().cloned());
     job.bursts_evicted += part.bursts_evicted;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! per-rank totals from the kernel, and a bounded window of recent bursts). Live capture and
 //! recordings both fill it, so reports and exports read it the same way.
 
+pub mod bursts;
 pub mod clock;
 pub mod ingest;
 pub mod job_wide;
@@ -9,13 +10,14 @@ pub mod members;
 pub mod probe_cost;
 pub mod readings;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::{collections::BTreeMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
     is_lifecycle_function, Burst, CallSite, JobId, FINALIZE_FUNCTION, INIT_FUNCTIONS,
 };
+use bursts::Bursts;
 
 /// Exact per-rank burst totals (from the kernel; independent of the duration filter).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,7 +227,7 @@ pub struct Job {
     pub meta: JobMeta,
     pub ranks: BTreeMap<u32, RankRecord>,
     /// The most recent bursts, bounded by the configuration.
-    pub bursts: VecDeque<Burst>,
+    pub bursts: Bursts,
     /// Bursts received but no longer held because of the bound.
     pub bursts_evicted: u64,
 }
@@ -235,16 +237,14 @@ impl Job {
         Job {
             meta,
             ranks: BTreeMap::new(),
-            bursts: VecDeque::new(),
+            bursts: Bursts::default(),
             bursts_evicted: 0,
         }
     }
 
     /// Drops the job's `n` oldest bursts from memory (their time stays in the totals).
     fn evict_oldest_bursts(&mut self, n: usize) {
-        let n = n.min(self.bursts.len());
-        self.bursts.drain(..n);
-        self.bursts_evicted += n as u64;
+        self.bursts_evicted += self.bursts.evict_oldest(n) as u64;
     }
 
     /// The job's records without its burst buffer (the count of evicted bursts is kept): what the
@@ -253,7 +253,7 @@ impl Job {
         Job {
             meta: self.meta.clone(),
             ranks: self.ranks.clone(),
-            bursts: VecDeque::new(),
+            bursts: Bursts::default(),
             bursts_evicted: self.bursts_evicted,
         }
     }
@@ -336,7 +336,7 @@ impl JobStore {
     /// when the jobs hold that many, the oldest burst of the job holding the most goes first, so
     /// a burst storm in one job never pushes out the bursts of the others. Nothing happens for a
     /// job that is not held.
-    pub fn push_bursts(&mut self, id: &JobId, bursts: &[Burst], max_bursts: usize) {
+    pub fn push_bursts(&mut self, id: &JobId, batch: Arc<Vec<Burst>>, max_bursts: usize) {
         let max_bursts = max_bursts.max(1);
         let mut job = None;
         let mut others = Vec::new();
@@ -348,27 +348,17 @@ impl JobStore {
             }
         }
         let Some(job) = job else { return };
-        let others_held: usize = others.iter().map(|j| j.bursts.len()).sum();
-        let held = others_held + job.bursts.len();
-        // Grown to what the node-wide budget leaves this job besides the other jobs' bursts,
-        // at least doubling: no room is reserved that could never be filled.
-        let needed = job.bursts.len() + bursts.len();
-        if needed > job.bursts.capacity() {
-            let room = max_bursts.saturating_sub(others_held).max(1);
-            let target = (job.bursts.len() * 2).max(1024).max(needed).min(room);
-            job.bursts
-                .reserve_exact(target.saturating_sub(job.bursts.len()));
-        }
+        let held = others.iter().map(|j| j.bursts.len()).sum::<usize>() + job.bursts.len();
         // The bursts past the budget each push one out: the oldest of the job holding the most,
         // or this job's own when no other holds more. Who gives up how many is worked out on the
-        // jobs' lengths, burst by burst, and the bursts then move in bulk.
-        let over = (held + bursts.len())
+        // jobs' lengths, burst by burst, and the bursts then go in bulk.
+        let over = (held + batch.len())
             .saturating_sub(max_bursts)
-            .min(bursts.len());
-        let mut job_len = job.bursts.len() + bursts.len() - over;
+            .min(batch.len());
+        let mut job_len = job.bursts.len() + batch.len() - over;
         let mut other_lens: Vec<usize> = others.iter().map(|j| j.bursts.len()).collect();
         let mut from_others = vec![0; others.len()];
-        let mut own = 0usize;
+        let mut own = 0;
         for _ in 0..over {
             let most = (0..others.len()).max_by_key(|&i| other_lens[i]);
             match most {
@@ -385,11 +375,9 @@ impl JobStore {
         for (other, n) in others.iter_mut().zip(from_others) {
             other.evict_oldest_bursts(n);
         }
-        // This job's own evictions take its held bursts first, then the oldest of the new ones.
-        let new_evicted = own.saturating_sub(job.bursts.len());
+        // This job's own evictions take its held bursts first, then the oldest of the batch.
+        job.bursts.push_batch(batch);
         job.evict_oldest_bursts(own);
-        job.bursts_evicted += new_evicted as u64;
-        job.bursts.extend(bursts[new_evicted..].iter().cloned());
     }
 
     /// Drops jobs that ended more than `grace_ns` before `now_ns`, and then, while more than
@@ -475,6 +463,11 @@ mod tests {
         }
     }
 
+    /// A drain's batch of bursts starting at `starts`.
+    fn batch(starts: impl IntoIterator<Item = u64>) -> Arc<Vec<Burst>> {
+        Arc::new(starts.into_iter().map(at).collect())
+    }
+
     /// A store holding a job of each id, without bursts.
     fn store_of<const N: usize>(ids: [&str; N]) -> (JobStore, [JobId; N]) {
         let mut store = JobStore::default();
@@ -491,11 +484,11 @@ mod tests {
     #[test]
     fn the_node_wide_burst_budget_takes_from_the_job_holding_most() {
         let (mut store, [storm, quiet]) = store_of(["storm", "quiet"]);
-        store.push_bursts(&quiet, &[at(0)], 4);
+        store.push_bursts(&quiet, batch([0]), 4);
         for i in 1..=6 {
-            store.push_bursts(&storm, &[at(i)], 4);
+            store.push_bursts(&storm, batch([i]), 4);
         }
-        store.push_bursts(&JobId("gone".into()), &[at(9)], 4);
+        store.push_bursts(&JobId("gone".into()), batch([9]), 4);
         let (s, q) = (&store.jobs[&storm], &store.jobs[&quiet]);
         assert_eq!((s.bursts.len(), q.bursts.len()), (3, 1));
         assert_eq!(s.bursts_evicted, 3);
@@ -504,32 +497,28 @@ mod tests {
 
         // A drain's batch larger than the budget keeps its newest bursts, and still not the
         // quiet job's.
-        let batch: Vec<Burst> = (7..17u32).map(|i| at(i.into())).collect();
-        store.push_bursts(&storm, &batch, 4);
+        store.push_bursts(&storm, batch(7..17), 4);
         let (s, q) = (&store.jobs[&storm], &store.jobs[&quiet]);
         assert_eq!((s.bursts.len(), q.bursts.len()), (3, 1));
         assert_eq!(s.bursts.front().unwrap().start_ns, 14);
         assert_eq!(s.bursts_evicted, 13);
 
-        // A job that fills the budget alone holds no room beyond it.
+        // A job that fills the budget alone holds the budget, no more.
         let budget = 5000;
         for i in 0..2 * budget as u64 {
-            store.push_bursts(&storm, &[at(i)], budget);
+            store.push_bursts(&storm, batch([i]), budget);
         }
         let s = &store.jobs[&storm];
         assert_eq!(s.bursts.len() + store.jobs[&quiet].bursts.len(), budget);
-        assert!(s.bursts.capacity() <= budget, "{}", s.bursts.capacity());
     }
 
     #[test]
     fn a_batch_past_the_budget_takes_from_a_job_holding_more_until_they_hold_as_much() {
         let (mut store, [old, new]) = store_of(["old", "new"]);
-        let held: Vec<Burst> = (0..6).map(at).collect();
-        store.push_bursts(&old, &held, 8);
+        store.push_bursts(&old, batch(0..6), 8);
         // Burst by burst: two fit, the old job gives up two of its oldest (6 > 2, 5 > 3), and
         // the fifth takes the new job's own oldest (4 is not more than 4).
-        let batch: Vec<Burst> = (10..15).map(at).collect();
-        store.push_bursts(&new, &batch, 8);
+        store.push_bursts(&new, batch(10..15), 8);
         let (o, n) = (&store.jobs[&old], &store.jobs[&new]);
         let starts = |j: &Job| j.bursts.iter().map(|b| b.start_ns).collect::<Vec<_>>();
         assert_eq!(starts(o), [2, 3, 4, 5]);
