@@ -124,16 +124,31 @@ impl FromIterator<Burst> for Bursts {
     }
 }
 
-/// The bursts in one vector; each batch is freed once copied, so that a full budget is not held
-/// twice (the vector's pages are touched only as it fills).
+/// The bursts in one vector (an ended job's, for its final clustering). Each batch is freed once
+/// copied and its memory given back, so that a full budget is not held twice: the vector's pages
+/// become resident only as it fills.
 impl From<Bursts> for Vec<Burst> {
     fn from(bursts: Bursts) -> Vec<Burst> {
         let mut all = Vec::with_capacity(bursts.len);
         let mut skip = bursts.skipped;
         for batch in bursts.batches {
             all.extend_from_slice(&batch[std::mem::take(&mut skip)..]);
+            drop(batch);
+            release_freed_memory();
         }
         all
+    }
+}
+
+/// Gives the memory of freed blocks back to the system. A drain's batch comes from the heap
+/// (below the mapping threshold `bounded_heap` sets), and glibc keeps a freed block resident
+/// until the heap's top is 64 MiB free: copying a full budget of 200,000 bursts into one vector
+/// raised the daemon's peak by the budget's 22 MiB without this.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory of the allocator's arenas to the system.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
