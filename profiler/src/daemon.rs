@@ -453,8 +453,9 @@ impl Daemon {
 
     /// Marks the jobs whose ranks have all ended as ended, and hands each to the analysis
     /// thread, which prints its report with its phases once it has clustered it: together, and
-    /// without holding up the loop. The bursts move there: nothing on this side reads an ended
-    /// job's bursts, and a copy of a full budget would double the daemon's memory.
+    /// without holding up the loop. The bursts move there as they are held, in batches: nothing
+    /// on this side reads an ended job's bursts, and the copy into one vector that the clustering
+    /// needs is made there.
     fn end_jobs(&mut self, now: u64) {
         for job in self.state.store.jobs.values_mut() {
             if job.meta.ended_ns.is_some()
@@ -470,7 +471,7 @@ impl Daemon {
             self.analysis.send(analysis::Request::Ended {
                 job: Box::new(job.meta.clone()),
                 ranks: job.node_ranks(),
-                bursts: std::mem::take(&mut job.bursts).into(),
+                bursts: std::mem::take(&mut job.bursts),
                 report,
             });
         }

@@ -6,9 +6,11 @@
 //! ended, in order, through a bounded channel: when the analysis falls more than
 //! [`QUEUE_BATCHES`] messages or the node's burst budget (`daemon.max_bursts`, over all jobs)
 //! behind, the loop waits for it instead of holding an unbounded backlog; the kernel's ring
-//! buffer then holds what comes meanwhile, and counts what it cannot. So the bursts in memory
-//! stay within twice the budget: the store's and the queue's. The thread sends back each job's
-//! snapshot after every tick, which the loop publishes.
+//! buffer then holds what comes meanwhile, and counts what it cannot. The drains' batches in the
+//! queue are those the store holds, shared, so the bursts in memory stay within about twice the
+//! budget: the store's, and those of ended jobs on their way to their final clustering (plus, per
+//! job, the evicted start of its oldest batch). The thread sends back each job's snapshot after
+//! every tick, which the loop publishes.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -24,7 +26,7 @@ use crate::{
     },
     export::{phases, printed::JobEndReport, sites},
     model::{Burst, JobId},
-    store::JobMeta,
+    store::{bursts::Bursts, JobMeta},
     symbols::SiteResolver,
 };
 
@@ -50,7 +52,7 @@ pub enum Request {
     Ended {
         job: Box<JobMeta>,
         ranks: u32,
-        bursts: Vec<Burst>,
+        bursts: Bursts,
         report: JobEndReport,
     },
     /// The job was evicted: drop its analysis.
@@ -245,7 +247,7 @@ impl Analyses {
                 ranks,
                 bursts,
                 report,
-            } => report.print(&self.final_phases(&job, ranks, &bursts)),
+            } => report.print(&self.final_phases(&job, ranks, &Vec::from(bursts))),
             Request::Forget(job) => {
                 self.jobs.remove(&job);
                 self.disabled.remove(&job);

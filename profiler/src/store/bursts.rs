@@ -124,21 +124,35 @@ impl FromIterator<Burst> for Bursts {
     }
 }
 
-/// The bursts in one vector (an ended job's, for its final clustering). Each batch is freed once
-/// copied and its memory given back, so that a full budget is not held twice: the vector's pages
-/// become resident only as it fills.
+/// The bursts in one vector (an ended job's, for its final clustering). Each batch is dropped
+/// once copied, and the memory of those freed is given back every 4 MiB (`RELEASE_BYTES`), so
+/// that a full budget is not held twice: the vector's pages become resident only as it fills.
 impl From<Bursts> for Vec<Burst> {
     fn from(bursts: Bursts) -> Vec<Burst> {
         let mut all = Vec::with_capacity(bursts.len);
         let mut skip = bursts.skipped;
+        let mut dropped = 0;
         for batch in bursts.batches {
             all.extend_from_slice(&batch[std::mem::take(&mut skip)..]);
+            dropped += batch.len() * std::mem::size_of::<Burst>();
             drop(batch);
+            if dropped >= RELEASE_BYTES {
+                release_freed_memory();
+                dropped = 0;
+            }
+        }
+        if dropped > 0 {
             release_freed_memory();
         }
         all
     }
 }
+
+/// How much of the batches [`Vec::from`] drops between two returns of freed memory: each return
+/// walks the allocator's free blocks, so one per batch would cost time in the square of their
+/// number (a quiet job's drains bring small batches), and one at the end would let the peak
+/// grow by the whole budget.
+const RELEASE_BYTES: usize = 4 << 20;
 
 /// Gives the memory of freed blocks back to the system. A drain's batch comes from the heap
 /// (below the mapping threshold `bounded_heap` sets), and glibc keeps a freed block resident

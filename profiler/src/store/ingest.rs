@@ -160,7 +160,9 @@ impl Ingest {
 
     /// Ends the drain: each job's batch goes into its store, within the node's budget of
     /// `max_bursts`, and is returned for the analysis, shared rather than copied, by job with
-    /// the job's rank count.
+    /// the job's rank count. The budget takes the jobs' batches in the order of their ids, not
+    /// in the order their records came within the drain; the job holding the most still gives
+    /// up bursts first.
     pub fn end_drain(
         &mut self,
         store: &mut JobStore,

@@ -332,10 +332,10 @@ impl JobStore {
         added
     }
 
-    /// Keeps `bursts` in their job's memory within a budget of `max_bursts` over the whole node:
-    /// when the jobs hold that many, the oldest burst of the job holding the most goes first, so
-    /// a burst storm in one job never pushes out the bursts of the others. Nothing happens for a
-    /// job that is not held.
+    /// Keeps a drain's `batch` of a job's bursts in its memory, within a budget of `max_bursts`
+    /// over the whole node: when the jobs hold that many, the oldest burst of the job holding
+    /// the most goes first, so a burst storm in one job never pushes out the bursts of the
+    /// others. Nothing happens for a job that is not held.
     pub fn push_bursts(&mut self, id: &JobId, batch: Arc<Vec<Burst>>, max_bursts: usize) {
         let max_bursts = max_bursts.max(1);
         let mut job = None;
