@@ -31,10 +31,10 @@
 //! tracepoint (file I/O off and no holds of new MPI libraries: the scheduler programs alone), with
 //! its holds but file I/O off (the default's `library_open_exit` at openat's exit), and with file
 //! I/O on, alternating. Last, 1-byte pwrite calls of a tracked process to a file it opened
-//! (counted requests, checked to be counted exactly). These
-//! calls are made by a process of their own, this program run again, in its CPU time: the tax is
-//! that of the other processes on the node, not of the one the daemon runs in (whose own system
-//! calls were about 25 ns dearer, with or without a daemon).
+//! (counted requests, checked to be counted exactly). These calls are made by a process of their
+//! own, this program run again, in its CPU time: the tax is that of the other processes on the
+//! node, not of the one the daemon runs in (whose own system calls were about 25 ns dearer, with
+//! or without a daemon).
 //!
 //! The scheduler programs run at every context switch on the node, whatever the task: their cost
 //! per switch is measured with the kernel's BPF statistics (which add their own clock reads to

@@ -1,7 +1,7 @@
 //! The ingest step: burst records from the kernel become [`Burst`]s of their job. Each record's
 //! times move to Unix time, its function ids become names, its call sites become module and
-//! offset; the burst goes into the job's buffer, into the batch for the phase analysis, and to a
-//! [`BurstSink`] (the recording).
+//! offset; the burst goes to a [`BurstSink`] (the recording) and into the drain's batch of its
+//! job, which the job's buffer and the phase analysis then share.
 
 use std::{collections::BTreeMap, sync::Arc};
 

@@ -367,8 +367,6 @@ impl JobStore {
                     from_others[i] += 1;
                     job_len += 1;
                 }
-                // An empty job has no oldest burst to give up yet.
-                _ if job_len == 0 => job_len += 1,
                 _ => own += 1,
             }
         }
