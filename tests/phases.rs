@@ -833,6 +833,27 @@ fn runs_with_2_and_4_ranks_are_matched_phase_for_phase() {
     }
 }
 
+/// Each rank's bursts in order, as `cluster:start function>end function@start site>end site:
+/// on-CPU µs/wall µs` (cluster -1: not analysed, 0: noise).
+fn print_rank_sequences(bursts: &[Burst], labels: &[Option<ClusterId>]) {
+    let mut per_rank: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for (burst, label) in bursts.iter().zip(labels) {
+        per_rank.entry(burst.rank).or_default().push(format!(
+            "{}:{}>{}@{:x}>{:x}:{}/{}",
+            label.map_or(-1, i64::from),
+            burst.start_func,
+            burst.end_func,
+            burst.start_site.offset,
+            burst.end_site.offset,
+            burst.oncpu_ns / 1000,
+            burst.duration_ns / 1000
+        ));
+    }
+    for (rank, sequence) in per_rank {
+        eprintln!("rank {rank}: {}", sequence.join(" "));
+    }
+}
+
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn an_fft_code_keeps_its_three_phases_in_ten_runs_of_four_ranks_on_two_cores() {
@@ -890,6 +911,11 @@ fn an_fft_code_keeps_its_three_phases_in_ten_runs_of_four_ranks_on_two_cores() {
             && phases.iter().all(|c| sites[&c.id].len() == 1)
             && analysis.global_score >= 0.9;
         good += usize::from(ok);
+        if !ok {
+            // What the next look at such a run needs: which bursts went where, in order.
+            eprintln!("clustering: {:?}", analysis.clustering);
+            print_rank_sequences(&bursts, &analysis.labels);
+        }
         eprintln!(
             "run {run}: clusters (id, bursts, time share, SPMD, end sites) {summary:?}, SPMD score \
              {:.3}{}",

@@ -268,6 +268,9 @@ pub struct ThreadState {
     pub storm_start_ns: u64,
     pub storm_reported: u32,
     pub _pad: u32,
+    /// The statistics of some of the thread's call sites, in place of their `FUNC_STATS`
+    /// entries (see `CachedCallStats`).
+    pub call_cache: [CachedCallStats; CALL_CACHE_WAYS],
 }
 impl ThreadState {
     /// This life of the thread: the key its burst totals move to when it ends.
@@ -292,7 +295,50 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 408);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 408 + CALL_CACHE_WAYS * 80);
+
+/// Ways of a thread's cache of call statistics (`ThreadState::call_cache`): a code's main loop
+/// calls MPI from a few call sites, and a call whose site is in the cache updates its statistics
+/// in the thread's state instead of looking them up in `FUNC_STATS` (a hash lookup, about 40 ns).
+/// Any way holds any site: return addresses a few bytes apart (a loop unrolled twice) would
+/// share a way chosen by address.
+pub const CALL_CACHE_WAYS: usize = 4;
+
+/// One way of a thread's call cache: the statistics of its calls of `func` at `site`, counted
+/// from the thread's first call there (not since the way was filled), so that they supersede the
+/// `FUNC_STATS` entry of the same key, which they are written back to when another site takes
+/// the way or the thread ends. The daemon reads the thread states before `FUNC_STATS` and takes
+/// the larger of each statistic: an entry is in the cache, in the hash, or both. Empty while
+/// `stats.calls` is 0.
+///
+/// The daemon copies a state while its thread may be changing it. A way that another site takes
+/// changes its key and statistics at once, so that change is framed: `fill_end` first, then the
+/// rest, then `fill`, each the previous `fill` plus one. A copy (made in address order) in which
+/// they differ caught the change midway, and the daemon leaves that way out of it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachedCallStats {
+    pub fill: u32,
+    pub func: u32,
+    pub site: u64,
+    pub stats: FuncStats,
+    pub fill_end: u32,
+    pub _pad: u32,
+}
+impl CachedCallStats {
+    /// The key and statistics of this way, if it holds any and was copied whole.
+    pub fn entry(&self, tid: u32) -> Option<(FuncKey, FuncStats)> {
+        (self.fill == self.fill_end && self.stats.calls != 0).then_some((
+            FuncKey {
+                tid,
+                func: self.func,
+                site: self.site,
+            },
+            self.stats,
+        ))
+    }
+}
+const _: () = assert!(core::mem::size_of::<CachedCallStats>() == 80);
 
 /// How the probes treat a polling function, as the daemon's governor sets it (`Governance`): a polling loop calls such a function every few tens of nanoseconds, and a
 /// probe hit costs a microsecond or more.

@@ -17,11 +17,13 @@
 //!   library the daemon has not handled.
 //!
 //! What they share: `threads` (threads.rs), the state of every thread with a probed MPI call;
+//! `call_stats` (call_stats.rs), the call statistics per thread, function and call site;
 //! `oncpu` (oncpu.rs), on-CPU time and hardware counters; `shared` (shared.rs), the load-time
 //! globals, lost-event counts and get-or-insert on hash maps.
 #![no_std]
 #![no_main]
 
+mod call_stats;
 mod file_io;
 mod libraries;
 mod lifecycle;

@@ -20,12 +20,13 @@ use aya_ebpf::{
     EbpfContext,
 };
 use profiler_common::{
-    cookie, lost, BurstRecord, FuncKey, FuncStats, RankRegion, ThreadState, BURST_HAS_COUNTERS,
-    NUM_COUNTERS, OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_PEER_DONE, OUTER_POLLING,
-    OUTER_REGION_START, OUTER_WORLD_PEER,
+    cookie, lost, BurstRecord, RankRegion, ThreadState, BURST_HAS_COUNTERS, NUM_COUNTERS,
+    OUTER_BURST_PENDING, OUTER_BYTES_DONE, OUTER_PEER_DONE, OUTER_POLLING, OUTER_REGION_START,
+    OUTER_WORLD_PEER,
 };
 
 use crate::{
+    call_stats::call_stats,
     oncpu::{thread_now, COUNTERS_ENABLED},
     shared::{config, count_lost, get_or_insert},
     threads::{thread, thread_state},
@@ -40,9 +41,6 @@ static MIN_BURST_NS: u64 = 0;
 /// record wakes the daemon.
 #[no_mangle]
 static RING_WAKE_BYTES: u64 = 0;
-/// Calls, time, bytes and peers per thread, function and call site.
-#[map]
-static FUNC_STATS: HashMap<FuncKey, FuncStats> = HashMap::with_max_entries(65536, 0);
 /// Region of interest per process (by pid).
 #[map]
 static REGIONS: HashMap<u32, RankRegion> = HashMap::with_max_entries(16384, 0);
@@ -185,30 +183,22 @@ fn enter(st: &mut ThreadState, regs: &pt_regs, c: u64, now: u64, tid: u32, pid: 
 /// Return of the outermost call in progress (the depth is back at 0): sums the call, ships the
 /// burst it closed and opens the next one at `site`, the return address.
 #[inline(always)]
-fn outermost_return(st: &mut ThreadState, tid: u32, now: u64, site: u64) {
+fn outermost_return(st: &mut ThreadState, now: u64, site: u64) {
     let elapsed = now.saturating_sub(st.outer_entry_ns);
     if st.outer_flags & OUTER_REGION_START != 0 {
         set_region(st.pid, |r| r.init_return_ns = now);
     }
-    let key = FuncKey {
-        tid,
-        func: st.outer_func,
-        site,
-    };
-    let initial = FuncStats {
-        pid: st.pid,
-        ..FuncStats::default()
-    };
-    if let Some(s) = get_or_insert(&FUNC_STATS, &key, initial) {
+    let (func, flags, bytes, peer) = (st.outer_func, st.outer_flags, st.outer_bytes, st.outer_peer);
+    if let Some(s) = call_stats(st, func, site, now) {
         s.calls += 1;
         s.time_ns += elapsed;
-        if st.outer_flags & OUTER_BYTES_DONE != 0 {
-            s.bytes += st.outer_bytes;
+        if flags & OUTER_BYTES_DONE != 0 {
+            s.bytes += bytes;
             s.sized_calls += 1;
         }
-        if st.outer_flags & OUTER_WORLD_PEER != 0 {
+        if flags & OUTER_WORLD_PEER != 0 {
             s.world_peer_calls += 1;
-            s.world_peer_sum += st.outer_peer as u64;
+            s.world_peer_sum += peer as u64;
         }
     }
     if st.outer_flags & OUTER_POLLING != 0 {
@@ -293,7 +283,7 @@ pub fn mpi_exit(ctx: RetProbeContext) -> u32 {
     }
     st.depth -= 1;
     if st.depth == 0 {
-        outermost_return(st, tid, now, return_site(unsafe { &*ctx.regs }));
+        outermost_return(st, now, return_site(unsafe { &*ctx.regs }));
     }
     0
 }
@@ -327,7 +317,7 @@ fn session(ctx: ProbeContext) -> u32 {
         if let Some(st) = thread(tid) {
             if st.depth != 0 && sp == st.outer_entry_sp.wrapping_add(8) {
                 st.depth = 0;
-                outermost_return(st, tid, now, return_site(regs));
+                outermost_return(st, now, return_site(regs));
             }
         }
         return 0;

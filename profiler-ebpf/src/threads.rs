@@ -12,7 +12,7 @@ use profiler_common::{
     lost, BurstTotals, TaskThread, ThreadLife, ThreadState, NO_FUNC, THREAD_SLOT_COUNT,
 };
 
-use crate::shared::count_lost;
+use crate::{call_stats::write_back_all, shared::count_lost};
 
 /// Thread states, one slot per tid modulo THREAD_SLOT_COUNT. Both probes of every MPI call look
 /// their thread up: an array lookup is a few inlined instructions where a hash lookup is a
@@ -178,11 +178,12 @@ pub(crate) fn release_state(tid: u32) {
     }
 }
 
-/// Moves the burst totals of a thread state about to end into BURST_TOTALS, before the state
-/// goes: the daemon reads the states first and BURST_TOTALS after, so it sees the totals in one
-/// place or both (and takes the larger), never in neither.
+/// Moves the burst totals of a thread state about to end into BURST_TOTALS, and its cached call
+/// statistics into FUNC_STATS, before the state goes: the daemon reads the states first and the
+/// hashes after, so it sees them in one place or both (and takes the larger), never in neither.
 #[inline(always)]
 fn keep_totals(st: &ThreadState) {
+    write_back_all(st);
     if st.totals.bursts == 0 && st.totals.dropped_bursts == 0 {
         return;
     }

@@ -9,12 +9,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, RingBuf},
 };
 use profiler_common::{
-    cookie, mode, FuncKey, FuncStats, Governance, Sample, StormEvent, ThreadFunc, ThreadState,
-    GOVERNED_FUNCS, STORM_WINDOW_NS,
+    cookie, mode, Governance, Sample, StormEvent, ThreadFunc, ThreadState, GOVERNED_FUNCS,
+    STORM_WINDOW_NS,
 };
 
-use super::FUNC_STATS;
-use crate::shared::get_or_insert;
+use crate::{call_stats::call_stats, shared::get_or_insert};
 
 /// How the governor has each polling function probed, by function id.
 #[map]
@@ -52,12 +51,7 @@ pub(super) fn governed_entry(
         return false;
     }
     let site = unsafe { bpf_probe_read_user(sp as *const u64) }.unwrap_or(0);
-    let key = FuncKey { tid, func, site };
-    let initial = FuncStats {
-        pid,
-        ..FuncStats::default()
-    };
-    if let Some(s) = get_or_insert(&FUNC_STATS, &key, initial) {
+    if let Some(s) = call_stats(st, func, site, now) {
         s.calls += 1;
     }
     st.polling_calls += 1;

@@ -651,7 +651,8 @@ impl Capture {
         let threads: HashMap<&MapData, u32, ThreadState> = map_ref(&self.ebpf, "THREADS")?;
         let owners: HashMap<&MapData, u32, u32> = map_ref(&self.ebpf, "SLOT_OWNERS")?;
         let slots: Array<&MapData, ThreadState> = map_ref(&self.ebpf, "THREAD_SLOTS")?;
-        // The live threads' states before the ended threads' totals (see burst_totals_by_life).
+        // The live threads' states before the ended threads' totals and the call statistics
+        // outside the threads' caches (see burst_totals_by_life, call_stats_by_key).
         let states: Vec<ThreadState> = threads
             .iter()
             .filter_map(Result::ok)
@@ -669,7 +670,7 @@ impl Capture {
             })
             .collect();
         Ok(KernelTotals {
-            functions: functions.iter().filter_map(Result::ok).collect(),
+            functions: threads::call_stats_by_key(&states, functions.iter().filter_map(Result::ok)),
             bursts,
             regions: regions.iter().filter_map(Result::ok).collect(),
             open_calls,

@@ -1,5 +1,6 @@
 //! The threads' states as the daemon reads them: the probes' array of thread states
-//! (`THREAD_SLOTS`), and the burst totals of live and ended threads put together.
+//! (`THREAD_SLOTS`), and the burst totals and call statistics of live and ended threads put
+//! together.
 //!
 //! Only the slots some thread holds are read, found through `SLOT_OWNERS`, one lookup each. The
 //! array is not mapped into the daemon: a mapping of a BPF array is resident in full (the kernel
@@ -9,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use aya::maps::{Array, HashMap, MapData};
-use profiler_common::{BurstTotals, ThreadLife, ThreadState};
+use profiler_common::{BurstTotals, FuncKey, FuncStats, ThreadLife, ThreadState};
 
 /// Copies of the states of the threads that hold a slot. The probes write them meanwhile, so a
 /// copy may be caught between two fields' updates, as any lookup may; but not between two lives
@@ -73,8 +74,45 @@ pub(super) fn burst_totals_by_life(
     by_life.into_iter().collect()
 }
 
+/// The call statistics of every thread, function and call site: those in the threads' caches
+/// (`CachedCallStats`) and those in `FUNC_STATS`. The states must be read first: a site leaving a
+/// cache is written to the map before its way changes, so it is found in one place or both, and
+/// then each statistic's larger value, the later one, is kept.
+pub(super) fn call_stats_by_key(
+    states: &[ThreadState],
+    hashed: impl IntoIterator<Item = (FuncKey, FuncStats)>,
+) -> Vec<(FuncKey, FuncStats)> {
+    let mut by_key: BTreeMap<FuncKey, FuncStats> = states
+        .iter()
+        .flat_map(|st| st.call_cache.iter().filter_map(|way| way.entry(st.tid)))
+        .collect();
+    for (key, stats) in hashed {
+        by_key
+            .entry(key)
+            .and_modify(|kept| *kept = later(kept, &stats))
+            .or_insert(stats);
+    }
+    by_key.into_iter().collect()
+}
+
+/// Two reads of one key's call statistics put together: every statistic only grows.
+fn later(a: &FuncStats, b: &FuncStats) -> FuncStats {
+    FuncStats {
+        pid: a.pid,
+        _pad: 0,
+        calls: a.calls.max(b.calls),
+        time_ns: a.time_ns.max(b.time_ns),
+        bytes: a.bytes.max(b.bytes),
+        sized_calls: a.sized_calls.max(b.sized_calls),
+        world_peer_calls: a.world_peer_calls.max(b.world_peer_calls),
+        world_peer_sum: a.world_peer_sum.max(b.world_peer_sum),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use profiler_common::CachedCallStats;
+
     use super::*;
 
     fn state(pid: u32, tid: u32, born_ns: u64, bursts: u64) -> ThreadState {
@@ -130,5 +168,67 @@ mod tests {
     fn a_state_not_yet_made_adds_nothing() {
         let merged = burst_totals_by_life(&[state(0, 0, 0, 0)], []);
         assert!(merged.is_empty());
+    }
+
+    fn calls(pid: u32, calls: u64, time_ns: u64) -> FuncStats {
+        FuncStats {
+            pid,
+            calls,
+            time_ns,
+            ..FuncStats::default()
+        }
+    }
+
+    fn cached(func: u32, site: u64, stats: FuncStats) -> CachedCallStats {
+        CachedCallStats {
+            fill: 3,
+            func,
+            site,
+            stats,
+            fill_end: 3,
+            _pad: 0,
+        }
+    }
+
+    fn key(tid: u32, func: u32, site: u64) -> FuncKey {
+        FuncKey { tid, func, site }
+    }
+
+    #[test]
+    fn a_call_site_read_in_a_cache_and_in_the_map_counts_once_with_its_later_statistics() {
+        let mut st = state(7, 70, 5, 1);
+        st.call_cache[0] = cached(2, 0x40, calls(7, 12, 900));
+        st.call_cache[1] = cached(3, 0x80, calls(7, 5, 50));
+        let merged = call_stats_by_key(
+            &[st],
+            [
+                // Written back after the state was read: newer than its copy.
+                (key(70, 3, 0x80), calls(7, 6, 60)),
+                // Written back before the site came back into the cache: older.
+                (key(70, 2, 0x40), calls(7, 10, 700)),
+                (key(71, 2, 0x40), calls(7, 1, 10)),
+            ],
+        );
+        assert_eq!(
+            merged,
+            vec![
+                (key(70, 2, 0x40), calls(7, 12, 900)),
+                (key(70, 3, 0x80), calls(7, 6, 60)),
+                (key(71, 2, 0x40), calls(7, 1, 10)),
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_ways_and_ways_copied_while_another_site_took_them_are_left_out() {
+        let mut st = state(7, 70, 5, 1);
+        st.call_cache[0] = cached(2, 0x40, calls(7, 12, 900));
+        // Caught midway: the new site's fill_end is written, its fill not yet.
+        st.call_cache[1] = CachedCallStats {
+            fill_end: 4,
+            ..cached(3, 0x80, calls(7, 5, 50))
+        };
+        let merged = call_stats_by_key(&[st], []);
+        assert_eq!(merged, vec![(key(70, 2, 0x40), calls(7, 12, 900))]);
     }
 }
