@@ -117,8 +117,8 @@ pub struct RankRegion {
 }
 const _: () = assert!(core::mem::size_of::<RankRegion>() == 16);
 
-/// Per CPU: the time and counter values of the last context switch on that CPU, i.e. when the
-/// thread now running on it came in.
+/// Per CPU: the time and counter values of the last context switch to a profiled thread on that
+/// CPU, i.e. when the profiled thread now running on it came in.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuSwitch {

@@ -14,7 +14,7 @@ use crate::shared::config;
 /// 1 when the daemon filled the counter arrays with per-CPU perf events.
 #[no_mangle]
 pub(crate) static COUNTERS_ENABLED: u32 = 0;
-/// The last context switch on each CPU.
+/// Per CPU, the last context switch to a profiled thread (sched_switch records no other).
 #[map]
 pub(crate) static CPU_SWITCH: PerCpuArray<CpuSwitch> = PerCpuArray::with_max_entries(1, 0);
 /// Per-CPU counters, one array per counter: a perf-event array cannot be larger than the number
@@ -62,8 +62,9 @@ pub(crate) fn read_counters() -> [u64; NUM_COUNTERS] {
 /// On-CPU time and counter totals of the running thread (the caller's), up to `now`. The
 /// scheduler's own accounting (which leaves out time a hypervisor stole from the virtual CPU,
 /// as the thread's CLOCK_THREAD_CPUTIME_ID does) up to its last update, plus the wall time since
-/// then or since the thread's switch-in, the last switch on this CPU, whichever is later (a
-/// scheduler tick updates the accounting every few ms, so little is left to estimate).
+/// then or since the thread's switch-in, the last switch to a profiled thread on this CPU,
+/// whichever is later (a scheduler tick updates the accounting every few ms, so little is left to
+/// estimate).
 #[inline(always)]
 pub(crate) fn thread_now(st: &ThreadState, now: u64) -> (u64, [u64; NUM_COUNTERS]) {
     let mut counters = st.counters;

@@ -1,6 +1,7 @@
 //! The scheduler programs: sched_stat_runtime adds the run time the scheduler accounts to a
 //! thread's on-CPU time, sched_switch gives the per-CPU counter counts since the last switch to
-//! the thread leaving the CPU.
+//! the thread leaving the CPU. Both run for every task on the node and leave after one array
+//! read unless a task they name is one of the profiled threads (TASK_FILTER).
 //!
 //! They are raw tracepoints: the kernel skips a classic tracepoint's program whenever another BPF
 //! program or a BPF map system call is active on the CPU, which would lose run time; a raw
@@ -27,8 +28,7 @@ use crate::{
 pub fn sched_stat_runtime(ctx: RawTracePointContext) -> i32 {
     let task: u64 = ctx.arg(0);
     let runtime: u64 = ctx.arg(1);
-    let (word, bit) = task_filter_slot(task);
-    if TASK_FILTER.get(word).is_none_or(|w| w & bit == 0) {
+    if !profiled(task) {
         return 0;
     }
     let Some(thread) = (unsafe { TASK_THREADS.get(&task) }) else {
@@ -41,17 +41,28 @@ pub fn sched_stat_runtime(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// Every context switch: the thread coming in starts its time on this CPU now. With counters,
-/// the per-CPU counts since the last switch belong to the thread leaving (the current task).
+/// Every context switch to a profiled thread: it starts its time on this CPU now, and with
+/// counters the per-CPU counts from now on are its own. With counters, the counts since a
+/// profiled thread came in belong to it when it leaves (the current task). A switch between two
+/// other tasks, most of them, reads no clock and no counter: the time and counts since the last
+/// switch matter only to the profiled thread that is running (`oncpu::thread_now`), whose own
+/// switch in set them.
 #[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
-    let now = unsafe { bpf_ktime_get_ns() };
+pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
+    // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, ...)
+    let (prev, next): (u64, u64) = (ctx.arg(1), ctx.arg(2));
+    let counting = config(&COUNTERS_ENABLED) != 0;
+    let leaving = counting && profiled(prev);
+    let coming = profiled(next);
+    if !leaving && !coming {
+        return 0;
+    }
     let Some(cpu) = CPU_SWITCH.get_ptr_mut(0) else {
         return 0;
     };
     let cpu = unsafe { &mut *cpu };
     let counters_now = read_counters();
-    if config(&COUNTERS_ENABLED) != 0 {
+    if leaving {
         let prev = bpf_get_current_pid_tgid() as u32;
         if let Some(st) = thread(prev) {
             for i in 0..NUM_COUNTERS {
@@ -59,7 +70,16 @@ pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
             }
         }
     }
-    cpu.last_switch_ns = now;
-    cpu.counters = counters_now;
+    if coming {
+        cpu.last_switch_ns = unsafe { bpf_ktime_get_ns() };
+        cpu.counters = counters_now;
+    }
     0
+}
+
+/// Whether `task` may be a profiled thread: its bit in TASK_FILTER (shared by a few others).
+#[inline(always)]
+fn profiled(task: u64) -> bool {
+    let (word, bit) = task_filter_slot(task);
+    TASK_FILTER.get(word).is_some_and(|w| w & bit != 0)
 }
