@@ -652,6 +652,29 @@ pub fn rank_outputs(dir: &Path, prefix: &str, ranks: u32) -> Vec<serde_json::Val
         .collect()
 }
 
+/// Asserts that a behaviour change's window, as the kernel readings that delimit it
+/// (`start_ns`–`end_ns`), holds each rank's switch: between the return of its last call of the
+/// old role and that of its first call of the new one, by its own clock (`role_switch`'s
+/// outputs, `last_old_ns` and `first_new_ns`).
+pub fn assert_change_holds_each_switch(change: &serde_json::Value, outputs: &[serde_json::Value]) {
+    let (start, end) = (
+        change["start_ns"].as_u64().unwrap(),
+        change["end_ns"].as_u64().unwrap(),
+    );
+    for out in outputs {
+        let (last_old, first_new) = (
+            out["last_old_ns"].as_u64().unwrap(),
+            out["first_new_ns"].as_u64().unwrap(),
+        );
+        assert!(
+            last_old <= end && first_new >= start,
+            "rank {}: switch between {last_old} and {first_new} ns, change reported in \
+             {start}–{end} ns",
+            out["rank"]
+        );
+    }
+}
+
 fn clock_ns(clock: libc::clockid_t) -> i128 {
     let mut ts = libc::timespec {
         tv_sec: 0,
