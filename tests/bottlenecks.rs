@@ -73,6 +73,102 @@ fn io_request_sizes_and_the_small_request_recommendation() {
     daemon.stop();
 }
 
+/// Runs of the daemon's file write program (`io_write_exit`), from its BPF statistics, once
+/// the daemon has read them.
+fn write_program_runs(daemon: &Daemon) -> u64 {
+    let mut runs = None;
+    wait_until(daemon, Duration::from_secs(10), "BPF statistics", || {
+        let metrics = http_get(&daemon.addr, "/metrics");
+        runs = metrics
+            .lines()
+            .find(|l| l.starts_with(r#"mpiburst_bpf_runs_total{program="io_write_exit"}"#))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        runs.is_some()
+    });
+    runs.unwrap() as u64
+}
+
+/// `n` 1-byte writes of this process (which the daemon does not track) to a file.
+fn untracked_writes(file: &std::fs::File, n: u64) {
+    use std::os::unix::fs::FileExt;
+    for i in 0..n {
+        file.write_at(b"x", i).expect("write to the temporary file");
+    }
+}
+
+/// Whether `n` untracked writes leave the write program's runs as they were, read again after
+/// two statistics intervals (1 s each by default).
+fn writes_run_no_program(daemon: &Daemon, file: &std::fs::File, n: u64) -> bool {
+    let before = write_program_runs(daemon);
+    untracked_writes(file, n);
+    std::thread::sleep(Duration::from_millis(2500));
+    write_program_runs(daemon) == before
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn the_file_io_programs_run_only_while_an_mpi_process_is_tracked() {
+    // The system call tracepoints make every file call on the node build a record before the
+    // program sees that its process is not tracked: a node without MPI processes must not pay.
+    let daemon = Daemon::with_config("[capture]\nbpf_stats = true\n", &[]);
+    let file = tempfile::tempfile().unwrap();
+    assert!(
+        writes_run_no_program(&daemon, &file, 1000),
+        "writes ran the file I/O program with no MPI process on the node"
+    );
+
+    let program = program("io", Mpi::OpenMpi);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Mpi::OpenMpi.launcher(2);
+    cmd.arg(&program).args([
+        "size=4096".into(),
+        "count=400".into(),
+        "ms=20".into(),
+        format!("dir={}", dir.path().display()),
+    ]);
+    let mut job = cmd
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the io program");
+    // Tracked once the daemon identified the ranks: from then on every write on the node runs
+    // the program, this process's included.
+    let start = write_program_runs(&daemon);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let ran = loop {
+        untracked_writes(&file, 1000);
+        if write_program_runs(&daemon) >= start + 1000 {
+            break true;
+        }
+        if std::time::Instant::now() > deadline || job.try_wait().unwrap().is_some() {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let status = wait_with_timeout(&mut job, Duration::from_secs(120));
+    assert!(
+        ran,
+        "writes ran no file I/O program while io's ranks ran; the daemon's log:\n{}",
+        daemon.log_text()
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "io program: {status:?}"
+    );
+    let id = job_id(&daemon.addr, &program, &[]);
+    ended_job_properties(&daemon.addr, &id);
+    // Detached once the daemon forgot the ended ranks, at its next statistics read.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !writes_run_no_program(&daemon, &file, 1000) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes still run the file I/O program 30 s after the job ended; the daemon's \
+             log:\n{}",
+            daemon.log_text()
+        );
+    }
+    daemon.stop();
+}
+
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_job_over_two_nodes_has_an_exact_job_wide_load_balance() {

@@ -29,8 +29,10 @@
 //! calls to a file (a call the file I/O programs look at) and sched_yield (one they do not, the
 //! polling of MPI libraries), without the daemon, with the daemon but without any system call
 //! tracepoint (file I/O off and no holds of new MPI libraries: the scheduler programs alone), with
-//! its holds but file I/O off (the default's `library_open_exit` at openat's exit), and with file
-//! I/O on, alternating. Last, 1-byte pwrite calls of a tracked process to a file it opened
+//! its holds but file I/O off (the default's `library_open_exit` at openat's exit), with file I/O
+//! on and no MPI process on the node (the file I/O programs are attached only while the daemon
+//! tracks a process), and with file I/O on beside a tracked process (an idle one the bench
+//! starts), alternating. Last, 1-byte pwrite calls of a tracked process to a file it opened
 //! (counted requests, checked to be counted exactly). These calls are made by a process of their
 //! own, this program run again, in its CPU time: the tax is that of the other processes on the
 //! node, not of the one the daemon runs in (whose own system calls were about 25 ns dearer, with
@@ -726,9 +728,44 @@ fn without_syscall_tracepoints(config: &Config) -> Config {
 }
 
 /// Per setup (without the daemon; with it but without system call tracepoints: the scheduler
-/// programs alone; with its holds of new MPI libraries but without file I/O counting; with
-/// both), per round: ns per untracked pwrite and sched_yield.
-type SyscallRounds = [Vec<f64>; 4];
+/// programs alone; with its holds of new MPI libraries but without file I/O counting; with file
+/// I/O counting and no MPI process on the node, where the file I/O programs are not attached;
+/// with file I/O counting beside a tracked process, where they are), per round: ns per
+/// untracked pwrite and sched_yield.
+type SyscallRounds = [Vec<f64>; 5];
+
+/// The capture with file I/O on, tracking an idle process of its own: the file I/O programs
+/// attached, as beside an MPI job.
+struct BesideTracked {
+    _capture: Capture,
+    idle: std::process::Child,
+}
+
+impl BesideTracked {
+    fn start(config: &Config) -> Result<BesideTracked> {
+        let mut capture = Capture::load(&config.capture)?;
+        let mut idle = Command::new("sleep").arg("600").spawn()?;
+        if let Err(e) = capture.track(idle.id()) {
+            let _ = idle.kill();
+            let _ = idle.wait();
+            return Err(e.into());
+        }
+        if !capture.counts_file_io() {
+            bail!("the file I/O programs are not attached while a process is tracked");
+        }
+        Ok(BesideTracked {
+            _capture: capture,
+            idle,
+        })
+    }
+}
+
+impl Drop for BesideTracked {
+    fn drop(&mut self) {
+        let _ = self.idle.kill();
+        let _ = self.idle.wait();
+    }
+}
 
 fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRounds)> {
     let quiet = without_syscall_tracepoints(config);
@@ -736,10 +773,13 @@ fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRoun
     let mut writes: SyscallRounds = Default::default();
     let mut yields: SyscallRounds = Default::default();
     for round in 0..ROUNDS {
-        let setups = [None, Some(&quiet), Some(&io_off), Some(&io_on)];
-        for (setup, daemon_config) in setups.into_iter().enumerate() {
+        for setup in 0..5 {
+            let daemon_config = [None, Some(&quiet), Some(&io_off), Some(&io_on), None][setup];
             let _daemon = daemon_config
                 .map(|c| Daemon::start(c.clone(), None))
+                .transpose()?;
+            let _beside = (setup == 4)
+                .then(|| BesideTracked::start(&io_on))
                 .transpose()?;
             let (write, sched_yield) = SyscallLoop::start()?.measure()?;
             writes[setup].push(write);
@@ -751,7 +791,7 @@ fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRoun
         };
         eprintln!(
             "round {}: untracked pwrite {} ns, sched_yield {} ns (without the daemon / no system \
-             call tracepoint / file I/O off / on)",
+             call tracepoint / file I/O off / on, no MPI process / on, beside a tracked process)",
             round + 1,
             row(&writes),
             row(&yields)
@@ -787,36 +827,41 @@ fn tracked_pwrite(config: &Config) -> Result<Vec<f64>> {
 fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: Vec<f64>) {
     println!(
         "system calls of a process the daemon does not track, CPU time, {SYSCALLS} calls, median \
-         of {ROUNDS} alternating rounds:"
+         of {ROUNDS} alternating rounds; with file I/O on, its programs are attached only while \
+         the daemon tracks a process:"
     );
     println!(
         "                          without daemon   no syscall tracepoint   file I/O off   \
-         file I/O on   tax without syscall tracepoints   tax of file I/O (on - off)   tax of the \
-         daemon (on - without)"
+         file I/O on, no MPI process   beside a tracked process"
     );
-    let [write_bare, write_quiet, write_off, write_on] = writes.map(median);
-    let [yield_bare, yield_quiet, yield_off, yield_on] = yields.map(median);
-    for (name, bare, quiet, off, on) in [
-        (
-            "1-byte pwrite to a file",
-            write_bare,
-            write_quiet,
-            write_off,
-            write_on,
-        ),
-        ("sched_yield", yield_bare, yield_quiet, yield_off, yield_on),
+    let [write, sched_yield] = [writes, yields].map(|rounds| rounds.map(median));
+    for (name, ns) in [
+        ("1-byte pwrite to a file", write),
+        ("sched_yield", sched_yield),
     ] {
         println!(
-            "  {name:<24} {bare:>9.1} ns {quiet:>19.1} ns {off:>11.1} ns {on:>10.1} ns {:>30.1} ns \
-             {:>25.1} ns {:>30.1} ns",
-            quiet - bare,
-            on - off,
-            on - bare
+            "  {name:<24} {:>9.1} ns {:>19.1} ns {:>11.1} ns {:>26.1} ns {:>23.1} ns",
+            ns[0], ns[1], ns[2], ns[3], ns[4]
+        );
+    }
+    println!("tax against no daemon:");
+    for (name, ns) in [
+        ("1-byte pwrite to a file", write),
+        ("sched_yield", sched_yield),
+    ] {
+        let tax = |i: usize| ns[i] - ns[0];
+        println!(
+            "  {name:<24} {:>9} {:>19.1} ns {:>11.1} ns {:>26.1} ns {:>23.1} ns",
+            "",
+            tax(1),
+            tax(2),
+            tax(3),
+            tax(4)
         );
     }
     let t = median(tracked);
     println!(
         "tracked process, counted 1-byte pwrite: {t:.1} ns per call (tax {:.1} ns)",
-        t - write_bare
+        t - write[0]
     );
 }

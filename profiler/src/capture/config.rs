@@ -76,7 +76,7 @@ pub struct CaptureConfig {
     /// Count the file I/O of the MPI processes from the tracepoints of the file system calls.
     /// While they are attached every system call on the node takes the kernel's traced path, and
     /// the file calls of every process run a program; `cargo xtask bench overhead` measures what
-    /// that adds per call.
+    /// that adds per call. They are attached only while the daemon tracks an MPI process.
     pub file_io: bool,
     /// Turn the kernel's BPF run-time statistics on while the daemon runs, for the
     /// `mpiburst_bpf_run_seconds_total` and `mpiburst_bpf_runs_total` metrics. They make every
@@ -170,9 +170,10 @@ impl CaptureConfig {
              # \"software\" (cpu-clock in both slots, to exercise the counter path), or \"off\".\n\
              counters = \"auto\"\n\
              # Count the MPI processes' file I/O from the tracepoints of read, write, open and close.\n\
-             # While attached, every system call on the node takes the kernel's traced path (on a VM\n\
-             # about 0.07 us more per call, 0.27 us per read or write; `cargo xtask bench overhead`\n\
-             # measures it here); false turns the I/O properties into \"not measured\".\n\
+             # They are attached only while MPI processes run on the node; then every system call\n\
+             # on the node takes the kernel's traced path (on a VM about 0.04 us more per call,\n\
+             # 0.19 us per read or write; `cargo xtask bench overhead` measures it here); false\n\
+             # turns the I/O properties into \"not measured\".\n\
              file_io = true\n\
              # Turn the kernel's BPF run-time statistics on, for the per-program run time and run\n\
              # count metrics. Every BPF program run on the node then reads the clock twice (about\n\

@@ -4,6 +4,7 @@
 
 pub mod config;
 mod counters;
+mod file_io;
 mod governed;
 pub mod governor;
 pub mod hold_guard;
@@ -33,6 +34,7 @@ use aya::{
 };
 use counters::Counters;
 pub use counters::{online_cpus, CounterEvent, CounterSetup, CountersOff};
+use file_io::{FileIoTracepoints, IO_TRACEPOINTS};
 use governed::GovernedLinks;
 pub use governed::GovernorHandle;
 pub use libraries::{LibraryOpenEvent, LibraryOpenStats};
@@ -208,47 +210,6 @@ const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] = [
     ("sched_switch", "sched_switch"),
 ];
 
-/// The file I/O programs and the system call tracepoints each attaches to, as in TRACEPOINTS:
-/// with `capture.file_io` only. Per-syscall tracepoints, not the raw `sys_enter` and
-/// `sys_exit` of every system call, so that no other call (sched_yield, poll, futex: the polling
-/// of MPI libraries) runs a program. The calls are those of x86_64 that read, write, open or
-/// close a file descriptor.
-const IO_TRACEPOINTS: [(&str, &str, &[&str]); 4] = [
-    (
-        "io_read_exit",
-        "syscalls",
-        &[
-            "sys_exit_read",
-            "sys_exit_pread64",
-            "sys_exit_readv",
-            "sys_exit_preadv",
-            "sys_exit_preadv2",
-        ],
-    ),
-    (
-        "io_write_exit",
-        "syscalls",
-        &[
-            "sys_exit_write",
-            "sys_exit_pwrite64",
-            "sys_exit_writev",
-            "sys_exit_pwritev",
-            "sys_exit_pwritev2",
-        ],
-    ),
-    (
-        "io_open_exit",
-        "syscalls",
-        &[
-            "sys_exit_open",
-            "sys_exit_creat",
-            "sys_exit_openat",
-            "sys_exit_openat2",
-        ],
-    ),
-    ("io_close_enter", "syscalls", &["sys_enter_close"]),
-];
-
 pub struct Capture {
     ebpf: Ebpf,
     bursts: RecordRing,
@@ -276,6 +237,8 @@ pub struct Capture {
     open_counters: Option<Counters>,
     /// The kernel's BPF run-time statistics are on while this is open (`capture.bpf_stats`).
     stats_fd: Option<OwnedFd>,
+    /// The file I/O programs (`capture.file_io`), attached while a process is tracked.
+    file_io: Option<FileIoTracepoints>,
     /// Reads the records the BPF programs log with aya-log (rare events, such as the first loss
     /// of a kind on a CPU) and hands them to the `log` facade, which the daemon's tracing
     /// subscriber receives.
@@ -295,7 +258,7 @@ fn load_object(
     let exit_group_dead_offset =
         tracefs::field_offset("sched", "sched_process_exit", "group_dead")?;
     let (io_fd_offset, io_ret_offset) = if config.file_io {
-        io_field_offsets()?
+        file_io::field_offsets()?
     } else {
         (0, 0)
     };
@@ -370,11 +333,10 @@ fn load_session_program(ebpf: &Ebpf) -> Option<OwnedFd> {
     }
 }
 
-/// Loads and attaches the tracepoint programs: exec and exit, the file I/O ones when
-/// `file_io`, and the scheduler's raw tracepoints.
-fn attach_tracepoints(ebpf: &mut Ebpf, file_io: bool) -> Result<(), CaptureError> {
-    let io: &[_] = if file_io { &IO_TRACEPOINTS } else { &[] };
-    for &(name, category, events) in TRACEPOINTS.iter().chain(io) {
+/// Loads and attaches the tracepoint programs that are always on: exec and exit, and the
+/// scheduler's raw tracepoints.
+fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+    for (name, category, events) in TRACEPOINTS {
         let program: &mut TracePoint = program_mut(ebpf, name)?;
         let failed = |source| CaptureError::Program {
             program: name,
@@ -427,7 +389,11 @@ impl Capture {
         } else {
             None
         };
-        attach_tracepoints(&mut ebpf, config.file_io)?;
+        attach_tracepoints(&mut ebpf)?;
+        let file_io = config
+            .file_io
+            .then(|| FileIoTracepoints::load(&mut ebpf))
+            .transpose()?;
         let bursts = take_map::<RingBuf<MapData>>(&mut ebpf, "BURSTS")?
             .as_fd()
             .try_clone_to_owned()
@@ -457,6 +423,7 @@ impl Capture {
             counters: counter_events,
             open_counters,
             stats_fd,
+            file_io,
             bpf_log: Box::new(move || logger.flush()),
         })
     }
@@ -678,14 +645,32 @@ impl Capture {
         })
     }
 
-    /// Starts tracking an MPI process: counting its file I/O and noting its exit time.
+    /// Starts tracking an MPI process: counting its file I/O (attaching the file I/O programs if
+    /// it is the only process tracked) and noting its exit time.
     pub fn track(&mut self, pid: u32) -> Result<(), CaptureError> {
         let mut pids: HashMap<&mut MapData, u32, u64> = map_mut(&mut self.ebpf, "TRACKED")?;
         pids.insert(pid, 0, 0).map_err(|source| CaptureError::Map {
             map: "TRACKED",
             source,
         })?;
-        self.set_tracked_bit(pid, true)
+        self.set_tracked_bit(pid, true)?;
+        if let Some(io) = &mut self.file_io {
+            if let Err(e) = io.track(&mut self.ebpf, pid) {
+                tracing::warn!(
+                    "file I/O is not counted: {e}; attaching is tried again at the next MPI \
+                     process"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the file I/O programs are attached: `capture.file_io` is on and a process is
+    /// tracked.
+    pub fn counts_file_io(&self) -> bool {
+        self.file_io
+            .as_ref()
+            .is_some_and(FileIoTracepoints::attached)
     }
 
     /// Sets where Open MPI datatype objects keep their size, for the attach points whose cookie
@@ -770,6 +755,9 @@ impl Capture {
         for &pid in pids {
             self.set_tracked_bit(pid, false)?;
         }
+        if let Some(io) = &mut self.file_io {
+            io.forget(&mut self.ebpf, pids)?;
+        }
         let mut files: HashMap<&mut MapData, u64, u32> = map_mut(&mut self.ebpf, "IO_FILES")?;
         let open: Vec<u64> = files
             .keys()
@@ -815,7 +803,7 @@ impl Capture {
             .iter()
             .map(|&(name, _, _)| name)
             .chain(SCHED_RAW_TRACEPOINTS.iter().map(|&(name, _)| name))
-            .chain(IO_TRACEPOINTS.iter().map(|&(name, _, _)| name))
+            .chain(IO_TRACEPOINTS.iter().map(|&(name, _)| name))
             .chain([libraries::PROGRAM])
             .filter_map(|name| {
                 let fd = self.ebpf.program(name)?.fd().ok()?;
@@ -835,40 +823,6 @@ impl Capture {
             })
             .collect()
     }
-}
-
-/// The offsets of the descriptor argument in the records of the entry tracepoints and of the
-/// return value in those of the exit tracepoints of IO_TRACEPOINTS. The programs read each at
-/// one offset, so every tracepoint must agree (they share the kernel's record layout).
-fn io_field_offsets() -> Result<(u64, u64), CaptureError> {
-    let mut fd = None;
-    let mut ret = None;
-    for event in IO_TRACEPOINTS
-        .iter()
-        .flat_map(|(_, _, events)| events.iter())
-    {
-        let (field, seen) = if event.starts_with("sys_enter_") {
-            ("fd", &mut fd)
-        } else {
-            ("ret", &mut ret)
-        };
-        let offset = tracefs::field_offset("syscalls", event, field)?;
-        match *seen {
-            None => *seen = Some((event, offset)),
-            Some((first, o)) if o != offset => {
-                return Err(CaptureError::TracepointFormat {
-                    event: format!("syscalls/{event}"),
-                    detail: format!(
-                        "field {field} at offset {offset}, but at {o} in syscalls/{first}; \
-                         run with `capture.file_io = false` on this kernel"
-                    ),
-                })
-            }
-            Some(_) => {}
-        }
-    }
-    let offset = |seen: Option<(&&str, u64)>| seen.map_or(0, |(_, o)| o);
-    Ok((offset(fd), offset(ret)))
 }
 
 fn remove_entries<K: aya::Pod, V: aya::Pod>(
