@@ -156,7 +156,7 @@ fn the_file_io_programs_run_only_while_an_mpi_process_is_tracked() {
     );
     let id = job_id(&daemon.addr, &program, &[]);
     ended_job_properties(&daemon.addr, &id);
-    // Detached once the daemon forgot the ended ranks, at its next statistics read.
+    // Detached 10 s after the daemon forgot the ended ranks (jobs often follow each other).
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !writes_run_no_program(&daemon, &file, 1000) {
         assert!(

@@ -318,6 +318,7 @@ impl Daemon {
         self.reports.print_running(&self.state.store, now, last);
         self.evict_ended(now);
         self.libraries.keep_hold_guard(&self.capture);
+        self.capture.detach_idle_file_io();
         self.state.health = self.health()?;
         if let Some(g) = &self.governor {
             g.shared

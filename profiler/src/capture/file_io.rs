@@ -5,12 +5,17 @@
 //! traced path, and every file call of every process builds the tracepoint's record before the
 //! program can see that its process is not tracked (docs/performance.md, "System-call tax").
 //! The programs count only tracked processes, so they are attached only while the daemon tracks
-//! one: a node without MPI processes pays nothing for them.
+//! one (and for a few seconds after, for the next job): a node without MPI processes pays
+//! nothing for them.
 
-use std::collections::HashSet;
+use std::{
+    collections::HashSet,
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
 
 use aya::{
-    programs::{trace_point::TracePointLinkId, TracePoint},
+    programs::{trace_point::TracePointLink, TracePoint},
     Ebpf,
 };
 
@@ -85,18 +90,27 @@ pub(super) fn field_offsets() -> Result<(u64, u64), CaptureError> {
     Ok((offset(fd), offset(ret)))
 }
 
-/// The file I/O programs' links, present while the daemon tracks at least one process.
+/// How long the node must have had no tracked process before the programs are detached: jobs
+/// often follow each other within seconds, and attaching takes about 1 ms where detaching takes
+/// about 1 s.
+const DETACH_AFTER: Duration = Duration::from_secs(10);
+
+/// The file I/O programs' links, present while the daemon tracks a process and for
+/// DETACH_AFTER after the last one ended.
 pub(super) struct FileIoTracepoints {
-    /// Each attached (program, event) link; empty while no process is tracked.
-    links: Vec<(&'static str, TracePointLinkId)>,
+    /// Each attached (program, event) link; empty while detached.
+    links: Vec<TracePointLink>,
     /// The tracked processes, whose file calls the programs count.
     tracked: HashSet<u32>,
+    /// Since when no process is tracked, while the links are attached.
+    idle_since: Option<Instant>,
+    /// The thread that drops the last links, which may still run.
+    detaching: Option<JoinHandle<()>>,
 }
 
 impl FileIoTracepoints {
-    /// Loads the programs and attaches them once to every event, so that a kernel without one
-    /// of the tracepoints fails here, at the daemon's start; then detaches them until the first
-    /// process is tracked.
+    /// Loads the programs, to be attached at the first tracked process. Every event exists: the
+    /// capture read each one's format (`field_offsets`).
     pub(super) fn load(ebpf: &mut Ebpf) -> Result<FileIoTracepoints, CaptureError> {
         for (name, _) in IO_TRACEPOINTS {
             let program: &mut TracePoint = program_mut(ebpf, name)?;
@@ -105,53 +119,65 @@ impl FileIoTracepoints {
                 source,
             })?;
         }
-        let mut io = FileIoTracepoints {
+        Ok(FileIoTracepoints {
             links: Vec::new(),
             tracked: HashSet::new(),
-        };
-        io.attach(ebpf)?;
-        io.detach(ebpf)?;
-        Ok(io)
+            idle_since: None,
+            detaching: None,
+        })
     }
 
-    /// Whether the programs are attached (some process is tracked).
+    /// Whether the programs are attached.
     pub(super) fn attached(&self) -> bool {
         !self.links.is_empty()
     }
 
-    /// Counts `pid`'s file calls from now on: attaches the programs if it is the only process
-    /// tracked (or if attaching failed before).
+    /// Counts `pid`'s file calls from now on: attaches the programs if they are not (or if
+    /// attaching failed before).
     pub(super) fn track(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<(), CaptureError> {
         self.tracked.insert(pid);
+        self.idle_since = None;
         if self.attached() {
             return Ok(());
+        }
+        // A program attaches to an event once: the links being dropped must be gone first.
+        if let Some(detaching) = self.detaching.take() {
+            let _ = detaching.join();
         }
         self.attach(ebpf)
     }
 
-    /// Stops counting the file calls of `pids` (ended processes); detaches the programs once no
-    /// process is tracked.
-    pub(super) fn forget(
-        &mut self,
-        ebpf: &mut Ebpf,
-        pids: &HashSet<u32>,
-    ) -> Result<(), CaptureError> {
+    /// Stops counting the file calls of `pids` (ended processes).
+    pub(super) fn forget(&mut self, pids: &HashSet<u32>) {
         self.tracked.retain(|pid| !pids.contains(pid));
-        if self.tracked.is_empty() {
-            self.detach(ebpf)?;
+        if self.tracked.is_empty() && self.attached() && self.idle_since.is_none() {
+            self.idle_since = Some(Instant::now());
         }
-        Ok(())
+    }
+
+    /// Detaches the programs once no process has been tracked for DETACH_AFTER.
+    pub(super) fn detach_if_idle(&mut self) {
+        if self
+            .idle_since
+            .is_some_and(|since| since.elapsed() >= DETACH_AFTER)
+        {
+            self.idle_since = None;
+            self.detach();
+        }
     }
 
     fn attach(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
         for (name, events) in IO_TRACEPOINTS {
+            let program: &mut TracePoint = program_mut(ebpf, name)?;
             for event in events {
-                let program: &mut TracePoint = program_mut(ebpf, name)?;
-                match program.attach(CATEGORY, event) {
-                    Ok(link) => self.links.push((name, link)),
+                let link = program
+                    .attach(CATEGORY, event)
+                    .and_then(|id| program.take_link(id));
+                match link {
+                    Ok(link) => self.links.push(link),
                     Err(source) => {
                         // No half-attached set: the next tracked process tries them all again.
-                        let _ = self.detach(ebpf);
+                        self.detach();
                         return Err(CaptureError::Program {
                             program: name,
                             source,
@@ -163,16 +189,24 @@ impl FileIoTracepoints {
         Ok(())
     }
 
-    fn detach(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
-        for (name, link) in self.links.drain(..) {
-            let program: &mut TracePoint = program_mut(ebpf, name)?;
-            program
-                .detach(link)
-                .map_err(|source| CaptureError::Program {
-                    program: name,
-                    source,
-                })?;
+    /// Drops the links on a thread of their own: the kernel waits for a grace period of the
+    /// system call tracepoints at each (about 1 s for them all here), which would stall the
+    /// daemon's loop.
+    fn detach(&mut self) {
+        let links = std::mem::take(&mut self.links);
+        if links.is_empty() {
+            return;
         }
-        Ok(())
+        // Named like every thread of the daemon (never held at an open of an MPI library).
+        let spawned = std::thread::Builder::new()
+            .name("mpiburst-detach".into())
+            .spawn(move || drop(links));
+        match spawned {
+            Ok(handle) => self.detaching = Some(handle),
+            Err(e) => tracing::warn!(
+                "cannot start a thread to detach the file I/O programs ({e}): they were detached \
+                 in the daemon's loop"
+            ),
+        }
     }
 }

@@ -666,11 +666,19 @@ impl Capture {
     }
 
     /// Whether the file I/O programs are attached: `capture.file_io` is on and a process is
-    /// tracked.
+    /// tracked, or was a few seconds ago.
     pub fn counts_file_io(&self) -> bool {
         self.file_io
             .as_ref()
             .is_some_and(FileIoTracepoints::attached)
+    }
+
+    /// Detaches the file I/O programs once the node has had no tracked process for a while
+    /// (called at every statistics update).
+    pub fn detach_idle_file_io(&mut self) {
+        if let Some(io) = &mut self.file_io {
+            io.detach_if_idle();
+        }
     }
 
     /// Sets where Open MPI datatype objects keep their size, for the attach points whose cookie
@@ -756,7 +764,7 @@ impl Capture {
             self.set_tracked_bit(pid, false)?;
         }
         if let Some(io) = &mut self.file_io {
-            io.forget(&mut self.ebpf, pids)?;
+            io.forget(pids);
         }
         let mut files: HashMap<&mut MapData, u64, u32> = map_mut(&mut self.ebpf, "IO_FILES")?;
         let open: Vec<u64> = files
