@@ -157,9 +157,11 @@ impl Governor {
         measured: Option<ProbeCost>,
     ) -> Governor {
         let cost = match measured {
+            // Back to back: a storm's calls are.
             Some(ProbeCost {
                 full_ns,
                 count_only_ns: Some(count_only_ns),
+                ..
             }) => HitCost {
                 full_ns,
                 count_only_ns,
@@ -186,9 +188,9 @@ impl Governor {
             seed: usage::clock_ns(libc::CLOCK_MONOTONIC) | 1,
         };
         tracing::info!(
-            "probe governor: a probe hit costs {:.0} ns here ({:.0} ns at entry only); a thread \
-             that makes {} calls of a polling function within {} ms gets it counted at entry \
-             only, and {} calls counted so get it sampled (budget {} %)",
+            "probe governor: a probe hit back to back costs {:.0} ns here ({:.0} ns at entry \
+             only); a thread that makes {} calls of a polling function within {} ms gets it \
+             counted at entry only, and {} calls counted so get it sampled (budget {} %)",
             cost.full_ns,
             cost.count_only_ns,
             state.storm_calls(cost.full_ns),

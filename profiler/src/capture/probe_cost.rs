@@ -1,8 +1,15 @@
 //! What a probe hit costs on this node, measured when the daemon starts: the probes the daemon
 //! attaches to MPI functions (the session program, or the entry and return pair where the kernel
 //! has no uprobe sessions), set at a function of this executable for this process only, against
-//! its unprobed twin. The probe governor sets its storm limits from it, and each rank's estimate
-//! of what profiling cost it (`store::probe_cost`) multiplies its calls by it.
+//! its unprobed twin.
+//!
+//! Two costs of a hit in full: back to back, as a thread pays it in a polling storm (calls in a
+//! tight loop keep the trap path, the programs and their maps in the core's caches), from which
+//! the probe governor sets its storm limits; and among work, as a code pays it between its own
+//! computations, which evict all that from the core's caches: each call is timed alone after a
+//! write pass over a buffer of the core's own cache size. Each rank's estimate of what profiling
+//! cost it (`store::probe_cost`) multiplies its calls by the second, its storm calls by the
+//! first.
 
 use std::{
     os::fd::{AsFd, OwnedFd},
@@ -34,16 +41,26 @@ pub enum ProbeCostError {
 /// What a probe hit costs, in ns per call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ProbeCost {
-    /// Entry and return probed.
+    /// Entry and return probed, calls back to back.
     pub full_ns: f64,
-    /// Entry only, as the probe governor counts a polling storm; `None` without uprobe
-    /// sessions, where no call is counted at its entry only.
+    /// Entry only, as the probe governor counts a polling storm (back to back); `None` without
+    /// uprobe sessions, where no call is counted at its entry only.
     pub count_only_ns: Option<f64>,
+    /// Entry and return probed, each call after a write pass over `work_bytes`.
+    pub full_among_work_ns: f64,
+    /// The size of the pass: the core's own cache (level 2), as the kernel lists it.
+    pub work_bytes: u64,
 }
 
-/// Rounds and calls of the measurement (about 0.1 s in all here).
+/// Rounds and calls of the measurement back to back (about 0.1 s in all here).
 const ROUNDS: usize = 3;
 const CALLS: u64 = 20_000;
+/// Calls per round among work, each of the probed function and of its twin after its own pass
+/// (a pass over 1 MiB takes tens of µs: about 0.1 s in all here). Each call is timed alone and
+/// the medians compared, so that a pass's own noise stays out.
+const CALLS_AMONG_WORK: usize = 400;
+/// The pass's size where the kernel lists no level 2 cache.
+const DEFAULT_WORK_BYTES: u64 = 1 << 20;
 
 impl Capture {
     /// Measures what a probe hit costs here: the median of alternating rounds, each timing
@@ -91,6 +108,8 @@ impl Capture {
         };
         let mut governance: Array<_, Governance> = map_mut(&mut self.ebpf, "GOVERNANCE")?;
         let mut times = vec![Vec::new(); modes.len()];
+        let work_bytes = core_cache_bytes();
+        let mut among_work = Vec::new();
         for _ in 0..ROUNDS {
             for (&mode, into) in modes.iter().zip(&mut times) {
                 set_mode(&mut governance, func, mode)?;
@@ -104,12 +123,20 @@ impl Capture {
                 .map_err(|_| ProbeCostError::Panicked)?;
                 into.push(probed.saturating_sub(bare) as f64 / CALLS as f64);
             }
+            set_mode(&mut governance, func, mode::FULL)?;
+            among_work.push(
+                std::thread::spawn(move || time_among_work(work_bytes))
+                    .join()
+                    .map_err(|_| ProbeCostError::Panicked)?,
+            );
         }
         drop(links);
         set_mode(&mut governance, func, mode::FULL)?;
         Ok(ProbeCost {
             full_ns: median(&mut times[0]),
             count_only_ns: sessions.then(|| median(&mut times[1])),
+            full_among_work_ns: median(&mut among_work),
+            work_bytes,
         })
     }
 }
@@ -159,6 +186,65 @@ fn probe_cost_work(x: u64) -> u64 {
     std::hint::black_box(x).wrapping_add(1)
 }
 
+/// The median ns of a probed call less that of an unprobed one, each call timed alone after a
+/// write pass over `work_bytes`, the two alternating.
+fn time_among_work(work_bytes: u64) -> f64 {
+    let mut work = vec![0u8; work_bytes as usize];
+    let mut times = [Vec::new(), Vec::new()];
+    let mut x = 0;
+    for i in 0..CALLS_AMONG_WORK {
+        for (f, into) in [mpiburst_probe_cost_bare, mpiburst_probe_cost_target]
+            .into_iter()
+            .zip(&mut times)
+        {
+            work.fill(i as u8);
+            std::hint::black_box(&mut work);
+            let start = Instant::now();
+            x = std::hint::black_box(f(x));
+            into.push(start.elapsed().as_nanos() as f64);
+        }
+    }
+    let [mut bare, mut probed] = times;
+    (median(&mut probed) - median(&mut bare)).max(0.0)
+}
+
+/// The size of the first CPU's level 2 cache (its own, on most processors: the largest a core
+/// does not share), from sysfs; DEFAULT_WORK_BYTES where the kernel lists none.
+fn core_cache_bytes() -> u64 {
+    let caches = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache")
+        .into_iter()
+        .flatten();
+    caches
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("index"))
+        .find_map(|entry| {
+            let read = |name: &str| std::fs::read_to_string(entry.path().join(name)).ok();
+            let level = read("level")?;
+            let kind = read("type")?;
+            (level.trim() == "2" && kind.trim() != "Instruction")
+                .then(|| cache_size_bytes(&read("size")?))
+                .flatten()
+        })
+        .unwrap_or(DEFAULT_WORK_BYTES)
+}
+
+/// A sysfs cache size ("1024K", "2M", "512").
+fn cache_size_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, unit) = match text.strip_suffix('K') {
+        Some(d) => (d, 1 << 10),
+        None => match text.strip_suffix('M') {
+            Some(d) => (d, 1 << 20),
+            None => (text, 1),
+        },
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .map(|n| n * unit)
+        .filter(|&n| n > 0)
+}
+
 /// Calls `f` `calls` times, in ns.
 fn time_calls(f: extern "C" fn(u64) -> u64, calls: u64) -> u64 {
     let start = Instant::now();
@@ -184,4 +270,18 @@ fn calibration_point() -> Result<(PathBuf, u64), ProbeCostError> {
     let path = mapping.path.clone().unwrap_or_default();
     let offset = address - mapping.start + mapping.offset;
     Ok((path, offset + super::probe_offset(code, 0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_read_as_sysfs_writes_them() {
+        assert_eq!(cache_size_bytes("1024K\n"), Some(1 << 20));
+        assert_eq!(cache_size_bytes("2M"), Some(2 << 20));
+        assert_eq!(cache_size_bytes("512"), Some(512));
+        assert_eq!(cache_size_bytes("0K"), None);
+        assert_eq!(cache_size_bytes("large"), None);
+    }
 }

@@ -257,13 +257,17 @@ fn recording_header(
 fn measure_probe_cost(capture: &mut Capture) -> Option<ProbeCost> {
     match capture.measure_probe_cost() {
         Ok(cost) => {
-            match cost.count_only_ns {
-                Some(entry) => tracing::info!(
-                    "a probe hit costs {:.0} ns here ({entry:.0} ns at entry only)",
-                    cost.full_ns
-                ),
-                None => tracing::info!("a probe hit costs {:.0} ns here", cost.full_ns),
-            }
+            let entry = cost
+                .count_only_ns
+                .map(|ns| format!(", {ns:.0} ns at entry only"))
+                .unwrap_or_default();
+            tracing::info!(
+                "a probe hit costs {:.0} ns here among a code's work (each call after a pass over \
+                 {} KiB, the core's cache), {:.0} ns back to back{entry}",
+                cost.full_among_work_ns,
+                cost.work_bytes >> 10,
+                cost.full_ns
+            );
             Some(cost)
         }
         Err(e) => {

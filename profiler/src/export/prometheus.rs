@@ -624,9 +624,13 @@ fn governor_families(f: &mut Families, health: &SelfStats) {
     let governor = &health.governor;
     f.gauge(
         "mpiburst_probe_hit_cost_seconds",
-        "What a probe hit costs on this node, measured at start: probe=\"full\" (entry and return), probe=\"count_only\" (entry only, with uprobe sessions). Absent when it could not be measured.",
+        "What a probe hit costs on this node, measured at start: probe=\"full\" (entry and return, calls back to back), probe=\"count_only\" (entry only, with uprobe sessions, back to back), probe=\"full_among_work\" (entry and return, each call after a pass over the core's cache). Absent when it could not be measured.",
         health.probe_cost.into_iter().flat_map(|c| {
-            [("full", Some(c.full_ns)), ("count_only", c.count_only_ns)]
+            [
+                ("full", Some(c.full_ns)),
+                ("count_only", c.count_only_ns),
+                ("full_among_work", Some(c.full_among_work_ns)),
+            ]
                 .into_iter()
                 .filter_map(|(probe, ns)| Some((vec![("probe", probe.to_string())], ns? / 1e9)))
         }),

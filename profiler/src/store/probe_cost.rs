@@ -2,7 +2,9 @@
 //! calls and what a probe hit costs on the rank's node (measured at the daemon's start:
 //! `Capture::measure_probe_cost`).
 //!
-//! A call probed in full delays its rank by one hit of entry and return. The calls of a polling
+//! A call probed in full delays its rank by one hit of entry and return, at the cost of a hit
+//! among work: a code's computation between two calls evicts the trap path and the programs from
+//! the core's caches, and a hit then costs about twice what it costs back to back. The calls of a polling
 //! function the governor demoted (counted at entry only, or sampled) were made in a polling
 //! storm, a thread calling back to back while it waits: the waiting absorbs their hits, which
 //! show as fewer polls rather than a longer run, so they are counted apart (CPU the probes took,
@@ -23,8 +25,9 @@ pub struct RankProbeCost {
     pub full_calls: u64,
     /// Calls of polling functions while the governor had them counted at entry only or sampled.
     pub storm_calls: u64,
-    /// What a hit cost on the rank's node, in ns: entry and return, and entry only (`None`
-    /// without uprobe sessions, where no call is counted at its entry only).
+    /// What a hit cost on the rank's node, in ns: entry and return among work, and entry only
+    /// back to back, as in a storm (`None` without uprobe sessions, where no call is counted at
+    /// its entry only).
     pub full_hit_ns: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry_hit_ns: Option<f64>,
@@ -37,7 +40,7 @@ impl RankProbeCost {
         hit: ProbeCost,
     ) -> RankProbeCost {
         let mut cost = RankProbeCost {
-            full_hit_ns: hit.full_ns,
+            full_hit_ns: hit.full_among_work_ns,
             entry_hit_ns: hit.count_only_ns,
             ..RankProbeCost::default()
         };
@@ -127,7 +130,7 @@ mod tests {
     }
 
     #[test]
-    fn calls_in_full_cost_a_full_hit_and_storms_are_counted_apart() {
+    fn calls_in_full_cost_a_hit_among_work_and_storms_one_back_to_back() {
         let cost = RankProbeCost::of(
             &[
                 stats(1_000, false, false),
@@ -136,8 +139,10 @@ mod tests {
                 stats(300, false, true),
             ],
             ProbeCost {
-                full_ns: 2_000.0,
+                full_ns: 1_200.0,
                 count_only_ns: Some(900.0),
+                full_among_work_ns: 2_000.0,
+                work_bytes: 1 << 20,
             },
         );
         assert_eq!((cost.full_calls, cost.storm_calls), (1_500, 10_300));
