@@ -55,7 +55,8 @@
 //! (`mpiburst_job_profiling_cost_seconds` over `mpiburst_job_rank_runtime_seconds{stat="sum"}`,
 //! summed over the code's runs) is printed beside the main loop's measured slowdown, with whether
 //! it is within 25 % of it or within 0.5 points of run time, whichever is larger (the estimate's
-//! target). Another mpiburst daemon on the node (or another profiler's uprobes) probes the runs
+//! target), and what the daemon measured a probe hit at when it started, among work and back to
+//! back (`mpiburst_probe_hit_cost_seconds`, median of the rounds). Another mpiburst daemon on the node (or another profiler's uprobes) probes the runs
 //! without this bench's daemon and under the floor too: the rounds in which another process
 //! held user-space probes are counted and printed.
 //!
@@ -316,6 +317,19 @@ impl Profiler {
             addr,
             _dir: dir,
         }
+    }
+
+    /// What the daemon measured a probe hit at when it started, in µs, by `probe` label.
+    fn hit_costs(&self) -> Vec<(String, f64)> {
+        let family = "mpiburst_probe_hit_cost_seconds{";
+        http_get(&self.addr, "/metrics")
+            .lines()
+            .filter(|l| l.starts_with(family))
+            .filter_map(|l| {
+                let probe = label(l, "probe")?.to_string();
+                Some((probe, l.rsplit(' ').next()?.parse::<f64>().ok()? * 1e6))
+            })
+            .collect()
     }
 
     /// The calls per MPI function of each code's jobs, once the daemon has seen all `runs` jobs
@@ -612,6 +626,8 @@ fn main() {
     let work_dir = tempfile::tempdir().expect("a temporary directory");
     let mut runs: Vec<Runs> = codes.iter().map(|_| Runs::default()).collect();
     let mut seen: BTreeMap<PathBuf, SeenCalls> = BTreeMap::new();
+    // Per `probe` label, what the daemon measured a hit at in each round, in µs.
+    let mut hit_costs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut disturbed_rounds = 0;
     let started = Instant::now();
     for round in 0..rounds {
@@ -648,6 +664,9 @@ fn main() {
             if let Some(profiler) = profiler {
                 for (exe, calls) in profiler.calls_when_ended(&codes, 2 * codes.len()) {
                     seen.entry(exe).or_default().add(calls);
+                }
+                for (probe, us) in profiler.hit_costs() {
+                    hit_costs.entry(probe).or_default().push(us);
                 }
                 profiler.stop();
             }
@@ -723,6 +742,14 @@ fn main() {
             ),
         }
     }
+    let hits: Vec<String> = hit_costs
+        .iter()
+        .map(|(probe, us)| format!("{probe} {:.2} µs", median(us)))
+        .collect();
+    println!(
+        "what a probe hit cost as the daemon measured it at each start (mpiburst_probe_hit_cost_seconds, median of the rounds): {}; the estimate counts each call probed in full at full_among_work",
+        hits.join(", ")
+    );
     for (code, runs) in codes.iter().zip(&runs) {
         if let Some(note) = runs.polling() {
             println!("{}: {note}", code.label());
