@@ -56,9 +56,10 @@
 //! summed over the code's runs) is printed beside the main loop's measured slowdown, with whether
 //! it is within 25 % of it or within 0.5 points of run time, whichever is larger (the estimate's
 //! target), and what the daemon measured a probe hit at when it started, among work and back to
-//! back (`mpiburst_probe_hit_cost_seconds`, median of the rounds). Another mpiburst daemon on the node (or another profiler's uprobes) probes the runs
-//! without this bench's daemon and under the floor too: the rounds in which another process
-//! held user-space probes are counted and printed.
+//! back (`mpiburst_probe_hit_cost_seconds`, median of the rounds). Another mpiburst daemon on the
+//! node (or another profiler's uprobes) probes the runs without this bench's daemon and under the
+//! floor too: the rounds in which another process held user-space probes are counted and
+//! printed.
 //!
 //! Usage: bench_apps [ROUNDS=6], with MPIBURST_BIN and MPIBURST_MPI_PROGRAMS as for the
 //! integration tests (`cargo xtask bench apps` sets them); as root.

@@ -773,14 +773,19 @@ fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRoun
     let mut writes: SyscallRounds = Default::default();
     let mut yields: SyscallRounds = Default::default();
     for round in 0..ROUNDS {
-        for setup in 0..5 {
-            let daemon_config = [None, Some(&quiet), Some(&io_off), Some(&io_on), None][setup];
+        // (the daemon's configuration, whether a capture tracks an idle process beside it)
+        let setups = [
+            (None, false),
+            (Some(&quiet), false),
+            (Some(&io_off), false),
+            (Some(&io_on), false),
+            (None, true),
+        ];
+        for (setup, (daemon_config, beside)) in setups.into_iter().enumerate() {
             let _daemon = daemon_config
                 .map(|c| Daemon::start(c.clone(), None))
                 .transpose()?;
-            let _beside = (setup == 4)
-                .then(|| BesideTracked::start(&io_on))
-                .transpose()?;
+            let _beside = beside.then(|| BesideTracked::start(&io_on)).transpose()?;
             let (write, sched_yield) = SyscallLoop::start()?.measure()?;
             writes[setup].push(write);
             yields[setup].push(sched_yield);
@@ -835,20 +840,18 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
          file I/O on, no MPI process   beside a tracked process"
     );
     let [write, sched_yield] = [writes, yields].map(|rounds| rounds.map(median));
-    for (name, ns) in [
+    let rows = [
         ("1-byte pwrite to a file", write),
         ("sched_yield", sched_yield),
-    ] {
+    ];
+    for (name, ns) in rows {
         println!(
             "  {name:<24} {:>9.1} ns {:>19.1} ns {:>11.1} ns {:>26.1} ns {:>23.1} ns",
             ns[0], ns[1], ns[2], ns[3], ns[4]
         );
     }
     println!("tax against no daemon:");
-    for (name, ns) in [
-        ("1-byte pwrite to a file", write),
-        ("sched_yield", sched_yield),
-    ] {
+    for (name, ns) in rows {
         let tax = |i: usize| ns[i] - ns[0];
         println!(
             "  {name:<24} {:>9} {:>19.1} ns {:>11.1} ns {:>26.1} ns {:>23.1} ns",

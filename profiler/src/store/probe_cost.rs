@@ -4,8 +4,8 @@
 //!
 //! A call probed in full delays its rank by one hit of entry and return, at the cost of a hit
 //! among work: a code's computation between two calls evicts the trap path and the programs from
-//! the core's caches, and a hit then costs about twice what it costs back to back. The calls of a polling
-//! function the governor demoted (counted at entry only, or sampled) were made in a polling
+//! the core's caches, and a hit then costs about 1.6 times what it costs back to back (on the
+//! development VM). The calls of a polling function the governor demoted (counted at entry only, or sampled) were made in a polling
 //! storm, a thread calling back to back while it waits: the waiting absorbs their hits, which
 //! show as fewer polls rather than a longer run, so they are counted apart (CPU the probes took,
 //! not time the rank lost). Each rank keeps the costs of its own node, so that the ranks of a job
