@@ -145,14 +145,6 @@ fn show_holds(log: &str) {
     }
 }
 
-/// The value of an unlabelled metric of the daemon.
-fn metric(addr: &str, name: &str) -> f64 {
-    let text = http_get(addr, "/metrics");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("/metrics has no {name}:\n{text}"))
-}
-
 /// Waits (the metrics follow the daemon's stats interval, 1 s) until a metric reaches `at_least`;
 /// its value then.
 fn wait_for_metric(addr: &str, name: &str, at_least: f64) -> f64 {

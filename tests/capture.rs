@@ -604,10 +604,19 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
         })
         .collect();
     let steal = steal_ticks() - steal_before;
-    let recording = daemon.stop();
+    assert_on_cpu_of_oncpu_bursts(daemon.stop(), &outputs, steal);
+}
+
+/// Each `oncpu` burst's on-CPU time in the recording against the thread's own CPU clock, for the
+/// runs' outputs by MPI; `steal`: the ticks a hypervisor stole meanwhile (for the message).
+fn assert_on_cpu_of_oncpu_bursts(
+    recording: Recording,
+    outputs: &[(Mpi, Vec<serde_json::Value>)],
+    steal: u64,
+) {
     let mut errors = Vec::new();
-    for (mpi, outputs) in &outputs {
-        let job = job_of(&recording, &program(*mpi));
+    for (mpi, outputs) in outputs {
+        let job = job_of(&recording, &program("oncpu", *mpi));
         for (values, burst) in pair_with_recorded(job, outputs) {
             errors.push((burst.oncpu_ns as f64 - values[0] as f64).abs() / values[0] as f64);
         }
@@ -632,6 +641,52 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
         "{off} of {} bursts are off by more than 3 %",
         errors.len()
     );
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn on_cpu_time_is_whole_from_the_first_burst_when_the_scheduler_programs_were_detached() {
+    // Detached as soon as the node has no MPI thread; a rank's first MPI call then holds it
+    // until they are attached again.
+    let daemon = Daemon::with_config(
+        "[capture]\nstats_interval_ms = 100\ndetach_idle_after_s = 0\n",
+        &[],
+    );
+    let scheduler = r#"mpiburst_on_demand_programs_attached{programs="scheduler"}"#;
+    let held = "mpiburst_first_calls_held_total";
+    // Each MPI library's path once opened before: the ranks' opens of it hold nothing, so that
+    // their first calls meet the detached programs (a held open has them attached first).
+    for mpi in [Mpi::OpenMpi, Mpi::Mpich] {
+        run_mpi(mpi, 1, &program("call_loop", mpi), &["10"]);
+    }
+    let steal_before = steal_ticks();
+    let mut outputs = Vec::new();
+    for (mpi, ranks) in [(Mpi::OpenMpi, 2), (Mpi::Mpich, 2)] {
+        wait_until(
+            &daemon,
+            Duration::from_secs(30),
+            "the scheduler programs detached with no MPI process on the node",
+            || metric(&daemon.addr, scheduler) == 0.0,
+        );
+        let held_before = metric(&daemon.addr, held);
+        let out = tempfile::tempdir().unwrap();
+        run_mpi(
+            mpi,
+            ranks,
+            &program("oncpu", mpi),
+            &[out.path().to_str().unwrap(), "300"],
+        );
+        outputs.push((mpi, rank_outputs(out.path(), "oncpu", ranks)));
+        wait_until(
+            &daemon,
+            Duration::from_secs(10),
+            "the first rank to call MPI held at its first call (those after it find the \
+             programs attached)",
+            || metric(&daemon.addr, held) > held_before,
+        );
+    }
+    let steal = steal_ticks() - steal_before;
+    assert_on_cpu_of_oncpu_bursts(daemon.stop(), &outputs, steal);
 }
 
 #[test]

@@ -706,6 +706,15 @@ pub fn http_get(addr: &str, path: &str) -> String {
 }
 
 /// GET a JSON document from a daemon.
+/// The value of a series of the daemon's metrics: `name` with its labels as /metrics writes
+/// them (`mpiburst_x{a="b"}`), or alone for an unlabelled metric.
+pub fn metric(addr: &str, name: &str) -> f64 {
+    let text = http_get(addr, "/metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("/metrics has no {name}:\n{text}"))
+}
+
 pub fn get_json(addr: &str, path: &str) -> serde_json::Value {
     serde_json::from_str(&http_get(addr, path)).unwrap_or_else(|e| panic!("GET {path}: {e}"))
 }

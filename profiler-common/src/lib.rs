@@ -165,29 +165,44 @@ pub struct ExecRecord {
 }
 const _: () = assert!(core::mem::size_of::<ExecRecord>() == 16);
 
-/// Bytes of a library path a [`LibraryOpen`] carries (and the BPF side hashes); longer paths
+/// Bytes of a library path a [`HoldReport`] carries (and the BPF side hashes); longer paths
 /// are cut, which only shortens the name in the daemon's log: the daemon reads the file through
 /// the descriptor.
 pub const LIBRARY_PATH_BYTES: usize = 256;
 
-/// Sent when a process opened a file named like an MPI library (`libmpi*`) at a path the daemon
-/// has not handled yet; the process is held (SIGSTOP) until the daemon has attached to the file
-/// and resumes it.
+/// Why a process was held (`HoldReport::reason`).
+pub mod hold {
+    /// It opened a file named like an MPI library (`libmpi*`) at a path the daemon has not
+    /// handled: held until the daemon has attached to the file.
+    pub const LIBRARY_OPEN: u32 = 0;
+    /// One of its threads made its first probed MPI call while the scheduler programs were
+    /// detached (no MPI thread on the node for a while): held until they are attached again,
+    /// so that the thread's on-CPU time is whole from its first burst.
+    pub const FIRST_CALL: u32 = 1;
+}
+
+/// Sent when the BPF programs hold a process (SIGSTOP) for the daemon, which resumes it once it
+/// has done what the reason asks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct LibraryOpen {
+pub struct HoldReport {
     pub pid: u32,
-    /// The descriptor the open returned: /proc/PID/fd/FD is the file, in whatever mount
-    /// namespace the process runs.
-    pub fd: u32,
-    /// FNV-1a of the path as passed to open (the key of the daemon's known paths).
+    /// One of [`hold`].
+    pub reason: u32,
+    /// FNV-1a of the path as passed to open (the key of the daemon's known paths); 0 at a first
+    /// call.
     pub path_hash: u64,
-    /// CLOCK_MONOTONIC ns of the open: how long the process was held is counted from here.
-    pub opened_ns: u64,
-    /// The path as passed to open, NUL-terminated unless cut at LIBRARY_PATH_BYTES.
+    /// CLOCK_MONOTONIC ns of the hold: how long the process was held is counted from here.
+    pub held_ns: u64,
+    /// The descriptor the open returned: /proc/PID/fd/FD is the file, in whatever mount
+    /// namespace the process runs. 0 at a first call.
+    pub fd: u32,
+    pub _pad: u32,
+    /// The path as passed to open, NUL-terminated unless cut at LIBRARY_PATH_BYTES; empty at a
+    /// first call.
     pub path: [u8; LIBRARY_PATH_BYTES],
 }
-const _: () = assert!(core::mem::size_of::<LibraryOpen>() == 24 + LIBRARY_PATH_BYTES);
+const _: () = assert!(core::mem::size_of::<HoldReport>() == 32 + LIBRARY_PATH_BYTES);
 
 /// Slots of the array of thread states (`THREAD_SLOTS` in the BPF programs): a thread's slot is
 /// its tid modulo this (a power of two), and a thread whose slot another live thread holds keeps
@@ -529,7 +544,7 @@ mod pod {
     use super::*;
     unsafe impl aya::Pod for BurstRecord {}
     unsafe impl aya::Pod for ExecRecord {}
-    unsafe impl aya::Pod for LibraryOpen {}
+    unsafe impl aya::Pod for HoldReport {}
     unsafe impl aya::Pod for ThreadState {}
     unsafe impl aya::Pod for RankRegion {}
     unsafe impl aya::Pod for TaskThread {}

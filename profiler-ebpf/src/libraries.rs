@@ -11,6 +11,9 @@
 //! daemon attaches through /proc/PID/fd/FD and sends SIGCONT. Every process held is also in
 //! HELD_PROCESSES, which the hold guard (a process of its own, profiler's capture/hold_guard.rs)
 //! watches: it resumes a process held too long, or every one when the daemon dies.
+//!
+//! The same hold, reported on the same ring, serves the first probed call of a thread while the
+//! scheduler programs are detached (`hold_at_first_call`, from threads.rs).
 
 use aya_ebpf::{
     bindings::{pt_regs, BPF_RB_FORCE_WAKEUP},
@@ -22,7 +25,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
-use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
+use profiler_common::{hold, HoldReport, LIBRARY_PATH_BYTES};
 
 use crate::shared::config;
 
@@ -38,20 +41,22 @@ static OPENAT_RET_OFFSET: u64 = 0;
 /// holds nothing.
 #[map]
 static KNOWN_LIBRARY_PATHS: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4096, 0);
+/// The holds, reported to the daemon.
 #[map]
-static LIBRARY_OPENS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
-/// Room to build one record (larger than the stack should hold).
+static HOLDS: RingBuf = RingBuf::with_byte_size(64 << 10, 0);
+/// Room to build one report (larger than the stack should hold).
 #[map]
-static LIBRARY_OPEN_SCRATCH: PerCpuArray<LibraryOpen> = PerCpuArray::with_max_entries(1, 0);
+static HOLD_SCRATCH: PerCpuArray<HoldReport> = PerCpuArray::with_max_entries(1, 0);
 /// The processes held now: pid → CLOCK_MONOTONIC ns of the hold. The daemon deletes a process's
 /// entry when it resumes it; the hold guard resumes and deletes those held past
 /// `mpi.hold_limit_s`, and all of them when the daemon dies.
 #[map]
 static HELD_PROCESSES: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
-/// Opens of a new library that could not be reported (the ring or HELD_PROCESSES was full): the
-/// process was not held, and only the daemon's scan after its exec finds the library.
+/// Holds that could not be reported (the ring or HELD_PROCESSES was full): the process was not
+/// held. After an open, only the daemon's scan after its exec finds the library; after a first
+/// call, the thread's first bursts may lack on-CPU time.
 #[map]
-static LIBRARY_OPENS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static HOLDS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 const SIGCONT: u32 = 18;
 const SIGSTOP: u32 = 19;
@@ -89,7 +94,7 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     let filename = unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rsi)) }.ok()?;
-    let record = LIBRARY_OPEN_SCRATCH.get_ptr_mut(0)?;
+    let record = HOLD_SCRATCH.get_ptr_mut(0)?;
     let record = unsafe { &mut *record };
     let len = unsafe { bpf_probe_read_user_str_bytes(filename as *const u8, &mut record.path) }
         .ok()?
@@ -130,9 +135,39 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
         return None;
     }
     record.pid = pid;
+    record.reason = hold::LIBRARY_OPEN;
     record.fd = ret as u32;
     record.path_hash = hash;
-    record.opened_ns = unsafe { bpf_ktime_get_ns() };
+    hold_and_report(record)
+}
+
+/// Holds the calling process at a thread's first probed MPI call, made while the scheduler
+/// programs are detached, and reports it: the daemon attaches them and resumes it. The stop
+/// takes effect as the probe returns, before the call's body runs.
+#[inline(always)]
+pub(crate) fn hold_at_first_call(pid: u32) {
+    // The daemon's own calibration calls a probed function.
+    if pid == config(&DAEMON_PID) || bpf_get_current_comm().is_ok_and(|c| c.starts_with(NEVER_HELD))
+    {
+        return;
+    }
+    let Some(record) = HOLD_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let record = unsafe { &mut *record };
+    record.pid = pid;
+    record.reason = hold::FIRST_CALL;
+    record.fd = 0;
+    record.path_hash = 0;
+    record.path[0] = 0;
+    let _ = hold_and_report(record);
+}
+
+/// Stops the calling process and reports `record` (its pid and reason set).
+#[inline(always)]
+fn hold_and_report(record: &mut HoldReport) -> Option<()> {
+    let pid = record.pid;
+    record.held_ns = unsafe { bpf_ktime_get_ns() };
     // The stop is pending before the daemon can read the report: its SIGCONT, however soon it
     // comes, then either resumes the stopped process or discards the pending stop. The other
     // order would let a quick SIGCONT come first and the stop after it, for good.
@@ -141,13 +176,13 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
     }
     // Listed only once the stop is pending, for the same reason: whoever deletes an entry and
     // then sends SIGCONT (the daemon, the guard) resumes every hold that entry stood for.
-    if HELD_PROCESSES.insert(&pid, &record.opened_ns, 0).is_err() {
+    if HELD_PROCESSES.insert(&pid, &record.held_ns, 0).is_err() {
         // Full: no guard would know of it, so it is not held.
         release(pid, false);
         return None;
     }
-    if LIBRARY_OPENS
-        .output::<LibraryOpen>(record, BPF_RB_FORCE_WAKEUP as u64)
+    if HOLDS
+        .output::<HoldReport>(record, BPF_RB_FORCE_WAKEUP as u64)
         .is_err()
     {
         release(pid, true);
@@ -158,14 +193,14 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
 
 /// Lets a process go that cannot be held after all: nobody would resume it. `listed`: its entry
 /// in HELD_PROCESSES is deleted first (then the SIGCONT covers the hold it stood for). SIGCONT
-/// discards the pending stop (or ends it); the open counts as not held.
+/// discards the pending stop (or ends it); the hold counts as lost.
 #[inline(always)]
 fn release(pid: u32, listed: bool) {
     if listed {
         let _ = HELD_PROCESSES.remove(&pid);
     }
     unsafe { bpf_send_signal(SIGCONT) };
-    if let Some(lost) = LIBRARY_OPENS_LOST.get_ptr_mut(0) {
+    if let Some(lost) = HOLDS_LOST.get_ptr_mut(0) {
         unsafe { *lost += 1 };
     }
 }

@@ -14,7 +14,8 @@
 //! - `lifecycle` (lifecycle.rs): `sched_process_exec` and `sched_process_exit`.
 //! - `file_io` (file_io.rs): `io_read_exit`, `io_write_exit`, `io_open_exit`, `io_close_enter`.
 //! - `libraries` (libraries.rs): `library_open_exit`, which holds a process opening an MPI
-//!   library the daemon has not handled.
+//!   library the daemon has not handled; the same hold at a thread's first probed call while the
+//!   daemon has the scheduler programs detached.
 //!
 //! What they share: `threads` (threads.rs), the state of every thread with a probed MPI call;
 //! `call_stats` (call_stats.rs), the call statistics per thread, function and call site;

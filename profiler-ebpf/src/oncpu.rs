@@ -5,7 +5,7 @@ use aya_ebpf::{
     bindings::{bpf_perf_event_value, BPF_F_CURRENT_CPU},
     helpers::bpf_perf_event_read_value,
     macros::map,
-    maps::{PerCpuArray, PerfEventArray},
+    maps::{Array, PerCpuArray, PerfEventArray},
 };
 use profiler_common::{CpuSwitch, ThreadState, NUM_COUNTERS};
 
@@ -14,6 +14,18 @@ use crate::shared::config;
 /// 1 when the daemon filled the counter arrays with per-CPU perf events.
 #[no_mangle]
 pub(crate) static COUNTERS_ENABLED: u32 = 0;
+/// 1 while the daemon has detached the scheduler programs (scheduler.rs), or is about to; 0
+/// while they run.
+#[map]
+static SCHEDULER_DETACHED: Array<u32> = Array::with_max_entries(1, 0);
+
+/// Whether a thread's first probed call must hold its process until the scheduler programs run
+/// again: without them its on-CPU time would not be counted.
+#[inline(always)]
+pub(crate) fn scheduler_detached() -> bool {
+    SCHEDULER_DETACHED.get(0).is_some_and(|&d| d != 0)
+}
+
 /// Per CPU, the last context switch to a profiled thread (sched_switch records no other).
 #[map]
 pub(crate) static CPU_SWITCH: PerCpuArray<CpuSwitch> = PerCpuArray::with_max_entries(1, 0);

@@ -12,7 +12,10 @@ use profiler_common::{
     lost, BurstTotals, TaskThread, ThreadLife, ThreadState, NO_FUNC, THREAD_SLOT_COUNT,
 };
 
-use crate::{call_stats::write_back_all, shared::count_lost};
+use crate::{
+    call_stats::write_back_all, libraries::hold_at_first_call, oncpu::scheduler_detached,
+    shared::count_lost,
+};
 
 /// Thread states, one slot per tid modulo THREAD_SLOT_COUNT. Both probes of every MPI call look
 /// their thread up: an array lookup is a few inlined instructions where a hash lookup is a
@@ -96,6 +99,11 @@ pub(crate) fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadStat
         .is_err()
     {
         count_lost(lost::THREAD_STATES);
+    }
+    // Read once the state is made: the daemon detaches the scheduler programs only if it finds
+    // no thread state a while after it set the flag, so a new thread is either found or held.
+    if scheduler_detached() {
+        hold_at_first_call(pid);
     }
     thread(tid)
 }

@@ -27,12 +27,12 @@
 //! in use every system call on the node takes the kernel's traced path, so the tax on a process
 //! the daemon does not track (every other process on the node) is measured too: 1-byte pwrite
 //! calls to a file (a call the file I/O programs look at) and sched_yield (one they do not, the
-//! polling of MPI libraries), without the daemon, with the daemon but without any system call
-//! tracepoint (file I/O off and no holds of new MPI libraries: the scheduler programs alone), with
-//! its holds but file I/O off (the default's `library_open_exit` at openat's exit), with file I/O
-//! on and no MPI process on the node (the file I/O programs are attached only while the daemon
-//! tracks a process), and with file I/O on beside a tracked process (an idle one the bench
-//! starts), alternating. Last, 1-byte pwrite calls of a tracked process to a file it opened
+//! polling of MPI libraries), without the daemon; with the scheduler programs alone (a daemon
+//! without any system call tracepoint: file I/O off and no holds of new MPI libraries); with the
+//! daemon running as deployed (`mpiburst run`, default settings) on a node that has had no MPI
+//! process for `capture.detach_idle_after_s` (0 here), where the file I/O and scheduler programs
+//! are detached and only `library_open_exit` at openat's exit runs; and with file I/O on beside
+//! a tracked process (an idle one the bench starts), where both are attached, alternating. Last, 1-byte pwrite calls of a tracked process to a file it opened
 //! (counted requests, checked to be counted exactly). These calls are made by a process of their
 //! own, this program run again, in its CPU time: the tax is that of the other processes on the
 //! node, not of the one the daemon runs in (whose own system calls were about 25 ns dearer, with
@@ -47,12 +47,14 @@
 //! and attach the probes, and the resident memory it adds (the BPF side's kernel memory is not
 //! in it).
 //!
-//! Usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS
+//! Usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS MPIBURST_BINARY
 
 use std::{
     collections::{BTreeMap, HashSet},
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
@@ -61,6 +63,7 @@ use mpiburst::{
     config::Config,
     daemon::Daemon,
     discovery::{self, Binding, MpiFlavor, MpiLibrary},
+    export::client::DaemonClient,
 };
 
 const CALLS: &str = "300000";
@@ -488,24 +491,22 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let programs = PathBuf::from(
-        std::env::args()
-            .nth(1)
-            .context("usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS")?,
-    );
+    const USAGE: &str = "usage: bench_overhead DIRECTORY_OF_THE_MPI_TEST_PROGRAMS MPIBURST_BINARY";
+    let programs = PathBuf::from(std::env::args().nth(1).context(USAGE)?);
     if programs.as_os_str() == SYSCALL_LOOP {
         return SyscallLoop::run();
     }
     if programs.as_os_str() == YIELD_LOOP {
         return yield_loop();
     }
+    let binary = PathBuf::from(std::env::args().nth(2).context(USAGE)?);
     let mpis = installed_mpis(&programs)?;
     let config = daemon_config(&mpis);
     let rounds = cost_per_call(&config, &mpis)?;
     let (floor_runs, real_runs) = program_run_times(&config, &mpis)?;
     print_cost_per_call(&mpis, &rounds);
     print_program_run_times(&mpis, &floor_runs, &real_runs);
-    let (writes, yields) = untracked_system_calls(&config)?;
+    let (writes, yields) = untracked_system_calls(&config, &binary)?;
     let tracked = tracked_pwrite(&config)?;
     print_system_call_tax(writes, yields, tracked);
     print_scheduler_cost(scheduler_cost(&config)?);
@@ -727,12 +728,91 @@ fn without_syscall_tracepoints(config: &Config) -> Config {
     quiet
 }
 
-/// Per setup (without the daemon; with it but without system call tracepoints: the scheduler
-/// programs alone; with its holds of new MPI libraries but without file I/O counting; with file
-/// I/O counting and no MPI process on the node, where the file I/O programs are not attached;
-/// with file I/O counting beside a tracked process, where they are), per round: ns per
+/// Per setup (without the daemon; the scheduler programs alone; the daemon as deployed on a node
+/// without MPI processes; file I/O counting beside a tracked process), per round: ns per
 /// untracked pwrite and sched_yield.
-type SyscallRounds = [Vec<f64>; 5];
+type SyscallRounds = [Vec<f64>; 4];
+
+/// `mpiburst run` with the default settings (its own port and lock file), once it has detached
+/// the programs it attaches only while the node has MPI processes: a node between jobs.
+struct IdleDaemon {
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl IdleDaemon {
+    fn start(binary: &Path) -> Result<IdleDaemon> {
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("mpiburst.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[daemon]\nlock_file = \"{}\"\n[capture]\ndetach_idle_after_s = 0\n",
+                dir.path().join("lock").display()
+            ),
+        )?;
+        let addr = format!(
+            "127.0.0.1:{}",
+            std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port()
+        );
+        let mut child = Command::new(binary)
+            .args(["run", "--report-interval", "0", "--listen", &addr, "-c"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("start {}", binary.display()))?;
+        let stderr = child.stderr.take().context("the daemon's stderr")?;
+        let daemon = IdleDaemon { child, _dir: dir };
+        // Read to the end on a thread of its own, so that the daemon never blocks on its log.
+        let (ready, wait) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.starts_with("mpiburst ready") {
+                    let _ = ready.send(());
+                }
+            }
+        });
+        wait.recv_timeout(Duration::from_secs(60))
+            .context("the daemon did not become ready within 60 s")?;
+        let client = DaemonClient::parse(&addr, Config::default().daemon.listen.port())?
+            .context("the daemon's address")?;
+        let detached = |text: &str| {
+            ["file_io", "scheduler"].iter().all(|programs| {
+                let series =
+                    format!("mpiburst_on_demand_programs_attached{{programs=\"{programs}\"}} 0");
+                text.lines().any(|l| l == series)
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !detached(&String::from_utf8(client.get("/metrics")?)?) {
+            if Instant::now() > deadline {
+                bail!("the daemon did not detach its idle programs within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(daemon)
+    }
+}
+
+impl Drop for IdleDaemon {
+    fn drop(&mut self) {
+        // SIGTERM: the daemon releases what it holds and exits; killed if it does not in 30 s.
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 /// The capture with file I/O on, tracking an idle process of its own: the file I/O programs
 /// attached, as beside an MPI job.
@@ -767,25 +847,41 @@ impl Drop for BesideTracked {
     }
 }
 
-fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRounds)> {
+/// What runs beside the system call loop.
+#[derive(Clone, Copy)]
+enum Beside {
+    Nothing,
+    /// A daemon without system call tracepoints (its loop does not run: the programs stay).
+    SchedulerPrograms,
+    IdleDaemon,
+    TrackedProcess,
+}
+
+fn untracked_system_calls(
+    config: &Config,
+    binary: &Path,
+) -> Result<(SyscallRounds, SyscallRounds)> {
     let quiet = without_syscall_tracepoints(config);
-    let (io_off, io_on) = (with_file_io(config, false), with_file_io(config, true));
+    let io_on = with_file_io(config, true);
     let mut writes: SyscallRounds = Default::default();
     let mut yields: SyscallRounds = Default::default();
     for round in 0..ROUNDS {
-        // (the daemon's configuration, whether a capture tracks an idle process beside it)
         let setups = [
-            (None, false),
-            (Some(&quiet), false),
-            (Some(&io_off), false),
-            (Some(&io_on), false),
-            (None, true),
+            Beside::Nothing,
+            Beside::SchedulerPrograms,
+            Beside::IdleDaemon,
+            Beside::TrackedProcess,
         ];
-        for (setup, (daemon_config, beside)) in setups.into_iter().enumerate() {
-            let _daemon = daemon_config
-                .map(|c| Daemon::start(c.clone(), None))
+        for (setup, beside) in setups.into_iter().enumerate() {
+            let _daemon = matches!(beside, Beside::SchedulerPrograms)
+                .then(|| Daemon::start(quiet.clone(), None))
                 .transpose()?;
-            let _beside = beside.then(|| BesideTracked::start(&io_on)).transpose()?;
+            let _idle = matches!(beside, Beside::IdleDaemon)
+                .then(|| IdleDaemon::start(binary))
+                .transpose()?;
+            let _beside = matches!(beside, Beside::TrackedProcess)
+                .then(|| BesideTracked::start(&io_on))
+                .transpose()?;
             let (write, sched_yield) = SyscallLoop::start()?.measure()?;
             writes[setup].push(write);
             yields[setup].push(sched_yield);
@@ -795,8 +891,8 @@ fn untracked_system_calls(config: &Config) -> Result<(SyscallRounds, SyscallRoun
             values.join(" / ")
         };
         eprintln!(
-            "round {}: untracked pwrite {} ns, sched_yield {} ns (without the daemon / no system \
-             call tracepoint / file I/O off / on, no MPI process / on, beside a tracked process)",
+            "round {}: untracked pwrite {} ns, sched_yield {} ns (without the daemon / scheduler \
+             programs alone / idle daemon / beside a tracked process)",
             round + 1,
             row(&writes),
             row(&yields)
@@ -836,8 +932,8 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
          the daemon tracks a process:"
     );
     println!(
-        "                          without daemon   no syscall tracepoint   file I/O off   \
-         file I/O on, no MPI process   beside a tracked process"
+        "                          without daemon   scheduler programs alone   daemon, no MPI \
+         process   beside a tracked process"
     );
     let [write, sched_yield] = [writes, yields].map(|rounds| rounds.map(median));
     let rows = [
@@ -846,20 +942,19 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     ];
     for (name, ns) in rows {
         println!(
-            "  {name:<24} {:>9.1} ns {:>19.1} ns {:>11.1} ns {:>26.1} ns {:>23.1} ns",
-            ns[0], ns[1], ns[2], ns[3], ns[4]
+            "  {name:<24} {:>11.1} ns {:>23.1} ns {:>20.1} ns {:>23.1} ns",
+            ns[0], ns[1], ns[2], ns[3]
         );
     }
     println!("tax against no daemon:");
     for (name, ns) in rows {
         let tax = |i: usize| ns[i] - ns[0];
         println!(
-            "  {name:<24} {:>9} {:>19.1} ns {:>11.1} ns {:>26.1} ns {:>23.1} ns",
+            "  {name:<24} {:>11} {:>23.1} ns {:>20.1} ns {:>23.1} ns",
             "",
             tax(1),
             tax(2),
-            tax(3),
-            tax(4)
+            tax(3)
         );
     }
     let t = median(tracked);

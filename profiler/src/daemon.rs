@@ -149,6 +149,9 @@ impl Daemon {
     /// (dropping the BPF object closes every link).
     pub async fn run(mut self) -> Result<(), DaemonError> {
         let addr = self.server.addr;
+        // The daemon's own state is in /metrics from the first scrape on.
+        self.state.health = self.health()?;
+        self.publish();
         eprintln!(
             "mpiburst ready: metrics at http://{addr}/metrics, jobs at http://{addr}/api/jobs"
         );
@@ -175,7 +178,7 @@ impl Daemon {
                 }
                 ready = wakeups::library_open_reported(&library_opens) => {
                     if let Ok(mut guard) = ready {
-                        self.libraries.handle_library_opens(&mut self.capture);
+                        self.libraries.handle_holds(&mut self.capture);
                         guard.clear_ready();
                     }
                 }
@@ -228,7 +231,7 @@ impl Daemon {
     /// Publishes when a process joined a job, so the API lists a new job before its first stats
     /// update.
     fn drain(&mut self) {
-        self.libraries.handle_library_opens(&mut self.capture);
+        self.libraries.handle_holds(&mut self.capture);
         let now = Instant::now();
         for exec in self.capture.drain_execs() {
             self.members.exec(exec.pid, exec.exec_ns);
@@ -318,7 +321,7 @@ impl Daemon {
         self.reports.print_running(&self.state.store, now, last);
         self.evict_ended(now);
         self.libraries.keep_hold_guard(&self.capture);
-        self.capture.detach_idle_file_io();
+        self.capture.detach_idle_programs();
         self.state.health = self.health()?;
         if let Some(g) = &self.governor {
             g.shared
@@ -527,6 +530,8 @@ impl Daemon {
             probes: self.capture.probes(),
             libraries: self.libraries.attacher.attached,
             library_opens: self.libraries.stats,
+            file_io_attached: self.capture.counts_file_io(),
+            scheduler_attached: self.capture.scheduler_attached(),
             counter_events: match &self.capture.counters {
                 Ok(e) => format!("{},{}", e[0].name, e[1].name),
                 Err(_) => "none".into(),

@@ -928,7 +928,7 @@ fn example_of(package: &str, name: &str) -> Command {
 
 fn bench_overhead() -> Result<()> {
     let (bin, programs) = bpf_bench_setup("overhead")?;
-    status(example("bench_overhead").arg(&programs))?;
+    status(example("bench_overhead").arg(&programs).arg(&bin))?;
     // Whole application: the demo with and without the daemon, alternating to cancel drift.
     let demo = programs.join("demo.openmpi");
     // The demo's last line reads "demo: done, N steps on R ranks in S s (X ms/step), ...".

@@ -20,6 +20,11 @@ pub enum InvalidSetting {
     RingBuffer(u32),
     #[error("capture.min_burst_us = {0} is above {MAX_MIN_BURST_US} (one hour)")]
     MinBurst(u64),
+    #[error(
+        "capture.detach_idle_after_s = {0} must be a number of seconds from 0 to \
+         {MAX_DETACH_IDLE_AFTER_S}"
+    )]
+    DetachIdleAfter(f64),
     #[error("governor.budget_percent = {0} must be above 0 and at most 100")]
     Budget(f64),
     #[error(
@@ -78,6 +83,13 @@ pub struct CaptureConfig {
     /// the file calls of every process run a program; `cargo xtask bench overhead` measures what
     /// that adds per call. They are attached only while the daemon tracks an MPI process.
     pub file_io: bool,
+    /// Seconds the node must have had no MPI process before the programs attached on demand are
+    /// detached: the file I/O programs, and the scheduler programs (on every context switch of
+    /// the node), which a thread's first MPI call then holds its process for until they are
+    /// attached again (a few ms; `mpiburst_first_calls_held_total`). Attaching takes about 1 ms,
+    /// detaching about 1 s (off the daemon's loop); the wait keeps them across jobs that follow
+    /// each other.
+    pub detach_idle_after_s: f64,
     /// Turn the kernel's BPF run-time statistics on while the daemon runs, for the
     /// `mpiburst_bpf_run_seconds_total` and `mpiburst_bpf_runs_total` metrics. They make every
     /// BPF program run on the node read the clock twice (about 78 ns per run on this project's
@@ -92,6 +104,9 @@ pub struct CaptureConfig {
     /// and a return probe.
     pub uprobe_sessions: bool,
 }
+
+/// The longest wait before idle programs are detached: one day.
+const MAX_DETACH_IDLE_AFTER_S: f64 = 86_400.0;
 
 /// The longest duration filter: one hour (a burst is one MPI call), far below the
 /// `u64` nanoseconds the BPF programs compare against.
@@ -115,6 +130,7 @@ impl Default for CaptureConfig {
             ring_buffer_mib: 4,
             counters: CounterMode::Auto,
             file_io: true,
+            detach_idle_after_s: 10.0,
             bpf_stats: false,
             uprobe_sessions: true,
         }
@@ -136,12 +152,20 @@ impl CaptureConfig {
         if self.min_burst_us > MAX_MIN_BURST_US {
             return Err(InvalidSetting::MinBurst(self.min_burst_us));
         }
+        if !(0.0..=MAX_DETACH_IDLE_AFTER_S).contains(&self.detach_idle_after_s) {
+            return Err(InvalidSetting::DetachIdleAfter(self.detach_idle_after_s));
+        }
         Ok(())
     }
 
     /// The duration filter in ns, as the BPF programs apply it.
     pub fn min_burst_ns(&self) -> u64 {
         self.min_burst_us.min(MAX_MIN_BURST_US) * 1000
+    }
+
+    /// `detach_idle_after_s` as a duration (validated).
+    pub fn detach_idle_after(&self) -> Duration {
+        Duration::from_secs_f64(self.detach_idle_after_s.clamp(0.0, MAX_DETACH_IDLE_AFTER_S))
     }
 
     pub fn drain_interval(&self) -> Duration {
@@ -175,6 +199,10 @@ impl CaptureConfig {
              # 0.19 us per read or write; `cargo xtask bench overhead` measures it here); false\n\
              # turns the I/O properties into \"not measured\".\n\
              file_io = true\n\
+             # Seconds without MPI processes on the node before the file I/O programs and the\n\
+             # scheduler programs (on every context switch) are detached; a thread's first MPI\n\
+             # call then holds its process a few ms until the scheduler programs are back.\n\
+             detach_idle_after_s = {:?}\n\
              # Turn the kernel's BPF run-time statistics on, for the per-program run time and run\n\
              # count metrics. Every BPF program run on the node then reads the clock twice (about\n\
              # 0.08 us per run on a VM), so they are off by default; without them those two metrics\n\
@@ -185,7 +213,11 @@ impl CaptureConfig {
              # calling PMPI) then costs one trap instead of two. false: an entry and a return probe\n\
              # for every call.\n\
              uprobe_sessions = true\n\n",
-            d.min_burst_us, d.drain_interval_ms, d.stats_interval_ms, d.ring_buffer_mib
+            d.min_burst_us,
+            d.drain_interval_ms,
+            d.stats_interval_ms,
+            d.ring_buffer_mib,
+            d.detach_idle_after_s
         )
     }
 }

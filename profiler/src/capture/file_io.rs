@@ -8,18 +8,17 @@
 //! one (and for a few seconds after, for the next job): a node without MPI processes pays
 //! nothing for them.
 
-use std::{
-    collections::HashSet,
-    thread::JoinHandle,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use aya::{
     programs::{trace_point::TracePointLink, TracePoint},
     Ebpf,
 };
 
-use super::{program_mut, tracefs, CaptureError};
+use super::{
+    on_demand::{self, OnDemandLinks},
+    tracefs, CaptureError,
+};
 
 /// The file I/O programs and the system call tracepoints each attaches to. Per-syscall
 /// tracepoints, not the raw `sys_enter` and `sys_exit` of every system call, so that no other
@@ -90,123 +89,44 @@ pub(super) fn field_offsets() -> Result<(u64, u64), CaptureError> {
     Ok((offset(fd), offset(ret)))
 }
 
-/// How long the node must have had no tracked process before the programs are detached: jobs
-/// often follow each other within seconds, and attaching takes about 1 ms where detaching takes
-/// about 1 s.
-const DETACH_AFTER: Duration = Duration::from_secs(10);
-
-/// The file I/O programs' links, present while the daemon tracks a process and for
-/// DETACH_AFTER after the last one ended.
+/// The file I/O programs, attached while the daemon tracks a process and for
+/// `capture.detach_idle_after_s` after the last one ended.
 pub(super) struct FileIoTracepoints {
-    /// Each attached (program, event) link; empty while detached.
-    links: Vec<TracePointLink>,
-    /// The tracked processes, whose file calls the programs count.
-    tracked: HashSet<u32>,
-    /// Since when no process is tracked, while the links are attached.
-    idle_since: Option<Instant>,
-    /// The thread that drops the last links, which may still run.
-    detaching: Option<JoinHandle<()>>,
+    links: OnDemandLinks<TracePointLink>,
 }
 
 impl FileIoTracepoints {
     /// Loads the programs, to be attached at the first tracked process. Every event exists: the
     /// capture read each one's format (`field_offsets`).
     pub(super) fn load(ebpf: &mut Ebpf) -> Result<FileIoTracepoints, CaptureError> {
-        for (name, _) in IO_TRACEPOINTS {
-            let program: &mut TracePoint = program_mut(ebpf, name)?;
-            program.load().map_err(|source| CaptureError::Program {
-                program: name,
-                source,
-            })?;
-        }
+        let names = IO_TRACEPOINTS.map(|(name, _)| name);
+        on_demand::load_programs(ebpf, names, TracePoint::load)?;
         Ok(FileIoTracepoints {
-            links: Vec::new(),
-            tracked: HashSet::new(),
-            idle_since: None,
-            detaching: None,
+            links: OnDemandLinks::new("file I/O programs"),
         })
     }
 
     /// Whether the programs are attached.
     pub(super) fn attached(&self) -> bool {
-        !self.links.is_empty()
+        self.links.attached()
     }
 
-    /// Counts `pid`'s file calls from now on: attaches the programs if they are not (or if
-    /// attaching failed before).
-    pub(super) fn track(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<(), CaptureError> {
-        self.tracked.insert(pid);
-        self.idle_since = None;
-        if self.attached() {
-            return Ok(());
-        }
-        // A program attaches to an event once: the links being dropped must be gone first.
-        if let Some(detaching) = self.detaching.take() {
-            let _ = detaching.join();
-        }
-        self.attach(ebpf)
+    /// Attaches the programs, unless they are: a process is tracked.
+    pub(super) fn attach(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+        let places = IO_TRACEPOINTS
+            .iter()
+            .flat_map(|&(name, events)| events.iter().map(move |&event| (name, event)));
+        self.links
+            .attach(ebpf, places, |p: &mut TracePoint, event| {
+                p.attach(CATEGORY, event).and_then(|id| p.take_link(id))
+            })
     }
 
-    /// Stops counting the file calls of `pids` (ended processes).
-    pub(super) fn forget(&mut self, pids: &HashSet<u32>) {
-        self.tracked.retain(|pid| !pids.contains(pid));
-        if self.tracked.is_empty() && self.attached() && self.idle_since.is_none() {
-            self.idle_since = Some(Instant::now());
-        }
-    }
-
-    /// Detaches the programs once no process has been tracked for DETACH_AFTER.
-    pub(super) fn detach_if_idle(&mut self) {
-        if self
-            .idle_since
-            .is_some_and(|since| since.elapsed() >= DETACH_AFTER)
-        {
-            self.idle_since = None;
-            self.detach();
-        }
-    }
-
-    fn attach(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {
-        for (name, events) in IO_TRACEPOINTS {
-            let program: &mut TracePoint = program_mut(ebpf, name)?;
-            for event in events {
-                let link = program
-                    .attach(CATEGORY, event)
-                    .and_then(|id| program.take_link(id));
-                match link {
-                    Ok(link) => self.links.push(link),
-                    Err(source) => {
-                        // No half-attached set: the next tracked process tries them all again.
-                        self.detach();
-                        return Err(CaptureError::Program {
-                            program: name,
-                            source,
-                        });
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Drops the links on a thread of their own: the kernel waits for a grace period of the
-    /// system call tracepoints at each (about 1 s for them all here), which would stall the
-    /// daemon's loop.
-    fn detach(&mut self) {
-        let links = std::mem::take(&mut self.links);
-        if links.is_empty() {
-            return;
-        }
-        // Named like every thread of the daemon (never held at an open of an MPI library).
-        let spawned = std::thread::Builder::new()
-            .name("mpiburst-detach".into())
-            .spawn(move || drop(links));
-        match spawned {
-            Ok(handle) => self.detaching = Some(handle),
-            Err(e) => tracing::warn!(
-                "cannot start a thread to detach the file I/O programs ({e}): they were detached \
-                 in the daemon's loop"
-            ),
+    /// Detaches the programs once no process has been tracked for `idle_after` (`tracking`:
+    /// whether one is now).
+    pub(super) fn detach_if_idle(&mut self, tracking: bool, idle_after: Duration, now: Instant) {
+        if self.links.idle_long_enough(tracking, now, idle_after) {
+            self.links.detach();
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The watch on library opens: the BPF program `library_open_exit` (profiler-ebpf's
 //! libraries.rs) holds a process that opens an MPI library at a path the daemon has not handled
 //! and reports it here; the daemon attaches, marks the path known, and resumes the process. The
-//! hold guard (hold_guard.rs) resumes it instead when the daemon does not in time.
+//! hold guard (hold_guard.rs) resumes it instead when the daemon does not in time. The same ring
+//! reports the processes held at a thread's first probed call while the scheduler programs are
+//! detached (scheduler.rs).
 
 use std::{
     os::fd::{AsFd, OwnedFd},
@@ -13,7 +15,7 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::TracePoint,
 };
-use profiler_common::{LibraryOpen, LIBRARY_PATH_BYTES};
+use profiler_common::{hold, HoldReport, LIBRARY_PATH_BYTES};
 
 use super::{
     hold_guard::HeldProcesses, map_mut, map_ref, program_mut, read_record, take_map, tracefs,
@@ -25,6 +27,19 @@ use super::{
 pub(super) const PROGRAM: &str = "library_open_exit";
 const CATEGORY: &str = "syscalls";
 const EVENT: &str = "sys_exit_openat";
+
+/// A process the BPF programs held, and why.
+#[derive(Debug)]
+pub enum HoldEvent {
+    LibraryOpen(LibraryOpenEvent),
+    /// One of its threads made its first probed call while the scheduler programs were
+    /// detached: resumed once they are attached.
+    FirstCall {
+        held: HeldProcess,
+        /// CLOCK_MONOTONIC ns of the hold.
+        held_ns: u64,
+    },
+}
 
 /// A process opened a file named like an MPI library at a path the daemon has not handled; it is
 /// stopped until the event is dropped, which resumes it.
@@ -68,7 +83,7 @@ impl Drop for HeldProcess {
     }
 }
 
-/// The watch on library opens: the ring the program reports them on, and the processes it holds.
+/// The watch on library opens: the ring the programs report holds on, and the processes held.
 pub(super) struct LibraryWatch {
     ring: RingBuf<MapData>,
     held: Arc<HeldProcesses>,
@@ -88,7 +103,7 @@ impl Capture {
         }
         // The ring and the guard first: once attached, the program stops processes that only a
         // drained ring or the guard resumes.
-        let ring: RingBuf<MapData> = take_map(&mut self.ebpf, "LIBRARY_OPENS")?;
+        let ring: RingBuf<MapData> = take_map(&mut self.ebpf, "HOLDS")?;
         let held = HeldProcesses::start(take_map(&mut self.ebpf, "HELD_PROCESSES")?, hold_limit)?;
         let program: &mut TracePoint = program_mut(&mut self.ebpf, PROGRAM)?;
         let failed = |source| CaptureError::Program {
@@ -99,6 +114,8 @@ impl Capture {
         program.attach(CATEGORY, EVENT).map_err(failed)?;
         let guard_pid = held.guard_pid();
         self.library_opens = Some(LibraryWatch { ring, held });
+        // A thread's first call can be held now: the scheduler programs can wait for one.
+        self.scheduler.detach_when_idle();
         Ok(guard_pid)
     }
 
@@ -122,7 +139,7 @@ impl Capture {
     }
 
     /// Detaches the program: no process is held from now on (those already reported are still
-    /// drained by [`Capture::drain_library_opens`]).
+    /// drained by [`Capture::drain_holds`]).
     pub fn stop_watching_library_opens(&mut self) {
         if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, PROGRAM) {
             if let Err(e) = program.unload() {
@@ -131,8 +148,7 @@ impl Capture {
         }
     }
 
-    /// A descriptor that becomes readable when a library open is reported; `None` while not
-    /// watching.
+    /// A descriptor that becomes readable when a hold is reported; `None` while not watching.
     pub fn library_opens_wakeup(&self) -> Option<Result<OwnedFd, CaptureError>> {
         let watch = self.library_opens.as_ref()?;
         Some(
@@ -141,37 +157,45 @@ impl Capture {
                 .as_fd()
                 .try_clone_to_owned()
                 .map_err(|source| CaptureError::Io {
-                    what: "a descriptor of the library open ring buffer".into(),
+                    what: "a descriptor of the ring buffer of held processes".into(),
                     source,
                 }),
         )
     }
 
-    /// The library opens reported since the last call: each process is stopped until resumed.
-    pub fn drain_library_opens(&mut self) -> Vec<LibraryOpenEvent> {
+    /// The holds reported since the last call: each process is stopped until resumed.
+    pub fn drain_holds(&mut self) -> Vec<HoldEvent> {
         let Some(watch) = self.library_opens.as_mut() else {
             return Vec::new();
         };
         let mut events = Vec::new();
         while let Some(item) = watch.ring.next() {
-            let Some(record) = read_record::<LibraryOpen>(&item) else {
+            let Some(record) = read_record::<HoldReport>(&item) else {
                 continue;
             };
+            let held = HeldProcess {
+                pid: record.pid,
+                held: watch.held.clone(),
+            };
+            if record.reason == hold::FIRST_CALL {
+                events.push(HoldEvent::FirstCall {
+                    held,
+                    held_ns: record.held_ns,
+                });
+                continue;
+            }
             let len = record
                 .path
                 .iter()
                 .position(|&b| b == 0)
                 .unwrap_or(LIBRARY_PATH_BYTES);
-            events.push(LibraryOpenEvent {
-                held: HeldProcess {
-                    pid: record.pid,
-                    held: watch.held.clone(),
-                },
+            events.push(HoldEvent::LibraryOpen(LibraryOpenEvent {
+                held,
                 fd: record.fd,
                 path_hash: record.path_hash,
-                opened_ns: record.opened_ns,
+                opened_ns: record.held_ns,
                 path: String::from_utf8_lossy(&record.path[..len]).into_owned(),
-            });
+            }));
         }
         events
     }
@@ -196,10 +220,14 @@ impl Capture {
         }
         self.stop_watching_library_opens();
         // A run of the program that began before the detach may still be stopping a process and
-        // reporting it: give it time to finish before the last drain.
+        // reporting it: give it time to finish before the last drain. No thread's first call
+        // holds its process from now on either.
+        if let Err(e) = self.scheduler.never_hold(&mut self.ebpf) {
+            tracing::warn!("{e}: a thread's first MPI call may still hold its process");
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
         // Dropped at once: each resumes its process.
-        let released = self.drain_library_opens().len();
+        let released = self.drain_holds().len();
         if released > 0 {
             tracing::info!("resumed {released} held processes at shutdown");
         }
@@ -209,10 +237,10 @@ impl Capture {
         self.library_opens = None;
     }
 
-    /// Opens of new libraries the program could not report (its ring or its map of held
-    /// processes was full): those processes were not held.
-    pub fn library_opens_lost(&self) -> u64 {
-        map_ref::<PerCpuArray<&MapData, u64>>(&self.ebpf, "LIBRARY_OPENS_LOST")
+    /// Holds the programs could not report (the ring or the map of held processes was full):
+    /// those processes were not held.
+    pub fn holds_lost(&self) -> u64 {
+        map_ref::<PerCpuArray<&MapData, u64>>(&self.ebpf, "HOLDS_LOST")
             .ok()
             .and_then(|array| array.get(&0, 0).ok())
             .map_or(0, |values| values.iter().sum())
@@ -234,7 +262,12 @@ pub struct LibraryOpenStats {
     pub held_ns: u64,
     /// Library files (MPI libraries and PMPI interposers) attached while a process was held.
     pub attached: u64,
-    /// Opens that could not be reported (the ring buffer or the map of held processes was
+    /// Processes stopped at a thread's first probed call until the scheduler programs were
+    /// attached again (they are detached while the node has no MPI thread).
+    pub first_calls_held: u64,
+    /// Their stopped time, summed, in ns.
+    pub first_calls_held_ns: u64,
+    /// Holds that could not be reported (the ring buffer or the map of held processes was
     /// full): not held.
     pub not_held: u64,
     /// Reads of library files found at run time that did not return within

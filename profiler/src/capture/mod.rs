@@ -12,9 +12,11 @@ mod libraries;
 mod mapping;
 mod multi;
 pub mod node_usage;
+mod on_demand;
 mod placement;
 mod probe_cost;
 mod ring;
+mod scheduler;
 mod threads;
 mod tracefs;
 pub mod usage;
@@ -24,12 +26,12 @@ use std::{
     os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{RawTracePoint, TracePoint},
+    programs::TracePoint,
     Ebpf, EbpfLoader,
 };
 use counters::Counters;
@@ -37,17 +39,18 @@ pub use counters::{online_cpus, CounterEvent, CounterSetup, CountersOff};
 use file_io::{FileIoTracepoints, IO_TRACEPOINTS};
 use governed::GovernedLinks;
 pub use governed::GovernorHandle;
-pub use libraries::{LibraryOpenEvent, LibraryOpenStats};
+pub use libraries::{HeldProcess, HoldEvent, LibraryOpenEvent, LibraryOpenStats};
 pub(crate) use placement::probe_offset;
 pub use probe_cost::{ProbeCost, ProbeCostError};
 use profiler_common::{
-    lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, IoTotals, LibraryOpen,
+    lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, HoldReport, IoTotals,
     RankRegion, StormEvent, TaskThread, ThreadLife, ThreadState, NO_FUNC,
 };
 
 use config::CaptureConfig;
 use multi::ProbeKind;
 use ring::RecordRing;
+use scheduler::{SchedulerPrograms, SCHED_RAW_TRACEPOINTS};
 
 use crate::model::ProbePoint;
 
@@ -204,12 +207,6 @@ const TRACEPOINTS: [(&str, &str, &[&str]); 2] = [
     ("sched_process_exit", "sched", &["sched_process_exit"]),
 ];
 
-/// The raw tracepoint programs (program, tracepoint): the scheduler's, always on.
-const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] = [
-    ("sched_stat_runtime", "sched_stat_runtime"),
-    ("sched_switch", "sched_switch"),
-];
-
 pub struct Capture {
     ebpf: Ebpf,
     bursts: RecordRing,
@@ -237,8 +234,16 @@ pub struct Capture {
     open_counters: Option<Counters>,
     /// The kernel's BPF run-time statistics are on while this is open (`capture.bpf_stats`).
     stats_fd: Option<OwnedFd>,
+    /// The processes tracked (identified as MPI processes), until forgotten.
+    tracked: HashSet<u32>,
     /// The file I/O programs (`capture.file_io`), attached while a process is tracked.
     file_io: Option<FileIoTracepoints>,
+    /// The scheduler programs, attached while the node has an MPI thread once processes can be
+    /// held.
+    scheduler: SchedulerPrograms,
+    /// How long the node must have had no MPI process before the programs attached on demand
+    /// are detached (`capture.detach_idle_after_s`).
+    detach_idle_after: Duration,
     /// Reads the records the BPF programs log with aya-log (rare events, such as the first loss
     /// of a kind on a CPU) and hands them to the `log` facade, which the daemon's tracing
     /// subscriber receives.
@@ -333,8 +338,7 @@ fn load_session_program(ebpf: &Ebpf) -> Option<OwnedFd> {
     }
 }
 
-/// Loads and attaches the tracepoint programs that are always on: exec and exit, and the
-/// scheduler's raw tracepoints.
+/// Loads and attaches the tracepoint programs that are always on: exec and exit.
 fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     for (name, category, events) in TRACEPOINTS {
         let program: &mut TracePoint = program_mut(ebpf, name)?;
@@ -346,15 +350,6 @@ fn attach_tracepoints(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
         for event in events {
             program.attach(category, event).map_err(failed)?;
         }
-    }
-    for (name, tracepoint) in SCHED_RAW_TRACEPOINTS {
-        let program: &mut RawTracePoint = program_mut(ebpf, name)?;
-        let failed = |source| CaptureError::Program {
-            program: name,
-            source,
-        };
-        program.load().map_err(failed)?;
-        program.attach(tracepoint).map_err(failed)?;
     }
     Ok(())
 }
@@ -390,6 +385,7 @@ impl Capture {
             None
         };
         attach_tracepoints(&mut ebpf)?;
+        let scheduler = SchedulerPrograms::load(&mut ebpf)?;
         let file_io = config
             .file_io
             .then(|| FileIoTracepoints::load(&mut ebpf))
@@ -423,7 +419,10 @@ impl Capture {
             counters: counter_events,
             open_counters,
             stats_fd,
+            tracked: HashSet::new(),
             file_io,
+            scheduler,
+            detach_idle_after: config.detach_idle_after(),
             bpf_log: Box::new(move || logger.flush()),
         })
     }
@@ -645,8 +644,8 @@ impl Capture {
         })
     }
 
-    /// Starts tracking an MPI process: counting its file I/O (attaching the file I/O programs if
-    /// it is the only process tracked) and noting its exit time.
+    /// Starts tracking an MPI process: counting its file I/O and noting its exit time. Attaches
+    /// the file I/O and scheduler programs if they are not.
     pub fn track(&mut self, pid: u32) -> Result<(), CaptureError> {
         let mut pids: HashMap<&mut MapData, u32, u64> = map_mut(&mut self.ebpf, "TRACKED")?;
         pids.insert(pid, 0, 0).map_err(|source| CaptureError::Map {
@@ -654,15 +653,33 @@ impl Capture {
             source,
         })?;
         self.set_tracked_bit(pid, true)?;
+        self.tracked.insert(pid);
         if let Some(io) = &mut self.file_io {
-            if let Err(e) = io.track(&mut self.ebpf, pid) {
+            if let Err(e) = io.attach(&mut self.ebpf) {
                 tracing::warn!(
                     "file I/O is not counted: {e}; attaching is tried again at the next MPI \
                      process"
                 );
             }
         }
+        self.attach_scheduler();
         Ok(())
+    }
+
+    /// Attaches the scheduler programs unless they are (a process was held at a thread's first
+    /// call for them, or a process is tracked); says so when they cannot be.
+    pub fn attach_scheduler(&mut self) {
+        if let Err(e) = self.scheduler.attach(&mut self.ebpf) {
+            tracing::error!(
+                "cannot attach the scheduler programs ({e}): the bursts of MPI threads that start \
+                 now have no on-CPU time; attaching is tried again at the next MPI process"
+            );
+        }
+    }
+
+    /// Whether the scheduler programs are attached.
+    pub fn scheduler_attached(&self) -> bool {
+        self.scheduler.attached()
     }
 
     /// Whether the file I/O programs are attached: `capture.file_io` is on and a process is
@@ -673,12 +690,31 @@ impl Capture {
             .is_some_and(FileIoTracepoints::attached)
     }
 
-    /// Detaches the file I/O programs once the node has had no tracked process for a while
-    /// (called at every statistics update).
-    pub fn detach_idle_file_io(&mut self) {
+    /// Detaches the programs attached on demand once the node has had no MPI process for
+    /// `capture.detach_idle_after_s` (called at every statistics update): the file I/O programs
+    /// when no process is tracked, the scheduler programs when no thread has a state either.
+    pub fn detach_idle_programs(&mut self) {
+        let now = Instant::now();
+        let tracking = !self.tracked.is_empty();
         if let Some(io) = &mut self.file_io {
-            io.detach_if_idle();
+            io.detach_if_idle(tracking, self.detach_idle_after, now);
         }
+        let busy = tracking || self.has_thread_states();
+        let detached =
+            self.scheduler
+                .detach_if_idle(&mut self.ebpf, busy, self.detach_idle_after, now);
+        if let Err(e) = detached {
+            tracing::warn!("cannot detach the idle scheduler programs: {e}");
+        }
+    }
+
+    /// Whether any thread on the node has a state (made a probed call and has not exited).
+    fn has_thread_states(&self) -> bool {
+        let owners = map_ref::<HashMap<&MapData, u32, u32>>(&self.ebpf, "SLOT_OWNERS");
+        let threads = map_ref::<HashMap<&MapData, u32, ThreadState>>(&self.ebpf, "THREADS");
+        // A map that cannot be read counts as holding states: the programs stay attached.
+        !matches!(owners, Ok(o) if o.keys().next().is_none())
+            || !matches!(threads, Ok(t) if t.keys().next().is_none())
     }
 
     /// Sets where Open MPI datatype objects keep their size, for the attach points whose cookie
@@ -763,9 +799,7 @@ impl Capture {
         for &pid in pids {
             self.set_tracked_bit(pid, false)?;
         }
-        if let Some(io) = &mut self.file_io {
-            io.forget(pids);
-        }
+        self.tracked.retain(|pid| !pids.contains(pid));
         let mut files: HashMap<&mut MapData, u64, u32> = map_mut(&mut self.ebpf, "IO_FILES")?;
         let open: Vec<u64> = files
             .keys()
@@ -874,7 +908,7 @@ unsafe trait RingRecord: Copy {}
 // SAFETY: `#[repr(C)]` structs of integers and byte arrays (profiler-common).
 unsafe impl RingRecord for BurstRecord {}
 unsafe impl RingRecord for ExecRecord {}
-unsafe impl RingRecord for LibraryOpen {}
+unsafe impl RingRecord for HoldReport {}
 unsafe impl RingRecord for StormEvent {}
 
 /// The record in ring-buffer entry `item`, or `None` for an entry too short to hold one.

@@ -18,7 +18,10 @@ use super::{
     library_reads::{self, LibraryRead, Opened, OpenedRead, ScannedProcess, SharedFiles},
 };
 use crate::{
-    capture::{config::FunctionSpec, usage, Capture, LibraryOpenEvent, LibraryOpenStats},
+    capture::{
+        config::FunctionSpec, usage, Capture, HeldProcess, HoldEvent, LibraryOpenEvent,
+        LibraryOpenStats,
+    },
     discovery::MpiLibrary,
 };
 
@@ -187,11 +190,20 @@ impl Libraries {
         (self.stats.resumed_by_guard, self.stats.guard_restarts) = capture.hold_guard_counts();
     }
 
-    /// Starts the read of every file reported opened by a held process; resumes at once the
-    /// processes that opened a file whose read is stuck.
-    pub(super) fn handle_library_opens(&mut self, capture: &mut Capture) {
+    /// Handles the holds reported: starts the read of every file reported opened by a held
+    /// process, and resumes at once the processes that opened a file whose read is stuck; attaches
+    /// the scheduler programs for the processes held at a thread's first call, and resumes them.
+    pub(super) fn handle_holds(&mut self, capture: &mut Capture) {
         let mut new: Vec<(u64, Vec<LibraryOpenEvent>)> = Vec::new();
-        for event in capture.drain_library_opens() {
+        let mut first_calls = Vec::new();
+        for event in capture.drain_holds() {
+            let event = match event {
+                HoldEvent::LibraryOpen(event) => event,
+                HoldEvent::FirstCall { held, held_ns } => {
+                    first_calls.push((held, held_ns));
+                    continue;
+                }
+            };
             if self.files.is_hung(Path::new(&event.path)) {
                 tracing::debug!(
                     "pid {} opened {}, whose read is stuck: resumed unprofiled",
@@ -225,7 +237,18 @@ impl Libraries {
                 self.resume(capture, events, false);
             }
         }
-        self.stats.not_held = capture.library_opens_lost();
+        if !first_calls.is_empty() {
+            capture.attach_scheduler();
+            for (held, held_ns) in first_calls {
+                self.count_resumed(
+                    held,
+                    held_ns,
+                    true,
+                    "its first MPI call, until the scheduler programs were attached",
+                );
+            }
+        }
+        self.stats.not_held = capture.holds_lost();
     }
 
     /// Starts the scan of the processes whose scan is due, unless one is being read.
@@ -414,17 +437,27 @@ impl Libraries {
                     tracing::warn!("{e}: the next process opening {} is held again", event.path);
                 }
             }
-            let held_ns = usage::clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(event.opened_ns);
-            let stats = &mut self.stats;
-            stats.held += 1;
-            stats.held_ns += held_ns;
-            tracing::info!(
-                "pid {} held {:.1} ms at its open of {}",
-                event.held.pid,
-                held_ns as f64 / 1e6,
-                event.path
-            );
-            // Dropping the event resumes the process.
+            let at = format!("its open of {}", event.path);
+            self.count_resumed(event.held, event.opened_ns, false, &at);
         }
+    }
+
+    /// Counts and logs a process held since `held_ns` (CLOCK_MONOTONIC) `at` a library open or,
+    /// if `first_call`, at a thread's first call; resumes it (dropping `held`).
+    fn count_resumed(&mut self, held: HeldProcess, held_ns: u64, first_call: bool, at: &str) {
+        let held_for = usage::clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(held_ns);
+        let stats = &mut self.stats;
+        if first_call {
+            stats.first_calls_held += 1;
+            stats.first_calls_held_ns += held_for;
+        } else {
+            stats.held += 1;
+            stats.held_ns += held_for;
+        }
+        tracing::info!(
+            "pid {} held {:.1} ms at {at}",
+            held.pid,
+            held_for as f64 / 1e6
+        );
     }
 }

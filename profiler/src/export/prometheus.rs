@@ -525,6 +525,15 @@ fn capture_families(f: &mut Families, health: &SelfStats) {
         ]
         .map(|(k, v)| (vec![("kind", k.to_string())], v as f64)),
     );
+    f.gauge(
+        "mpiburst_on_demand_programs_attached",
+        "1 while each set of BPF programs attached only while the node has MPI processes is attached (capture.detach_idle_after_s).",
+        [
+            ("file_io", health.file_io_attached),
+            ("scheduler", health.scheduler_attached),
+        ]
+        .map(|(k, v)| (vec![("programs", k.to_string())], f64::from(u8::from(v)))),
+    );
     let programs = |value: fn(&ProgramStats) -> Option<f64>| {
         health
             .programs
@@ -587,13 +596,23 @@ fn library_open_families(f: &mut Families, opens: &LibraryOpenStats) {
         [(vec![], secs(opens.held_ns))],
     );
     f.counter(
+        "mpiburst_first_calls_held_total",
+        "Processes stopped at a thread's first MPI call until the scheduler programs were attached again (detached while the node had no MPI thread).",
+        [(vec![], opens.first_calls_held as f64)],
+    );
+    f.counter(
+        "mpiburst_first_calls_held_seconds_total",
+        "Time those processes were stopped, summed.",
+        [(vec![], secs(opens.first_calls_held_ns))],
+    );
+    f.counter(
         "mpiburst_library_opens_attached_total",
         "Library files (MPI libraries, PMPI interposers) attached while a process was held.",
         [(vec![], opens.attached as f64)],
     );
     f.counter(
         "mpiburst_library_opens_not_held_total",
-        "Opens of an MPI library at a new path not reported (ring buffer full): the process ran on, and its first calls may be missed.",
+        "Holds not reported (ring buffer full), at the open of an MPI library at a new path or at a thread's first MPI call: the process ran on, and its first calls may be missed or lack on-CPU time.",
         [(vec![], opens.not_held as f64)],
     );
     f.counter(

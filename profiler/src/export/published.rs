@@ -48,6 +48,9 @@ pub struct SelfStats {
     pub probes: usize,
     pub libraries: usize,
     pub library_opens: LibraryOpenStats,
+    /// Whether the programs attached on demand (while the node has MPI processes) are.
+    pub file_io_attached: bool,
+    pub scheduler_attached: bool,
     /// Comma-separated counter event names, or "none".
     pub counter_events: String,
     pub hardware_counters: bool,
