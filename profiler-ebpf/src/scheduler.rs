@@ -4,8 +4,8 @@
 //! read unless a task they name is one of the profiled threads (TASK_FILTER).
 //!
 //! The daemon detaches them while the node has no MPI thread (see the capture's scheduler.rs):
-//! oncpu.rs's SCHEDULER_DETACHED is set then, and a thread's first probed call holds its process until
-//! they are attached again.
+//! oncpu.rs's SCHEDULER_DETACHED is set then, and a thread's first probed call holds its process
+//! until they are attached again.
 //!
 //! They are raw tracepoints: the kernel skips a classic tracepoint's program whenever another BPF
 //! program or a BPF map system call is active on the CPU, which would lose run time; a raw

@@ -31,9 +31,11 @@
 //! without any system call tracepoint: file I/O off and no holds of new MPI libraries); with the
 //! daemon running as deployed (`mpiburst run`, default settings) on a node that has had no MPI
 //! process for `capture.detach_idle_after_s` (0 here), where the file I/O and scheduler programs
-//! are detached and only `library_open_exit` at openat's exit runs; and with file I/O on beside
-//! a tracked process (an idle one the bench starts), where both are attached, alternating. Last, 1-byte pwrite calls of a tracked process to a file it opened
-//! (counted requests, checked to be counted exactly). These calls are made by a process of their
+//! are detached and only `library_open_exit` at openat's exit runs; the same without holds at
+//! the open of new MPI libraries (`mpi.hold_new_libraries = false`), where no program runs at
+//! all; and with file I/O on beside a tracked process (an idle one the bench starts), where
+//! both are attached, alternating. Last, 1-byte pwrite calls of a tracked process to a file it
+//! opened (counted requests, checked to be counted exactly). These calls are made by a process of their
 //! own, this program run again, in its CPU time: the tax is that of the other processes on the
 //! node, not of the one the daemon runs in (whose own system calls were about 25 ns dearer, with
 //! or without a daemon).
@@ -582,9 +584,10 @@ fn print_start_up(config: &Config, rounds: StartUpRounds) {
 /// ones included.
 fn daemon_config(mpis: &[Mpi]) -> Config {
     // The daemon's loop does not run here, so nothing would resume a process held at its open
-    // of an MPI library.
+    // of an MPI library or at a first call; and its hold guard would be this program.
     let mut config = Config::default();
     config.mpi.hold_new_libraries = false;
+    config.capture.scheduler_on_demand = false;
     // A port of its own for each daemon started here: a dropped daemon's HTTP thread closes its
     // listener a moment later, and the next one would find the port in use.
     config.daemon.listen = ([127, 0, 0, 1], 0).into();
@@ -729,25 +732,28 @@ fn without_syscall_tracepoints(config: &Config) -> Config {
 }
 
 /// Per setup (without the daemon; the scheduler programs alone; the daemon as deployed on a node
-/// without MPI processes; file I/O counting beside a tracked process), per round: ns per
-/// untracked pwrite and sched_yield.
-type SyscallRounds = [Vec<f64>; 4];
+/// without MPI processes, with and without its holds at the open of new MPI libraries; file I/O
+/// counting beside a tracked process), per round: ns per untracked pwrite and sched_yield.
+type SyscallRounds = [Vec<f64>; 5];
 
-/// `mpiburst run` with the default settings (its own port and lock file), once it has detached
-/// the programs it attaches only while the node has MPI processes: a node between jobs.
+/// `mpiburst run` with the default settings (its own port and lock file), or without holds at
+/// the open of new MPI libraries (`mpi.hold_new_libraries = false`: no system call tracepoint at
+/// all), once it has detached the programs it attaches only while the node has MPI processes: a
+/// node between jobs.
 struct IdleDaemon {
     child: std::process::Child,
     _dir: tempfile::TempDir,
 }
 
 impl IdleDaemon {
-    fn start(binary: &Path) -> Result<IdleDaemon> {
+    fn start(binary: &Path, hold_new_libraries: bool) -> Result<IdleDaemon> {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("mpiburst.toml");
         std::fs::write(
             &config,
             format!(
-                "[daemon]\nlock_file = \"{}\"\n[capture]\ndetach_idle_after_s = 0\n",
+                "[daemon]\nlock_file = \"{}\"\n[capture]\ndetach_idle_after_s = 0\n\
+                 [mpi]\nhold_new_libraries = {hold_new_libraries}\n",
                 dir.path().join("lock").display()
             ),
         )?;
@@ -854,6 +860,7 @@ enum Beside {
     /// A daemon without system call tracepoints (its loop does not run: the programs stay).
     SchedulerPrograms,
     IdleDaemon,
+    IdleDaemonWithoutLibraryHolds,
     TrackedProcess,
 }
 
@@ -870,15 +877,18 @@ fn untracked_system_calls(
             Beside::Nothing,
             Beside::SchedulerPrograms,
             Beside::IdleDaemon,
+            Beside::IdleDaemonWithoutLibraryHolds,
             Beside::TrackedProcess,
         ];
         for (setup, beside) in setups.into_iter().enumerate() {
             let _daemon = matches!(beside, Beside::SchedulerPrograms)
                 .then(|| Daemon::start(quiet.clone(), None))
                 .transpose()?;
-            let _idle = matches!(beside, Beside::IdleDaemon)
-                .then(|| IdleDaemon::start(binary))
-                .transpose()?;
+            let _idle = match beside {
+                Beside::IdleDaemon => Some(IdleDaemon::start(binary, true)?),
+                Beside::IdleDaemonWithoutLibraryHolds => Some(IdleDaemon::start(binary, false)?),
+                _ => None,
+            };
             let _beside = matches!(beside, Beside::TrackedProcess)
                 .then(|| BesideTracked::start(&io_on))
                 .transpose()?;
@@ -892,7 +902,7 @@ fn untracked_system_calls(
         };
         eprintln!(
             "round {}: untracked pwrite {} ns, sched_yield {} ns (without the daemon / scheduler \
-             programs alone / idle daemon / beside a tracked process)",
+             programs alone / idle daemon / idle, no library holds / beside a tracked process)",
             round + 1,
             row(&writes),
             row(&yields)
@@ -933,7 +943,7 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     );
     println!(
         "                          without daemon   scheduler programs alone   daemon, no MPI \
-         process   beside a tracked process"
+         process   the same, no library holds   beside a tracked process"
     );
     let [write, sched_yield] = [writes, yields].map(|rounds| rounds.map(median));
     let rows = [
@@ -942,19 +952,20 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     ];
     for (name, ns) in rows {
         println!(
-            "  {name:<24} {:>11.1} ns {:>23.1} ns {:>20.1} ns {:>23.1} ns",
-            ns[0], ns[1], ns[2], ns[3]
+            "  {name:<24} {:>11.1} ns {:>23.1} ns {:>20.1} ns {:>26.1} ns {:>23.1} ns",
+            ns[0], ns[1], ns[2], ns[3], ns[4]
         );
     }
     println!("tax against no daemon:");
     for (name, ns) in rows {
         let tax = |i: usize| ns[i] - ns[0];
         println!(
-            "  {name:<24} {:>11} {:>23.1} ns {:>20.1} ns {:>23.1} ns",
+            "  {name:<24} {:>11} {:>23.1} ns {:>20.1} ns {:>26.1} ns {:>23.1} ns",
             "",
             tax(1),
             tax(2),
-            tax(3)
+            tax(3),
+            tax(4)
         );
     }
     let t = median(tracked);

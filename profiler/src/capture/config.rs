@@ -90,6 +90,11 @@ pub struct CaptureConfig {
     /// detaching about 1 s (off the daemon's loop); the wait keeps them across jobs that follow
     /// each other.
     pub detach_idle_after_s: f64,
+    /// Detach the scheduler programs (which run at every context switch of the node) while the
+    /// node has no MPI process, for `detach_idle_after_s`. A thread's first MPI call then holds
+    /// its process until they are attached again, which needs CAP_KILL for other users'
+    /// processes. Off, they stay attached.
+    pub scheduler_on_demand: bool,
     /// Turn the kernel's BPF run-time statistics on while the daemon runs, for the
     /// `mpiburst_bpf_run_seconds_total` and `mpiburst_bpf_runs_total` metrics. They make every
     /// BPF program run on the node read the clock twice (about 78 ns per run on this project's
@@ -131,6 +136,7 @@ impl Default for CaptureConfig {
             counters: CounterMode::Auto,
             file_io: true,
             detach_idle_after_s: 10.0,
+            scheduler_on_demand: true,
             bpf_stats: false,
             uprobe_sessions: true,
         }
@@ -203,6 +209,9 @@ impl CaptureConfig {
              # scheduler programs (on every context switch) are detached; a thread's first MPI\n\
              # call then holds its process a few ms until the scheduler programs are back.\n\
              detach_idle_after_s = {:?}\n\
+             # Detach the scheduler programs too (on every context switch of the node), holding a\n\
+             # thread's first MPI call until they are back; false keeps them attached.\n\
+             scheduler_on_demand = true\n\
              # Turn the kernel's BPF run-time statistics on, for the per-program run time and run\n\
              # count metrics. Every BPF program run on the node then reads the clock twice (about\n\
              # 0.08 us per run on a VM), so they are off by default; without them those two metrics\n\

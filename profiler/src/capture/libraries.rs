@@ -83,8 +83,8 @@ impl Drop for HeldProcess {
     }
 }
 
-/// The watch on library opens: the ring the programs report holds on, and the processes held.
-pub(super) struct LibraryWatch {
+/// The ring the programs report holds on, and the processes held.
+pub(super) struct Holding {
     ring: RingBuf<MapData>,
     held: Arc<HeldProcesses>,
 }
@@ -95,16 +95,28 @@ pub(super) fn openat_ret_offset() -> Result<u64, CaptureError> {
 }
 
 impl Capture {
-    /// Attaches the program that holds processes opening new MPI libraries, and starts the hold
-    /// guard, which resumes a process held longer than `hold_limit`. Returns the guard's pid.
-    pub fn watch_library_opens(&mut self, hold_limit: Duration) -> Result<u32, CaptureError> {
+    /// Starts holding processes for the daemon: the ring the programs report holds on, and the
+    /// hold guard, which resumes a process held longer than `hold_limit`. Returns the guard's
+    /// pid. Nothing is held until [`Capture::watch_library_opens`] or
+    /// [`Capture::detach_scheduler_when_idle`].
+    pub fn start_holding(&mut self, hold_limit: Duration) -> Result<u32, CaptureError> {
+        // The ring and the guard first: the programs stop processes that only a drained ring or
+        // the guard resumes.
+        let ring: RingBuf<MapData> = take_map(&mut self.ebpf, "HOLDS")?;
+        let held = HeldProcesses::start(take_map(&mut self.ebpf, "HELD_PROCESSES")?, hold_limit)?;
+        let guard_pid = held.guard_pid();
+        self.holding = Some(Holding { ring, held });
+        Ok(guard_pid)
+    }
+
+    /// Attaches the program that holds processes opening new MPI libraries (once holding).
+    pub fn watch_library_opens(&mut self) -> Result<(), CaptureError> {
         if let Some(unavailable) = self.library_watch_unavailable.take() {
             return Err(unavailable);
         }
-        // The ring and the guard first: once attached, the program stops processes that only a
-        // drained ring or the guard resumes.
-        let ring: RingBuf<MapData> = take_map(&mut self.ebpf, "HOLDS")?;
-        let held = HeldProcesses::start(take_map(&mut self.ebpf, "HELD_PROCESSES")?, hold_limit)?;
+        if self.holding.is_none() {
+            return Err(CaptureError::NotHolding);
+        }
         let program: &mut TracePoint = program_mut(&mut self.ebpf, PROGRAM)?;
         let failed = |source| CaptureError::Program {
             program: PROGRAM,
@@ -112,17 +124,24 @@ impl Capture {
         };
         program.load().map_err(failed)?;
         program.attach(CATEGORY, EVENT).map_err(failed)?;
-        let guard_pid = held.guard_pid();
-        self.library_opens = Some(LibraryWatch { ring, held });
-        // A thread's first call can be held now: the scheduler programs can wait for one.
+        Ok(())
+    }
+
+    /// From now on the scheduler programs are detached while the node has no MPI thread, and a
+    /// thread's first probed call holds its process until they are attached again (once
+    /// holding).
+    pub fn detach_scheduler_when_idle(&mut self) -> Result<(), CaptureError> {
+        if self.holding.is_none() {
+            return Err(CaptureError::NotHolding);
+        }
         self.scheduler.detach_when_idle();
-        Ok(guard_pid)
+        Ok(())
     }
 
     /// Starts the hold guard again if it exited (killed, or failed): the guard that was gone's
     /// exit status and the new guard's pid. `None` while it runs, or when no process is held.
     pub fn keep_hold_guard(&self) -> Option<Result<(String, u32), CaptureError>> {
-        let watch = self.library_opens.as_ref()?;
+        let watch = self.holding.as_ref()?;
         watch
             .held
             .keep_guard()
@@ -133,7 +152,7 @@ impl Capture {
     /// The held processes the hold guard resumed before the daemon did, and the guard's
     /// restarts.
     pub fn hold_guard_counts(&self) -> (u64, u64) {
-        self.library_opens
+        self.holding
             .as_ref()
             .map_or((0, 0), |watch| watch.held.counts())
     }
@@ -142,6 +161,10 @@ impl Capture {
     /// drained by [`Capture::drain_holds`]).
     pub fn stop_watching_library_opens(&mut self) {
         if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, PROGRAM) {
+            // Never loaded where library opens were not watched.
+            if program.fd().is_err() {
+                return;
+            }
             if let Err(e) = program.unload() {
                 tracing::warn!("detaching {PROGRAM}: {e}");
             }
@@ -150,7 +173,7 @@ impl Capture {
 
     /// A descriptor that becomes readable when a hold is reported; `None` while not watching.
     pub fn library_opens_wakeup(&self) -> Option<Result<OwnedFd, CaptureError>> {
-        let watch = self.library_opens.as_ref()?;
+        let watch = self.holding.as_ref()?;
         Some(
             watch
                 .ring
@@ -165,7 +188,7 @@ impl Capture {
 
     /// The holds reported since the last call: each process is stopped until resumed.
     pub fn drain_holds(&mut self) -> Vec<HoldEvent> {
-        let Some(watch) = self.library_opens.as_mut() else {
+        let Some(watch) = self.holding.as_mut() else {
             return Vec::new();
         };
         let mut events = Vec::new();
@@ -215,7 +238,7 @@ impl Capture {
     /// Detaches the program and resumes every process it reported and the daemon has not
     /// handled: first thing at shutdown, and on any error that ends the daemon.
     pub fn release_held_processes(&mut self) {
-        if self.library_opens.is_none() {
+        if self.holding.is_none() {
             return;
         }
         self.stop_watching_library_opens();
@@ -234,7 +257,7 @@ impl Capture {
         // Nothing is reported any more: later drains find no ring, and a second call does nothing.
         // The guard stops once the processes the daemon still holds (waiting for a read) are
         // resumed too.
-        self.library_opens = None;
+        self.holding = None;
     }
 
     /// Holds the programs could not report (the ring or the map of held processes was full):

@@ -69,6 +69,8 @@ pub enum CaptureError {
          build it with `cargo xtask build`"
     )]
     NoBpfObject,
+    #[error("no process can be held: the hold guard was not started")]
+    NotHolding,
     #[error("BPF program {program}: {source}")]
     Program {
         program: &'static str,
@@ -211,8 +213,9 @@ pub struct Capture {
     ebpf: Ebpf,
     bursts: RecordRing,
     execs: RingBuf<MapData>,
-    /// Opens of new MPI libraries, while the daemon holds the processes that open them.
-    library_opens: Option<libraries::LibraryWatch>,
+    /// The processes held for the daemon (at the open of a new MPI library, at a thread's first
+    /// call while the scheduler programs are detached), once it holds any.
+    holding: Option<libraries::Holding>,
     /// Why library opens cannot be watched on this kernel, if they cannot.
     library_watch_unavailable: Option<CaptureError>,
     /// Library files already attached, by (device, inode): a file is attached once however many
@@ -408,7 +411,7 @@ impl Capture {
             ebpf,
             bursts,
             execs,
-            library_opens: None,
+            holding: None,
             library_watch_unavailable: openat_ret_offset.err(),
             attached: HashSet::new(),
             probes: 0,

@@ -148,27 +148,55 @@ impl Libraries {
         false
     }
 
-    /// Starts holding the processes that open an MPI library at a new path, unless
-    /// `mpi.hold_new_libraries` is off; says which way a new library will be found.
-    pub(super) fn watch_library_opens(&self, capture: &mut Capture) {
+    /// Starts holding processes where the configuration asks for it: at the open of an MPI
+    /// library at a new path (`mpi.hold_new_libraries`), and at a thread's first call while the
+    /// scheduler programs are detached (`capture.scheduler_on_demand`); says which way a new
+    /// library will be found, and whether the scheduler programs are detached when idle.
+    pub(super) fn start_holding(&self, capture: &mut Capture, scheduler_on_demand: bool) {
         let fallback = "a library found at run time is attached after the scan of its process's \
                         maps, and the first calls of the processes that use it first (MPI_Init \
                         and those after it) can be missed";
-        if !self.hold_new_libraries {
+        let always_on = "the scheduler programs stay attached (about 0.1 us on every context \
+                         switch of the node)";
+        if !self.hold_new_libraries && !scheduler_on_demand {
             tracing::warn!("mpi.hold_new_libraries is off: {fallback}");
             return;
         }
-        match capture.watch_library_opens(self.hold_limit) {
-            Ok(guard_pid) => tracing::info!(
-                "attaching to MPI libraries as processes open them: a process that opens one at \
-                 a new path is held until its probes are attached, {:.1} s at most \
-                 (mpi.hold_limit_s): past it, or when the daemon exits, the hold guard (pid \
-                 {guard_pid}) resumes it",
-                self.hold_limit.as_secs_f64()
+        let guard_pid = match capture.start_holding(self.hold_limit) {
+            Ok(pid) => pid,
+            Err(e) => {
+                tracing::warn!("cannot hold processes ({e}): {fallback}; {always_on}");
+                return;
+            }
+        };
+        if !self.hold_new_libraries {
+            tracing::warn!("mpi.hold_new_libraries is off: {fallback}");
+        } else {
+            match capture.watch_library_opens() {
+                Ok(()) => tracing::info!(
+                    "attaching to MPI libraries as processes open them: a process that opens one \
+                     at a new path is held until its probes are attached, {:.1} s at most \
+                     (mpi.hold_limit_s): past it, or when the daemon exits, the hold guard (pid \
+                     {guard_pid}) resumes it",
+                    self.hold_limit.as_secs_f64()
+                ),
+                Err(e) => tracing::warn!(
+                    "cannot watch library opens, so no process is held at its open of a library \
+                     ({e}): {fallback}"
+                ),
+            }
+        }
+        if !scheduler_on_demand {
+            return;
+        }
+        match capture.detach_scheduler_when_idle() {
+            Ok(()) => tracing::info!(
+                "the scheduler programs are detached while the node has no MPI process \
+                 (capture.detach_idle_after_s), and a thread's first MPI call then holds its \
+                 process until they are attached again (the hold guard, pid {guard_pid}, \
+                 resumes it past mpi.hold_limit_s)"
             ),
-            Err(e) => tracing::warn!(
-                "cannot watch library opens, so no process is held ({e}): {fallback}"
-            ),
+            Err(e) => tracing::warn!("{e}: {always_on}"),
         }
     }
 

@@ -45,7 +45,8 @@ pub const REQUIRED: [Capability; 5] = [
         name: "CAP_KILL",
         purpose: "resume (SIGCONT) another user's process that was held at its open of an MPI \
                   library at a new path while the library's probes were attached \
-                  (`mpi.hold_new_libraries`)",
+                  (`mpi.hold_new_libraries`), or at a thread's first MPI call while the \
+                  scheduler programs were attached again (`capture.scheduler_on_demand`)",
     },
 ];
 
@@ -97,7 +98,7 @@ fn effective_set(status: &str) -> Option<u64> {
 }
 
 /// The required capabilities not in `effective`. CAP_KILL only resumes held processes: without
-/// `mpi.hold_new_libraries` it is not needed.
+/// `mpi.hold_new_libraries` and `capture.scheduler_on_demand` it is not needed.
 fn missing(effective: u64, holds_processes: bool) -> Vec<Capability> {
     REQUIRED
         .into_iter()

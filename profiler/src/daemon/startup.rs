@@ -66,7 +66,7 @@ impl Daemon {
     /// recording if one is asked for, loads the BPF programs and attaches every MPI library
     /// already known.
     pub fn start(config: Config, recording: Option<PathBuf>) -> Result<Self, DaemonError> {
-        privileges::check(config.mpi.hold_new_libraries)?;
+        privileges::check(config.mpi.hold_new_libraries || config.capture.scheduler_on_demand)?;
         let server = serve(&config)?;
         let node = config.node_name();
         let known = known_libraries(&config);
@@ -156,7 +156,8 @@ impl Daemon {
                  `mpi.libraries`): the daemon attaches to MPI libraries as processes open them"
             );
         }
-        self.libraries.watch_library_opens(&mut self.capture);
+        self.libraries
+            .start_holding(&mut self.capture, self.config.capture.scheduler_on_demand);
     }
 }
 
