@@ -703,11 +703,14 @@ impl Capture {
             io.detach_if_idle(tracking, self.detach_idle_after, now);
         }
         let busy = tracking || self.has_thread_states();
-        let detached =
-            self.scheduler
-                .detach_if_idle(&mut self.ebpf, busy, self.detach_idle_after, now);
-        if let Err(e) = detached {
-            tracing::warn!("cannot detach the idle scheduler programs: {e}");
+        let step = self
+            .scheduler
+            .detach_if_idle(&mut self.ebpf, busy, self.detach_idle_after, now);
+        if let Err(e) = step {
+            tracing::warn!(
+                "attaching or detaching the scheduler programs: {e}; tried again at the next \
+                 statistics update"
+            );
         }
     }
 

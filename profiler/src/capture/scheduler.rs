@@ -92,8 +92,9 @@ impl SchedulerPrograms {
         set_flag(ebpf, false)
     }
 
-    /// One step of detaching, at each statistics update: `busy`, the node has an MPI thread or
-    /// a tracked process; `idle_after`, how long it must have had none.
+    /// One step of detaching, at each statistics update, or an attach when the node is `busy`
+    /// (it has an MPI thread or a tracked process); `idle_after`, how long it must have had
+    /// none.
     pub(super) fn detach_if_idle(
         &mut self,
         ebpf: &mut Ebpf,
@@ -105,11 +106,9 @@ impl SchedulerPrograms {
             return Ok(());
         }
         if busy {
-            self.links.idle_long_enough(true, now, idle_after);
-            if self.draining_since.take().is_some() {
-                set_flag(ebpf, false)?;
-            }
-            return Ok(());
+            // Attached again if they are not: a thread whose first call could not be held (the
+            // ring or the map of held processes was full) has run without them until now.
+            return self.attach(ebpf);
         }
         match self.draining_since {
             Some(since) if now.duration_since(since) >= DRAIN_GRACE => {
