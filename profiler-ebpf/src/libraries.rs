@@ -134,7 +134,6 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
     if bpf_get_current_comm().ok()?.starts_with(NEVER_HELD) {
         return None;
     }
-    record.pid = pid;
     record.reason = hold::LIBRARY_OPEN;
     record.fd = ret as u32;
     record.path_hash = hash;
@@ -155,7 +154,6 @@ pub(crate) fn hold_at_first_call(pid: u32) {
         return;
     };
     let record = unsafe { &mut *record };
-    record.pid = pid;
     record.reason = hold::FIRST_CALL;
     record.fd = 0;
     record.path_hash = 0;
@@ -163,11 +161,14 @@ pub(crate) fn hold_at_first_call(pid: u32) {
     let _ = hold_and_report(record);
 }
 
-/// Stops the calling process and reports `record` (its pid and reason set).
+/// Stops the calling process and reports `record` (its reason set).
 #[inline(always)]
 fn hold_and_report(record: &mut HoldReport) -> Option<()> {
-    let pid = record.pid;
-    record.held_ns = unsafe { bpf_ktime_get_ns() };
+    // The pid and the time are this run's own, not the per-CPU record's: a probe can be
+    // preempted, and another process's run on this CPU rewrite the record meanwhile. The process
+    // stopped is then the one listed for the hold guard, whatever the report says.
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let held_ns = unsafe { bpf_ktime_get_ns() };
     // The stop is pending before the daemon can read the report: its SIGCONT, however soon it
     // comes, then either resumes the stopped process or discards the pending stop. The other
     // order would let a quick SIGCONT come first and the stop after it, for good.
@@ -176,11 +177,13 @@ fn hold_and_report(record: &mut HoldReport) -> Option<()> {
     }
     // Listed only once the stop is pending, for the same reason: whoever deletes an entry and
     // then sends SIGCONT (the daemon, the guard) resumes every hold that entry stood for.
-    if HELD_PROCESSES.insert(&pid, &record.held_ns, 0).is_err() {
+    if HELD_PROCESSES.insert(&pid, &held_ns, 0).is_err() {
         // Full: no guard would know of it, so it is not held.
         release(pid, false);
         return None;
     }
+    record.pid = pid;
+    record.held_ns = held_ns;
     if HOLDS
         .output::<HoldReport>(record, BPF_RB_FORCE_WAKEUP as u64)
         .is_err()

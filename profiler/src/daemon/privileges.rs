@@ -88,6 +88,14 @@ pub fn check(holds_processes: bool) -> Result<(), PrivilegeError> {
     }
 }
 
+/// Whether this process may resume other users' processes (CAP_KILL is in its effective set).
+pub fn can_resume_others() -> bool {
+    crate::proc::own_status()
+        .ok()
+        .and_then(|status| effective_set(&status))
+        .is_some_and(|effective| effective & (1 << CAP_KILL) != 0)
+}
+
 /// The effective capability set of a /proc/PID/status text (`CapEff:` in hexadecimal).
 fn effective_set(status: &str) -> Option<u64> {
     let hex = status
@@ -98,7 +106,8 @@ fn effective_set(status: &str) -> Option<u64> {
 }
 
 /// The required capabilities not in `effective`. CAP_KILL only resumes held processes: without
-/// `mpi.hold_new_libraries` and `capture.scheduler_on_demand` it is not needed.
+/// `mpi.hold_new_libraries` it is not needed (`capture.scheduler_on_demand` then uses it only
+/// where it is there).
 fn missing(effective: u64, holds_processes: bool) -> Vec<Capability> {
     REQUIRED
         .into_iter()

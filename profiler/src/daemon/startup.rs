@@ -65,8 +65,19 @@ impl Daemon {
     /// Checks the capabilities, binds the HTTP port and takes the lock file; then opens the
     /// recording if one is asked for, loads the BPF programs and attaches every MPI library
     /// already known.
-    pub fn start(config: Config, recording: Option<PathBuf>) -> Result<Self, DaemonError> {
-        privileges::check(config.mpi.hold_new_libraries || config.capture.scheduler_on_demand)?;
+    pub fn start(mut config: Config, recording: Option<PathBuf>) -> Result<Self, DaemonError> {
+        privileges::check(config.mpi.hold_new_libraries)?;
+        // A first call's hold is resumed by a daemon that may signal other users' processes;
+        // without holds at library opens, CAP_KILL is not required, and where it is missing the
+        // scheduler programs stay attached instead.
+        if config.capture.scheduler_on_demand && !privileges::can_resume_others() {
+            tracing::warn!(
+                "capture.scheduler_on_demand needs CAP_KILL, to resume another user's process \
+                 held at its first MPI call: the scheduler programs stay attached (about 0.1 us \
+                 on every context switch of the node)"
+            );
+            config.capture.scheduler_on_demand = false;
+        }
         let server = serve(&config)?;
         let node = config.node_name();
         let known = known_libraries(&config);
