@@ -54,7 +54,8 @@ static HOLD_SCRATCH: PerCpuArray<HoldReport> = PerCpuArray::with_max_entries(1, 
 static HELD_PROCESSES: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 /// Holds that could not be reported (the ring or HELD_PROCESSES was full): the process was not
 /// held. After an open, only the daemon's scan after its exec finds the library; after a first
-/// call, the thread's first bursts may lack on-CPU time.
+/// call, the thread's bursts count wall time as on-CPU time until the next statistics update
+/// attaches the scheduler programs.
 #[map]
 static HOLDS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 

@@ -3,8 +3,9 @@
 //!
 //! They run for every task on the node, at every context switch and every update of a task's
 //! run time: about 100 ns per sched_yield of any process here (docs/performance.md, "System-call
-//! tax"). Where the daemon can hold processes (it watches library opens), they are attached only
-//! while the node has an MPI thread, and for `capture.detach_idle_after_s` after the last one.
+//! tax"). With `capture.scheduler_on_demand`, where the daemon can hold processes (its hold
+//! guard runs), they are attached only while the node has an MPI thread, and for
+//! `capture.detach_idle_after_s` after the last one.
 //!
 //! A thread's on-CPU time is whole only if they run from its first probed call on. So while they
 //! are detached, the BPF flag SCHEDULER_DETACHED is set, and a thread's first probed call holds
