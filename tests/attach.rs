@@ -122,20 +122,73 @@ fn a_library_outside_the_loader_cache_is_attached_before_the_process_uses_it() {
         held >= attached,
         "{held} processes held for {attached} libraries"
     );
+    stop_and_check_copies(daemon, &copies, &runs);
+}
+
+/// A run of counts: the MPI, the program, the ranks' own counts.
+type CountsRun = (Mpi, PathBuf, Vec<serde_json::Value>);
+
+/// Stops the daemon and checks that it attached each copied library while a process was held at
+/// its open, and counted exactly the calls of each run.
+fn stop_and_check_copies(
+    daemon: Daemon,
+    copies: &[(tempfile::TempDir, PathBuf)],
+    runs: &[CountsRun],
+) {
     let log = daemon.log_text();
     show_holds(&log);
     let recording = daemon.stop();
-    for (mpi, (_, copy)) in Mpi::ALL.into_iter().zip(&copies) {
+    for (_, copy) in copies {
         assert!(
             log.contains(&format!("opened MPI library {}", copy.display())),
-            "{mpi:?}: the daemon did not attach {} while a process was held; its log:\n{log}",
+            "the daemon did not attach {} while a process was held; its log:\n{log}",
             copy.display()
         );
     }
-    for (mpi, program, outputs) in &runs {
+    for (mpi, program, outputs) in runs {
         let job = job_with_outputs(&recording, program, outputs);
         assert_calls_exact(job, outputs, &format!("counts under {mpi:?} on a copy"));
     }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn between_jobs_the_library_watch_is_detached_and_a_launchers_exec_attaches_it_first() {
+    // While attached, the watch on library opens makes every system call on the node take the
+    // kernel's traced path: between jobs it is detached, and a launcher's exec holds the
+    // launcher until it is attached again, so that its ranks' opens of a library at a new path
+    // are still held.
+    let watch = r#"mpiburst_on_demand_programs_attached{programs="library_watch"}"#;
+    // Copied first: reading a file named like an MPI library holds this process too.
+    let copies: Vec<_> = Mpi::ALL.map(copied_library).into();
+    let daemon = Daemon::with_config(
+        "[capture]\nstats_interval_ms = 100\ndetach_idle_after_s = 0\n",
+        &["--min-burst-us", "0"],
+    );
+    let mut runs = Vec::new();
+    for (mpi, (dir, _)) in Mpi::ALL.into_iter().zip(&copies) {
+        wait_until(
+            &daemon,
+            Duration::from_secs(30),
+            "the library watch detached with no launcher and no MPI process on the node",
+            || metric(&daemon.addr, watch) == 0.0,
+        );
+        let launchers = metric(&daemon.addr, "mpiburst_launchers_held_total");
+        let attached = metric(&daemon.addr, "mpiburst_library_opens_attached_total");
+        let program = program("counts", mpi);
+        runs.push((mpi, program, run_counts_on_copy(mpi, dir.path())));
+        wait_for_metric(
+            &daemon.addr,
+            "mpiburst_launchers_held_total",
+            launchers + 1.0,
+        );
+        wait_for_metric(
+            &daemon.addr,
+            "mpiburst_library_opens_attached_total",
+            attached + 1.0,
+        );
+    }
+    stop_and_check_copies(daemon, &copies, &runs);
 }
 
 /// Shows how long the daemon held each process (its log lines that say so).

@@ -11,21 +11,41 @@ use std::{
 use mpiburst::{export::recording::Recording, model::CallSite, store::Job};
 use mpiburst_tests::*;
 
-/// The ids of the BPF programs process `pid` holds (program and link fds both show `prog_id`).
-/// Other daemons may run on the same machine: a test checks only its own daemon's programs.
-fn bpf_program_ids(pid: u32) -> BTreeSet<u32> {
+/// The ids of the BPF objects of one kind process `pid` holds, from its descriptors' `field`
+/// (`prog_id:`, shown by program and link fds alike, or `map_id:`). Other daemons may run on the
+/// same machine: a test checks only its own daemon's objects.
+fn bpf_ids(pid: u32, field: &str) -> BTreeSet<u32> {
     let fdinfo = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
         .unwrap_or_else(|e| panic!("fdinfo of {pid}: {e}"));
     let ids: BTreeSet<u32> = fdinfo
         .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
         .flat_map(|info| {
             info.lines()
-                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
+                .filter_map(|l| l.strip_prefix(field)?.trim().parse().ok())
                 .collect::<Vec<u32>>()
         })
         .collect();
-    assert!(!ids.is_empty(), "daemon {pid} holds no BPF program");
+    assert!(
+        !ids.is_empty(),
+        "daemon {pid} holds no BPF object with {field}"
+    );
     ids
+}
+
+/// The ids of the BPF programs process `pid` holds.
+fn bpf_program_ids(pid: u32) -> BTreeSet<u32> {
+    bpf_ids(pid, "prog_id:")
+}
+
+/// The daemon's BPF map `name`.
+fn daemon_map(pid: u32, name: &str) -> aya::maps::Map {
+    for id in bpf_ids(pid, "map_id:") {
+        let data = aya::maps::MapData::from_id(id).expect("open a BPF map by id");
+        if data.info().expect("BPF map info").name_as_str() == Some(name) {
+            return aya::maps::Map::from_map_data(data).expect("a map aya knows");
+        }
+    }
+    panic!("daemon {pid} holds no map {name}");
 }
 
 /// None of the daemon's BPF programs (`ids`) stays loaded in the kernel. The kernel frees a
@@ -696,6 +716,73 @@ fn on_cpu_time_is_whole_from_the_first_burst_when_the_scheduler_programs_were_de
         let outputs = [(mpi, rank_outputs(out.path(), "oncpu", 2))];
         assert_on_cpu_of_oncpu_bursts(daemon.stop(), &outputs, steal, 500);
     }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn the_state_of_a_thread_whose_exit_was_missed_keeps_no_program_attached() {
+    // Only the exit tracepoint's program frees a thread's state, and a run of a tracepoint's
+    // program can be missed. A state left behind must not keep the scheduler programs on every
+    // context switch of the node.
+    use aya::maps::{Array, HashMap, MapData};
+    use profiler_common::{ThreadState, THREAD_SLOT_COUNT};
+
+    let scheduler = r#"mpiburst_on_demand_programs_attached{programs="scheduler"}"#;
+    let daemon = Daemon::with_config(
+        "[capture]\nstats_interval_ms = 100\ndetach_idle_after_s = 0\n",
+        &[],
+    );
+    let detached = || metric(&daemon.addr, scheduler) == 0.0;
+    wait_until(
+        &daemon,
+        Duration::from_secs(30),
+        "the scheduler programs detached with no MPI process on the node",
+        detached,
+    );
+    // Two threads of this process that have exited, with the states the probes would have left
+    // them: one in its slot, the other in THREADS (its slot held by another thread).
+    let tids: Vec<u32> = (0..2)
+        .map(|_| {
+            std::thread::spawn(|| unsafe { libc::gettid() } as u32)
+                .join()
+                .unwrap()
+        })
+        .collect();
+    let state = |tid| ThreadState {
+        pid: std::process::id(),
+        tid,
+        ..ThreadState::default()
+    };
+    let slot = tids[0] & (THREAD_SLOT_COUNT - 1);
+    let mut slots: Array<MapData, ThreadState> =
+        Array::try_from(daemon_map(daemon.pid(), "THREAD_SLOTS")).unwrap();
+    let mut owners: HashMap<MapData, u32, u32> =
+        HashMap::try_from(daemon_map(daemon.pid(), "SLOT_OWNERS")).unwrap();
+    let mut threads: HashMap<MapData, u32, ThreadState> =
+        HashMap::try_from(daemon_map(daemon.pid(), "THREADS")).unwrap();
+    slots.set(slot, state(tids[0]), 0).unwrap();
+    owners.insert(slot, tids[0], 0).unwrap();
+    threads.insert(tids[1], state(tids[1]), 0).unwrap();
+
+    wait_until(
+        &daemon,
+        Duration::from_secs(10),
+        "the daemon freed both states of exited threads",
+        || owners.get(&slot, 0).is_err() && threads.get(&tids[1], 0).is_err(),
+    );
+    assert_eq!(slots.get(&slot, 0).unwrap().tid, 0, "the slot left free");
+    assert!(
+        daemon.log_text().contains("whose exit the probes missed"),
+        "{}",
+        daemon.log_text()
+    );
+    wait_until(
+        &daemon,
+        Duration::from_secs(10),
+        "the scheduler programs detached again",
+        detached,
+    );
+    daemon.stop();
 }
 
 #[test]

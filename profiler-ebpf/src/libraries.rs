@@ -13,19 +13,22 @@
 //! watches: it resumes a process held too long, or every one when the daemon dies.
 //!
 //! The same hold, reported on the same ring, serves the first probed call of a thread while the
-//! scheduler programs are detached (`hold_at_first_call`, from threads.rs).
+//! scheduler programs are detached (from threads.rs), and the exec of an MPI launcher while this
+//! program is detached (`launcher_exec`, from lifecycle.rs): the daemon attaches it only while
+//! the node has a launcher or an MPI process, for while it is attached every system call on the
+//! node takes the kernel's traced path.
 
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_RB_FORCE_WAKEUP},
+    bindings::{pt_regs, BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task_btf, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_user_str_bytes, bpf_send_signal, bpf_task_pt_regs,
     },
     macros::{map, tracepoint},
-    maps::{HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
-use profiler_common::{hold, HoldReport, LIBRARY_PATH_BYTES};
+use profiler_common::{hold, HoldReport, COMM_BYTES, LIBRARY_PATH_BYTES};
 
 use crate::shared::config;
 
@@ -58,7 +61,21 @@ static HELD_PROCESSES: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 /// attaches the scheduler programs.
 #[map]
 static HOLDS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// Set while `library_open_exit` is detached: the exec of a launcher then holds it until the
+/// daemon has attached the program again.
+#[map]
+static LIBRARY_WATCH_DETACHED: Array<u32> = Array::with_max_entries(1, 0);
+/// The command names of the processes that start MPI ranks (`mpi.launchers`: mpirun, orted,
+/// hydra_pmi_proxy, slurmstepd, ...), zero-padded as the kernel keeps them.
+#[map]
+static LAUNCHERS: HashMap<[u8; COMM_BYTES], u8> = HashMap::with_max_entries(256, 0);
+/// The launchers running: pid → CLOCK_MONOTONIC ns of their exec. The daemon keeps the watch
+/// attached while any runs.
+#[map]
+static LAUNCHER_PIDS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 
+/// What a map insert with BPF_NOEXIST returns for a key that is there.
+const EEXIST: i32 = -17;
 const SIGCONT: u32 = 18;
 const SIGSTOP: u32 = 19;
 const O_ACCMODE: u64 = 3;
@@ -141,11 +158,36 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
     hold_and_report(record)
 }
 
-/// Holds the calling process at a thread's first probed MPI call, made while the scheduler
-/// programs are detached, and reports it: the daemon attaches them and resumes it. The stop
-/// takes effect as the probe returns, before the call's body runs.
+/// At every exec: notes a launcher of MPI ranks as running and, while this program is
+/// detached, holds it until the daemon has attached it again (its ranks open their MPI
+/// libraries after). Noted before the flag is read: the daemon detaches only if it finds no
+/// launcher a while after it set the flag, so a launcher is either found or held.
 #[inline(always)]
-pub(crate) fn hold_at_first_call(pid: u32) {
+pub(crate) fn launcher_exec(pid: u32) {
+    let Ok(comm) = bpf_get_current_comm() else {
+        return;
+    };
+    if unsafe { LAUNCHERS.get(&comm) }.is_none() {
+        return;
+    }
+    // Full: the daemon, which prunes the exited launchers, then finds the map not empty.
+    let _ = LAUNCHER_PIDS.insert(&pid, &unsafe { bpf_ktime_get_ns() }, 0);
+    if LIBRARY_WATCH_DETACHED.get(0).is_some_and(|&d| d != 0) {
+        hold_for(pid, hold::LAUNCHER_EXEC);
+    }
+}
+
+/// At the exit of a process.
+#[inline(always)]
+pub(crate) fn launcher_exit(pid: u32) {
+    let _ = LAUNCHER_PIDS.remove(&pid);
+}
+
+/// Holds the calling process for `reason` (a thread's first probed MPI call while the scheduler
+/// programs are detached, a launcher's exec while this program is) and reports it: the daemon
+/// attaches the programs and resumes it. The stop takes effect on the return to user space.
+#[inline(always)]
+pub(crate) fn hold_for(pid: u32, reason: u32) {
     // The daemon's own calibration calls a probed function.
     if pid == config(&DAEMON_PID) || bpf_get_current_comm().is_ok_and(|c| c.starts_with(NEVER_HELD))
     {
@@ -155,7 +197,7 @@ pub(crate) fn hold_at_first_call(pid: u32) {
         return;
     };
     let record = unsafe { &mut *record };
-    record.reason = hold::FIRST_CALL;
+    record.reason = reason;
     record.fd = 0;
     record.path_hash = 0;
     record.path[0] = 0;
@@ -177,11 +219,20 @@ fn hold_and_report(record: &mut HoldReport) -> Option<()> {
         return None;
     }
     // Listed only once the stop is pending, for the same reason: whoever deletes an entry and
-    // then sends SIGCONT (the daemon, the guard) resumes every hold that entry stood for.
-    if HELD_PROCESSES.insert(&pid, &held_ns, 0).is_err() {
-        // Full: no guard would know of it, so it is not held.
-        release(pid, false);
-        return None;
+    // then sends SIGCONT (the daemon, the guard) resumes every hold that entry stood for. So a
+    // second thread's first call, made before the first one's stop took effect, is covered by
+    // the first one's report, and reports nothing: its resume would find no entry. A library
+    // open is reported whatever is listed, for the daemon to attach the file.
+    let once = record.reason != hold::LIBRARY_OPEN;
+    let flags = if once { BPF_NOEXIST as u64 } else { 0 };
+    match HELD_PROCESSES.insert(&pid, &held_ns, flags) {
+        Ok(()) => {}
+        Err(EEXIST) if once => return None,
+        Err(_) => {
+            // Full: no guard would know of it, so it is not held.
+            release(pid, false);
+            return None;
+        }
     }
     record.pid = pid;
     record.held_ns = held_ns;

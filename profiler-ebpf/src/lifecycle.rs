@@ -1,6 +1,7 @@
 //! The process lifecycle tracepoints: sched_process_exec reports every exec on the node (for the
-//! daemon to find new MPI libraries), sched_process_exit ends the state of every exiting thread
-//! and stamps the exit time of the MPI processes the daemon tracks.
+//! daemon to find new MPI libraries) and notes the launchers of MPI ranks; sched_process_exit
+//! ends the state of every exiting thread, forgets an exiting launcher and stamps the exit time of
+//! the MPI processes the daemon tracks.
 
 use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP,
@@ -12,6 +13,7 @@ use aya_ebpf::{
 use profiler_common::{lost, ExecRecord};
 
 use crate::{
+    libraries::{launcher_exec, launcher_exit},
     shared::{config, count_lost},
     threads::{release_state, thread},
 };
@@ -40,6 +42,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         // Epochs start at 1: no datatype size is reused until the next read.
         st.dtype_epoch = 0;
     }
+    launcher_exec((bpf_get_current_pid_tgid() >> 32) as u32);
     let record = ExecRecord {
         pid,
         _pad: 0,
@@ -64,6 +67,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    launcher_exit(pid);
     if let Some(exit) = TRACKED.get_ptr_mut(pid) {
         unsafe { *exit = bpf_ktime_get_ns() };
     }

@@ -9,12 +9,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use profiler_common::{
-    lost, BurstTotals, TaskThread, ThreadLife, ThreadState, NO_FUNC, THREAD_SLOT_COUNT,
+    hold, lost, BurstTotals, TaskThread, ThreadLife, ThreadState, NO_FUNC, THREAD_SLOT_COUNT,
 };
 
 use crate::{
-    call_stats::write_back_all, libraries::hold_at_first_call, oncpu::scheduler_detached,
-    shared::count_lost,
+    call_stats::write_back_all, libraries::hold_for, oncpu::scheduler_detached, shared::count_lost,
 };
 
 /// Thread states, one slot per tid modulo THREAD_SLOT_COUNT. Both probes of every MPI call look
@@ -103,7 +102,7 @@ pub(crate) fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadStat
     // Read once the state is made: the daemon detaches the scheduler programs only if it finds
     // no thread state a while after it set the flag, so a new thread is either found or held.
     if scheduler_detached() {
-        hold_at_first_call(pid);
+        hold_for(pid, hold::FIRST_CALL);
     }
     thread(tid)
 }

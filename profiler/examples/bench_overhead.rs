@@ -30,11 +30,11 @@
 //! polling of MPI libraries), without the daemon; with the scheduler programs alone (a daemon
 //! without any system call tracepoint: file I/O off and no holds of new MPI libraries); with the
 //! daemon running as deployed (`mpiburst run`, default settings) on a node that has had no MPI
-//! process for `capture.detach_idle_after_s` (0 here), where the file I/O and scheduler programs
-//! are detached and only `library_open_exit` at openat's exit runs; the same without holds at
-//! the open of new MPI libraries (`mpi.hold_new_libraries = false`), where no program runs at
-//! all; and with file I/O on beside a tracked process (an idle one the bench starts), where
-//! both are attached, alternating. Last, 1-byte pwrite calls of a tracked process to a file it
+//! process and no launcher for `capture.detach_idle_after_s` (0 here), where the file I/O and
+//! scheduler programs and the watch on library opens (`library_open_exit` at openat's exit) are
+//! detached; the same with the watch kept attached (`mpi.launchers = []`); and with file I/O on
+//! beside a tracked process (an idle one the bench starts), where both are attached,
+//! alternating. Last, 1-byte pwrite calls of a tracked process to a file it
 //! opened (counted requests, checked to be counted exactly). These calls are made by a process of their
 //! own, this program run again, in its CPU time: the tax is that of the other processes on the
 //! node, not of the one the daemon runs in (whose own system calls were about 25 ns dearer, with
@@ -732,29 +732,32 @@ fn without_syscall_tracepoints(config: &Config) -> Config {
 }
 
 /// Per setup (without the daemon; the scheduler programs alone; the daemon as deployed on a node
-/// without MPI processes, with and without its holds at the open of new MPI libraries; file I/O
+/// without MPI processes, with its watch on library opens detached and kept attached; file I/O
 /// counting beside a tracked process), per round: ns per untracked pwrite and sched_yield.
 type SyscallRounds = [Vec<f64>; 5];
 
-/// `mpiburst run` with the default settings (its own port and lock file), or without holds at
-/// the open of new MPI libraries (`mpi.hold_new_libraries = false`: no system call tracepoint at
-/// all), once it has detached the programs it attaches only while the node has MPI processes: a
-/// node between jobs.
+/// `mpiburst run` with the default settings (its own port and lock file), or with its watch on
+/// library opens kept attached (`mpi.launchers = []`), once it has detached the programs it
+/// attaches only while the node has MPI processes: a node between jobs.
 struct IdleDaemon {
     child: std::process::Child,
     _dir: tempfile::TempDir,
 }
 
 impl IdleDaemon {
-    fn start(binary: &Path, hold_new_libraries: bool) -> Result<IdleDaemon> {
+    fn start(binary: &Path, watch_detaches: bool) -> Result<IdleDaemon> {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("mpiburst.toml");
         std::fs::write(
             &config,
             format!(
-                "[daemon]\nlock_file = \"{}\"\n[capture]\ndetach_idle_after_s = 0\n\
-                 [mpi]\nhold_new_libraries = {hold_new_libraries}\n",
-                dir.path().join("lock").display()
+                "[daemon]\nlock_file = \"{}\"\n[capture]\ndetach_idle_after_s = 0\n{}",
+                dir.path().join("lock").display(),
+                if watch_detaches {
+                    ""
+                } else {
+                    "[mpi]\nlaunchers = []\n"
+                }
             ),
         )?;
         let addr = format!(
@@ -785,8 +788,13 @@ impl IdleDaemon {
             .context("the daemon did not become ready within 60 s")?;
         let client = DaemonClient::parse(&addr, Config::default().daemon.listen.port())?
             .context("the daemon's address")?;
+        let on_demand: &[&str] = if watch_detaches {
+            &["file_io", "scheduler", "library_watch"]
+        } else {
+            &["file_io", "scheduler"]
+        };
         let detached = |text: &str| {
-            ["file_io", "scheduler"].iter().all(|programs| {
+            on_demand.iter().all(|programs| {
                 let series =
                     format!("mpiburst_on_demand_programs_attached{{programs=\"{programs}\"}} 0");
                 text.lines().any(|l| l == series)
@@ -860,7 +868,7 @@ enum Beside {
     /// A daemon without system call tracepoints (its loop does not run: the programs stay).
     SchedulerPrograms,
     IdleDaemon,
-    IdleDaemonWithoutLibraryHolds,
+    IdleDaemonWatchingLibraryOpens,
     TrackedProcess,
 }
 
@@ -877,7 +885,7 @@ fn untracked_system_calls(
             Beside::Nothing,
             Beside::SchedulerPrograms,
             Beside::IdleDaemon,
-            Beside::IdleDaemonWithoutLibraryHolds,
+            Beside::IdleDaemonWatchingLibraryOpens,
             Beside::TrackedProcess,
         ];
         for (setup, beside) in setups.into_iter().enumerate() {
@@ -886,7 +894,7 @@ fn untracked_system_calls(
                 .transpose()?;
             let _idle = match beside {
                 Beside::IdleDaemon => Some(IdleDaemon::start(binary, true)?),
-                Beside::IdleDaemonWithoutLibraryHolds => Some(IdleDaemon::start(binary, false)?),
+                Beside::IdleDaemonWatchingLibraryOpens => Some(IdleDaemon::start(binary, false)?),
                 _ => None,
             };
             let _beside = matches!(beside, Beside::TrackedProcess)
@@ -902,7 +910,7 @@ fn untracked_system_calls(
         };
         eprintln!(
             "round {}: untracked pwrite {} ns, sched_yield {} ns (without the daemon / scheduler \
-             programs alone / idle daemon / idle, no library holds / beside a tracked process)",
+             programs alone / idle daemon / idle, watching library opens / beside a tracked process)",
             round + 1,
             row(&writes),
             row(&yields)
@@ -943,7 +951,7 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     );
     println!(
         "                          without daemon   scheduler programs alone   daemon, no MPI \
-         process   the same, no library holds   beside a tracked process"
+         process   the same, watching opens   beside a tracked process"
     );
     let [write, sched_yield] = [writes, yields].map(|rounds| rounds.map(median));
     let rows = [
@@ -952,7 +960,7 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     ];
     for (name, ns) in rows {
         println!(
-            "  {name:<24} {:>11.1} ns {:>23.1} ns {:>20.1} ns {:>26.1} ns {:>23.1} ns",
+            "  {name:<24} {:>11.1} ns {:>23.1} ns {:>20.1} ns {:>22.1} ns {:>23.1} ns",
             ns[0], ns[1], ns[2], ns[3], ns[4]
         );
     }
@@ -960,7 +968,7 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     for (name, ns) in rows {
         let tax = |i: usize| ns[i] - ns[0];
         println!(
-            "  {name:<24} {:>11} {:>23.1} ns {:>20.1} ns {:>26.1} ns {:>23.1} ns",
+            "  {name:<24} {:>11} {:>23.1} ns {:>20.1} ns {:>22.1} ns {:>23.1} ns",
             "",
             tax(1),
             tax(2),

@@ -532,6 +532,7 @@ impl Daemon {
             library_opens: self.libraries.stats,
             file_io_attached: self.capture.counts_file_io(),
             scheduler_attached: self.capture.scheduler_attached(),
+            library_watch_attached: self.capture.library_watch_attached(),
             counter_events: match &self.capture.counters {
                 Ok(e) => format!("{},{}", e[0].name, e[1].name),
                 Err(_) => "none".into(),

@@ -44,6 +44,11 @@ pub enum InvalidSetting {
          by a daemon that does not answer is resumed after that long)"
     )]
     HoldLimit(f64),
+    #[error(
+        "mpi.launchers lists {0:?}: a command name is 1 to 15 bytes without '/' (the kernel keeps \
+         15: write it as `ps -o comm` shows it)"
+    )]
+    LauncherName(String),
     #[error("mpi.functions has more than 65535 entries")]
     TooManyFunctions,
     #[error("mpi.functions: {0:?} is not a C MPI name; write it as MPI_Xxx")]
@@ -333,6 +338,29 @@ impl GovernorConfig {
 const DEFAULT_LIBRARY_READ_TIMEOUT_MS: u64 = 3000;
 /// Its largest value: a held process waits that long at most.
 const MAX_LIBRARY_READ_TIMEOUT_MS: u64 = 600_000;
+/// `mpi.launchers` by default: Open MPI's (mpirun and its remote daemons, orted for 4, prte and
+/// prted for 5), MPICH's Hydra (and Intel MPI's: mpiexec.hydra, hydra_pmi_proxy), MVAPICH's
+/// mpirun_rsh and mpispawn, Slurm's step daemon, which starts the ranks of srun, and the names
+/// Debian gives the launchers of its two MPIs.
+const DEFAULT_LAUNCHERS: [&str; 17] = [
+    "mpirun",
+    "mpiexec",
+    "mpirun.openmpi",
+    "mpiexec.openmpi",
+    "mpirun.mpich",
+    "mpiexec.mpich",
+    "mpiexec.hydra",
+    "orterun",
+    "orted",
+    "prte",
+    "prterun",
+    "prted",
+    "hydra_pmi_proxy",
+    "mpirun_rsh",
+    "mpispawn",
+    "slurmstepd",
+    "srun",
+];
 /// `mpi.hold_limit_s` by default: a hold the daemon handles lasts tens of ms.
 const DEFAULT_HOLD_LIMIT_S: f64 = 2.0;
 /// Its bounds: the hold guard looks every 100 ms, and a job must not wait for long.
@@ -360,6 +388,13 @@ pub struct MpiConfig {
     /// is stopped, hung or slow; when the daemon dies, the guard resumes every held process at
     /// once. It also bounds the wait for a library read (`library_read_timeout_ms`).
     pub hold_limit_s: f64,
+    /// The command names of the processes that start MPI ranks on a node: launchers, their
+    /// remote daemons and the resource manager's step daemon. With holds at library opens, the
+    /// watch on opens (a system call tracepoint: every system call on the node pays the
+    /// kernel's traced path while it is attached) is attached only while one of them or an MPI
+    /// process runs, and for `capture.detach_idle_after_s` after; a launcher's exec holds it
+    /// until the watch is attached. Empty: the watch stays attached.
+    pub launchers: Vec<String>,
     /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
     /// the (count, datatype) pair in the C binding whose product gives the call's bytes;
     /// `peer_arg` and `comm_arg` those of the peer rank (destination or source) and of its
@@ -681,6 +716,7 @@ impl Default for MpiConfig {
             hold_new_libraries: true,
             library_read_timeout_ms: DEFAULT_LIBRARY_READ_TIMEOUT_MS,
             hold_limit_s: DEFAULT_HOLD_LIMIT_S,
+            launchers: DEFAULT_LAUNCHERS.map(String::from).to_vec(),
             functions,
         }
     }
@@ -709,6 +745,13 @@ impl MpiConfig {
             return Err(InvalidSetting::LibraryReadTimeout(
                 self.library_read_timeout_ms,
             ));
+        }
+        if let Some(bad) = self
+            .launchers
+            .iter()
+            .find(|name| name.is_empty() || name.len() > 15 || name.contains('/'))
+        {
+            return Err(InvalidSetting::LauncherName(bad.clone()));
         }
         if !(MIN_HOLD_LIMIT_S..=MAX_HOLD_LIMIT_S).contains(&self.hold_limit_s) {
             return Err(InvalidSetting::HoldLimit(self.hold_limit_s));
@@ -757,6 +800,14 @@ impl MpiConfig {
              # a process held longer (the daemon is stopped, hung or slow: it runs on, perhaps\n\
              # unprofiled), and every held process at once when the daemon dies.\n\
              hold_limit_s = {:?}\n\
+             # The command names of the processes that start MPI ranks (launchers, their remote\n\
+             # daemons, the resource manager's step daemon). With hold_new_libraries, the watch on\n\
+             # library opens, which makes every system call on the node take the kernel's traced\n\
+             # path, is attached only while one of them or an MPI process runs (and for\n\
+             # capture.detach_idle_after_s after); a launcher's exec holds it until the watch is\n\
+             # attached. An MPI program started without any of them (a singleton) has a library at\n\
+             # a new path found by the scan after its exec. Empty: the watch stays attached.\n\
+             launchers = {:?}\n\
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
              # pair in the C binding; their product is the call's bytes. peer_arg/comm_arg: those of\n\
              # the peer rank and its communicator (peers in MPI_COMM_WORLD are summed per call site).\n\
@@ -764,7 +815,7 @@ impl MpiConfig {
              # \"datatype\" (MPI_Type_free) lets Open MPI's probes reuse a datatype's size until\n\
              # the next free instead of reading it at every call.\n\
              functions = [\n",
-            DEFAULT_LIBRARY_READ_TIMEOUT_MS, DEFAULT_HOLD_LIMIT_S
+            DEFAULT_LIBRARY_READ_TIMEOUT_MS, DEFAULT_HOLD_LIMIT_S, DEFAULT_LAUNCHERS
         );
         for f in &MpiConfig::default().functions {
             let class = toml::Value::try_from(f.class).expect("a function class is a TOML string");

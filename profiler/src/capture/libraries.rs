@@ -4,6 +4,12 @@
 //! hold guard (hold_guard.rs) resumes it instead when the daemon does not in time. The same ring
 //! reports the processes held at a thread's first probed call while the scheduler programs are
 //! detached (scheduler.rs).
+//!
+//! While it is attached, every system call on the node takes the kernel's traced path (about
+//! 50 ns here). With `mpi.launchers`, it is attached only while the node runs a launcher of MPI
+//! ranks or an MPI process: while it is detached, the BPF flag LIBRARY_WATCH_DETACHED is set and
+//! a launcher's exec holds it (a `hold::LAUNCHER_EXEC` report) until the daemon has attached the
+//! watch again ([`FlaggedLinks`]).
 
 use std::{
     os::fd::{AsFd, OwnedFd},
@@ -13,13 +19,13 @@ use std::{
 
 use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{trace_point::TracePointLink, TracePoint},
 };
-use profiler_common::{hold, HoldReport, LIBRARY_PATH_BYTES};
+use profiler_common::{hold, HoldReport, COMM_BYTES, LIBRARY_PATH_BYTES};
 
 use super::{
-    hold_guard::HeldProcesses, map_mut, map_ref, program_mut, read_record, take_map, tracefs,
-    Capture, CaptureError,
+    hold_guard::HeldProcesses, map_mut, map_ref, on_demand::FlaggedLinks, read_record, take_map,
+    tracefs, Capture, CaptureError,
 };
 
 /// The program and the tracepoint it runs at: the exit of openat, the call the dynamic loader
@@ -27,6 +33,10 @@ use super::{
 pub(super) const PROGRAM: &str = "library_open_exit";
 const CATEGORY: &str = "syscalls";
 const EVENT: &str = "sys_exit_openat";
+const PLACES: [(&str, &str); 1] = [(PROGRAM, EVENT)];
+
+/// `library_open_exit`'s link.
+pub(super) type LibraryWatch = FlaggedLinks<TracePoint, TracePointLink>;
 
 /// A process the BPF programs held, and why.
 #[derive(Debug)]
@@ -35,6 +45,13 @@ pub enum HoldEvent {
     /// One of its threads made its first probed call while the scheduler programs were
     /// detached: resumed once they are attached.
     FirstCall {
+        held: HeldProcess,
+        /// CLOCK_MONOTONIC ns of the hold.
+        held_ns: u64,
+    },
+    /// It exec'ed a launcher of MPI ranks while the library watch was detached: resumed once
+    /// the watch is attached.
+    LauncherExec {
         held: HeldProcess,
         /// CLOCK_MONOTONIC ns of the hold.
         held_ns: u64,
@@ -70,9 +87,9 @@ impl Drop for HeldProcess {
         let pid = self.pid;
         match self.held.resume(pid) {
             (_, Err(error)) => tracing::error!(
-                "cannot resume pid {pid}, stopped while its MPI library was attached: {error}; \
-                 resume it with `kill -CONT {pid}` (the daemon needs CAP_KILL for another user's \
-                 process)"
+                "cannot resume pid {pid}, stopped at an MPI library's open or at its first MPI \
+                 call: {error}; resume it with `kill -CONT {pid}` (the daemon needs CAP_KILL for \
+                 another user's process)"
             ),
             (false, Ok(())) => tracing::info!(
                 "pid {pid} had been resumed by the hold guard already: it was held longer than \
@@ -117,14 +134,88 @@ impl Capture {
         if self.holding.is_none() {
             return Err(CaptureError::NotHolding);
         }
-        let program: &mut TracePoint = program_mut(&mut self.ebpf, PROGRAM)?;
-        let failed = |source| CaptureError::Program {
-            program: PROGRAM,
-            source,
-        };
-        program.load().map_err(failed)?;
-        program.attach(CATEGORY, EVENT).map_err(failed)?;
+        self.library_watch = Some(FlaggedLinks::load(
+            &mut self.ebpf,
+            "library watch",
+            &PLACES,
+            TracePoint::load,
+            |p, event| p.attach(CATEGORY, event).and_then(|id| p.take_link(id)),
+            "LIBRARY_WATCH_DETACHED",
+        )?);
         Ok(())
+    }
+
+    /// From now on the library watch is detached while the node has no process named like one
+    /// of `launchers` (command names, as `ps -o comm` shows them) and no MPI process, and the
+    /// exec of a launcher holds it until the watch is attached again. Names longer than the
+    /// kernel keeps (15 bytes) are cut as the kernel cuts them.
+    pub fn watch_library_opens_with_launchers(
+        &mut self,
+        launchers: &[String],
+    ) -> Result<(), CaptureError> {
+        if self.library_watch.is_none() {
+            return Err(CaptureError::NotHolding);
+        }
+        let mut names: HashMap<&mut MapData, [u8; COMM_BYTES], u8> =
+            map_mut(&mut self.ebpf, "LAUNCHERS")?;
+        for launcher in launchers {
+            let mut comm = [0u8; COMM_BYTES];
+            let len = launcher.len().min(COMM_BYTES - 1);
+            comm[..len].copy_from_slice(&launcher.as_bytes()[..len]);
+            names
+                .insert(comm, 1, 0)
+                .map_err(|source| CaptureError::Map {
+                    map: "LAUNCHERS",
+                    source,
+                })?;
+        }
+        if let Some(watch) = &mut self.library_watch {
+            watch.detach_when_idle();
+        }
+        Ok(())
+    }
+
+    /// Attaches the library watch unless it is (a launcher was held at its exec for it);
+    /// whether it is.
+    pub fn attach_library_watch(&mut self) -> bool {
+        let Some(watch) = &mut self.library_watch else {
+            return false;
+        };
+        if let Err(e) = watch.attach(&mut self.ebpf) {
+            tracing::error!(
+                "cannot attach the library watch ({e}): a process that opens an MPI library at a \
+                 new path is not held; attaching is tried again at the next statistics update"
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Whether the library watch is attached.
+    pub fn library_watch_attached(&self) -> bool {
+        self.library_watch
+            .as_ref()
+            .is_some_and(LibraryWatch::attached)
+    }
+
+    /// Whether a launcher of MPI ranks runs on the node. Forgets the launchers that have
+    /// exited, whose exit the exit tracepoint's program missed.
+    pub(super) fn launchers_running(&mut self) -> bool {
+        let Ok(mut pids) =
+            map_mut::<HashMap<&mut MapData, u32, u64>>(&mut self.ebpf, "LAUNCHER_PIDS")
+        else {
+            // Unreadable: as if one ran, the watch stays attached.
+            return true;
+        };
+        let exited: Vec<u32> = pids
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|&pid| !crate::proc::is_alive(pid))
+            .collect();
+        for pid in &exited {
+            let _ = pids.remove(pid);
+        }
+        pids.keys().next().is_some()
     }
 
     /// From now on the scheduler programs are detached while the node has no MPI thread, and a
@@ -157,18 +248,16 @@ impl Capture {
             .map_or((0, 0), |watch| watch.held.counts())
     }
 
-    /// Detaches the program: no process is held from now on (those already reported are still
-    /// drained by [`Capture::drain_holds`]).
+    /// Detaches the program: no process is held at a library open or a launcher's exec from now
+    /// on (those already reported are still drained by [`Capture::drain_holds`]).
     pub fn stop_watching_library_opens(&mut self) {
-        if let Ok(program) = program_mut::<TracePoint>(&mut self.ebpf, PROGRAM) {
-            // Never loaded where library opens were not watched.
-            if program.fd().is_err() {
-                return;
-            }
-            if let Err(e) = program.unload() {
-                tracing::warn!("detaching {PROGRAM}: {e}");
-            }
+        let Some(mut watch) = self.library_watch.take() else {
+            return;
+        };
+        if let Err(e) = watch.never_hold(&mut self.ebpf) {
+            tracing::warn!("{e}: a launcher's exec may still hold its process");
         }
+        watch.detach_now();
     }
 
     /// A descriptor that becomes readable when a hold is reported; `None` while not watching.
@@ -200,12 +289,17 @@ impl Capture {
                 pid: record.pid,
                 held: watch.held.clone(),
             };
-            if record.reason == hold::FIRST_CALL {
-                events.push(HoldEvent::FirstCall {
-                    held,
-                    held_ns: record.held_ns,
-                });
-                continue;
+            let held_ns = record.held_ns;
+            match record.reason {
+                hold::FIRST_CALL => {
+                    events.push(HoldEvent::FirstCall { held, held_ns });
+                    continue;
+                }
+                hold::LAUNCHER_EXEC => {
+                    events.push(HoldEvent::LauncherExec { held, held_ns });
+                    continue;
+                }
+                _ => {}
             }
             let len = record
                 .path
@@ -290,6 +384,11 @@ pub struct LibraryOpenStats {
     pub first_calls_held: u64,
     /// Their stopped time, summed, in ns.
     pub first_calls_held_ns: u64,
+    /// Launchers of MPI ranks stopped at their exec until the library watch was attached again
+    /// (it is detached while the node has no launcher and no MPI process).
+    pub launchers_held: u64,
+    /// Their stopped time, summed, in ns.
+    pub launchers_held_ns: u64,
     /// Holds that could not be reported (the ring buffer or the map of held processes was
     /// full): not held.
     pub not_held: u64,

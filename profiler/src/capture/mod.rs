@@ -218,6 +218,8 @@ pub struct Capture {
     holding: Option<libraries::Holding>,
     /// Why library opens cannot be watched on this kernel, if they cannot.
     library_watch_unavailable: Option<CaptureError>,
+    /// `library_open_exit`, once library opens are watched.
+    library_watch: Option<libraries::LibraryWatch>,
     /// Library files already attached, by (device, inode): a file is attached once however many
     /// paths or processes lead to it.
     attached: HashSet<(u64, u64)>,
@@ -388,7 +390,7 @@ impl Capture {
             None
         };
         attach_tracepoints(&mut ebpf)?;
-        let scheduler = SchedulerPrograms::load(&mut ebpf)?;
+        let scheduler = scheduler::load(&mut ebpf)?;
         let file_io = config
             .file_io
             .then(|| FileIoTracepoints::load(&mut ebpf))
@@ -413,6 +415,7 @@ impl Capture {
             execs,
             holding: None,
             library_watch_unavailable: openat_ret_offset.err(),
+            library_watch: None,
             attached: HashSet::new(),
             probes: 0,
             uprobe_programs,
@@ -670,14 +673,16 @@ impl Capture {
     }
 
     /// Attaches the scheduler programs unless they are (a process was held at a thread's first
-    /// call for them, or a process is tracked); says so when they cannot be.
-    pub fn attach_scheduler(&mut self) {
+    /// call for them, or a process is tracked); says so when they cannot be. Whether they are.
+    pub fn attach_scheduler(&mut self) -> bool {
         if let Err(e) = self.scheduler.attach(&mut self.ebpf) {
             tracing::error!(
                 "cannot attach the scheduler programs ({e}): the bursts of MPI threads that start \
                  now have no on-CPU time; attaching is tried again at the next MPI process"
             );
+            return false;
         }
+        true
     }
 
     /// Whether the scheduler programs are attached.
@@ -702,6 +707,16 @@ impl Capture {
         if let Some(io) = &mut self.file_io {
             io.detach_if_idle(tracking, self.detach_idle_after, now);
         }
+        if !tracking {
+            match self.free_states_of_exited_threads() {
+                Ok(0) => {}
+                Ok(freed) => tracing::info!(
+                    "freed the states of {freed} threads whose exit the probes missed: they would \
+                     have kept the scheduler programs attached"
+                ),
+                Err(e) => tracing::warn!("cannot free the states of exited threads: {e}"),
+            }
+        }
         let busy = tracking || self.has_thread_states();
         let step = self
             .scheduler
@@ -712,6 +727,51 @@ impl Capture {
                  statistics update"
             );
         }
+        if self.library_watch.is_some() {
+            let launching = busy || self.launchers_running();
+            if let Some(watch) = &mut self.library_watch {
+                let step =
+                    watch.detach_if_idle(&mut self.ebpf, launching, self.detach_idle_after, now);
+                if let Err(e) = step {
+                    tracing::warn!(
+                        "attaching or detaching the library watch: {e}; tried again at the next \
+                         statistics update"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Frees the states of threads that have exited, and returns how many. Only the exit
+    /// tracepoint's program frees a state, and a run of a classic tracepoint's program can be
+    /// missed: one stale state would keep the scheduler programs attached for good.
+    fn free_states_of_exited_threads(&mut self) -> Result<usize, CaptureError> {
+        let exited = |st: &ThreadState| !crate::proc::thread_exists(st.pid, st.tid);
+        let stale: Vec<ThreadState> = {
+            let owners: HashMap<&MapData, u32, u32> = map_ref(&self.ebpf, "SLOT_OWNERS")?;
+            let slots: Array<&MapData, ThreadState> = map_ref(&self.ebpf, "THREAD_SLOTS")?;
+            threads::held_states(&owners, &slots)
+                .into_iter()
+                .filter(exited)
+                .collect()
+        };
+        // As at a thread's exit: the slot empties before its claim goes.
+        let mut slots: Array<&mut MapData, ThreadState> = map_mut(&mut self.ebpf, "THREAD_SLOTS")?;
+        for st in &stale {
+            let freed = ThreadState { tid: 0, ..*st };
+            slots
+                .set(threads::slot(st.tid), freed, 0)
+                .map_err(|source| CaptureError::Map {
+                    map: "THREAD_SLOTS",
+                    source,
+                })?;
+        }
+        let mut owners: HashMap<&mut MapData, u32, u32> = map_mut(&mut self.ebpf, "SLOT_OWNERS")?;
+        for st in &stale {
+            let _ = owners.remove(&threads::slot(st.tid));
+        }
+        let unslotted = remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", exited)?;
+        Ok(stale.len() + unslotted)
     }
 
     /// Whether any thread on the node has a state (made a probed call and has not exited).
@@ -818,7 +878,8 @@ impl Capture {
         remove_entries::<u64, TaskThread>(&mut self.ebpf, "TASK_THREADS", |v| {
             pids.contains(&v.pid)
         })?;
-        remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", |v| pids.contains(&v.pid))
+        remove_entries::<u32, ThreadState>(&mut self.ebpf, "THREADS", |v| pids.contains(&v.pid))?;
+        Ok(())
     }
 
     pub fn lost(&mut self) -> Result<Lost, CaptureError> {
@@ -877,7 +938,7 @@ fn remove_entries<K: aya::Pod, V: aya::Pod>(
     ebpf: &mut Ebpf,
     name: &'static str,
     owned: impl Fn(&V) -> bool,
-) -> Result<(), CaptureError> {
+) -> Result<usize, CaptureError> {
     let mut map: HashMap<&mut MapData, K, V> = map_mut(ebpf, name)?;
     let keys: Vec<K> = map
         .iter()
@@ -885,11 +946,11 @@ fn remove_entries<K: aya::Pod, V: aya::Pod>(
         .filter(|(_, v)| owned(v))
         .map(|(k, _)| k)
         .collect();
-    for k in keys {
+    for k in &keys {
         // An entry already gone (LRU eviction) is what we wanted anyway.
-        let _ = map.remove(&k);
+        let _ = map.remove(k);
     }
-    Ok(())
+    Ok(keys.len())
 }
 
 fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, CaptureError>

@@ -10,7 +10,14 @@
 use std::collections::BTreeMap;
 
 use aya::maps::{Array, HashMap, MapData};
-use profiler_common::{BurstTotals, FuncKey, FuncStats, ThreadLife, ThreadState};
+use profiler_common::{
+    BurstTotals, FuncKey, FuncStats, ThreadLife, ThreadState, THREAD_SLOT_COUNT,
+};
+
+/// The slot of `THREAD_SLOTS` a thread claims at its first call (the probes' rule).
+pub(super) fn slot(tid: u32) -> u32 {
+    tid & (THREAD_SLOT_COUNT - 1)
+}
 
 /// Copies of the states of the threads that hold a slot. The probes write them meanwhile, so a
 /// copy may be caught between two fields' updates, as any lookup may; but not between two lives

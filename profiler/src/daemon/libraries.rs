@@ -22,6 +22,7 @@ use crate::{
         config::FunctionSpec, usage, Capture, HeldProcess, HoldEvent, LibraryOpenEvent,
         LibraryOpenStats,
     },
+    config::Config,
     discovery::MpiLibrary,
 };
 
@@ -46,6 +47,37 @@ pub(super) enum ReadFor {
 pub(super) enum ReadResult {
     Opened(Box<OpenedRead>),
     Scanned(Vec<ScannedProcess>),
+}
+
+/// What a process was held at.
+enum Held {
+    LibraryOpen,
+    FirstCall,
+    LauncherExec,
+}
+
+/// Detaches the watch on library opens while the node runs no launcher of `launchers` and no
+/// MPI process (none listed: it stays attached), and says so.
+fn watch_with_launchers(capture: &mut Capture, launchers: &[String]) {
+    if launchers.is_empty() {
+        tracing::info!(
+            "mpi.launchers is empty: the watch on library opens stays attached, and every system \
+             call on the node takes the kernel's traced path"
+        );
+        return;
+    }
+    match capture.watch_library_opens_with_launchers(launchers) {
+        Ok(()) => tracing::info!(
+            "the watch on library opens is detached while the node runs no MPI launcher ({}) and \
+             no MPI process (capture.detach_idle_after_s); a launcher's exec then holds it until \
+             the watch is attached again",
+            launchers.join(", ")
+        ),
+        Err(e) => tracing::warn!(
+            "the watch on library opens stays attached ({e}): every system call on the node takes \
+             the kernel's traced path"
+        ),
+    }
 }
 
 /// The MPI libraries the daemon attaches: those known at start, and those found at run time.
@@ -149,10 +181,12 @@ impl Libraries {
     }
 
     /// Starts holding processes where the configuration asks for it: at the open of an MPI
-    /// library at a new path (`mpi.hold_new_libraries`), and at a thread's first call while the
-    /// scheduler programs are detached (`capture.scheduler_on_demand`); says which way a new
-    /// library will be found, and whether the scheduler programs are detached when idle.
-    pub(super) fn start_holding(&self, capture: &mut Capture, scheduler_on_demand: bool) {
+    /// library at a new path (`mpi.hold_new_libraries`), at a launcher's exec while the watch
+    /// on library opens is detached (`mpi.launchers`), and at a thread's first call while the
+    /// scheduler programs are (`capture.scheduler_on_demand`); says which way a new library
+    /// will be found, and which programs are detached when idle.
+    pub(super) fn start_holding(&self, capture: &mut Capture, config: &Config) {
+        let scheduler_on_demand = config.capture.scheduler_on_demand;
         let fallback = "a library found at run time is attached after the scan of its process's \
                         maps, and the first calls of the processes that use it first (MPI_Init \
                         and those after it) can be missed";
@@ -173,13 +207,16 @@ impl Libraries {
             tracing::warn!("mpi.hold_new_libraries is off: {fallback}");
         } else {
             match capture.watch_library_opens() {
-                Ok(()) => tracing::info!(
-                    "attaching to MPI libraries as processes open them: a process that opens one \
-                     at a new path is held until its probes are attached, {:.1} s at most \
-                     (mpi.hold_limit_s): past it, or when the daemon exits, the hold guard (pid \
-                     {guard_pid}) resumes it",
-                    self.hold_limit.as_secs_f64()
-                ),
+                Ok(()) => {
+                    tracing::info!(
+                        "attaching to MPI libraries as processes open them: a process that opens \
+                         one at a new path is held until its probes are attached, {:.1} s at \
+                         most (mpi.hold_limit_s): past it, or when the daemon exits, the hold \
+                         guard (pid {guard_pid}) resumes it",
+                        self.hold_limit.as_secs_f64()
+                    );
+                    watch_with_launchers(capture, &config.mpi.launchers);
+                }
                 Err(e) => tracing::warn!(
                     "cannot watch library opens, so no process is held at its open of a library \
                      ({e}): {fallback}"
@@ -224,11 +261,16 @@ impl Libraries {
     pub(super) fn handle_holds(&mut self, capture: &mut Capture) {
         let mut new: Vec<(u64, Vec<LibraryOpenEvent>)> = Vec::new();
         let mut first_calls = Vec::new();
+        let mut launchers = Vec::new();
         for event in capture.drain_holds() {
             let event = match event {
                 HoldEvent::LibraryOpen(event) => event,
                 HoldEvent::FirstCall { held, held_ns } => {
                     first_calls.push((held, held_ns));
+                    continue;
+                }
+                HoldEvent::LauncherExec { held, held_ns } => {
+                    launchers.push((held, held_ns));
                     continue;
                 }
             };
@@ -265,15 +307,26 @@ impl Libraries {
                 self.resume(capture, events, false);
             }
         }
+        if !launchers.is_empty() {
+            let at = if capture.attach_library_watch() {
+                "the exec of an MPI launcher, until the watch on library opens was attached"
+            } else {
+                "the exec of an MPI launcher, and resumed without the watch on library opens \
+                 (see the error above)"
+            };
+            for (held, held_ns) in launchers {
+                self.count_resumed(held, held_ns, Held::LauncherExec, at);
+            }
+        }
         if !first_calls.is_empty() {
-            capture.attach_scheduler();
+            let at = if capture.attach_scheduler() {
+                "its first MPI call, until the scheduler programs were attached"
+            } else {
+                "its first MPI call, and resumed without the scheduler programs (see the error \
+                 above): its bursts count wall time as on-CPU time until they are attached"
+            };
             for (held, held_ns) in first_calls {
-                self.count_resumed(
-                    held,
-                    held_ns,
-                    true,
-                    "its first MPI call, until the scheduler programs were attached",
-                );
+                self.count_resumed(held, held_ns, Held::FirstCall, at);
             }
         }
         self.stats.not_held = capture.holds_lost();
@@ -466,22 +519,22 @@ impl Libraries {
                 }
             }
             let at = format!("its open of {}", event.path);
-            self.count_resumed(event.held, event.opened_ns, false, &at);
+            self.count_resumed(event.held, event.opened_ns, Held::LibraryOpen, &at);
         }
     }
 
-    /// Counts and logs a process held since `held_ns` (CLOCK_MONOTONIC) `at` a library open or,
-    /// if `first_call`, at a thread's first call; resumes it (dropping `held`).
-    fn count_resumed(&mut self, held: HeldProcess, held_ns: u64, first_call: bool, at: &str) {
+    /// Counts and logs a process held since `held_ns` (CLOCK_MONOTONIC) `at` a library open, a
+    /// thread's first call or a launcher's exec (`why`); resumes it (dropping `held`).
+    fn count_resumed(&mut self, held: HeldProcess, held_ns: u64, why: Held, at: &str) {
         let held_for = usage::clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(held_ns);
         let stats = &mut self.stats;
-        if first_call {
-            stats.first_calls_held += 1;
-            stats.first_calls_held_ns += held_for;
-        } else {
-            stats.held += 1;
-            stats.held_ns += held_for;
-        }
+        let (count, ns) = match why {
+            Held::LibraryOpen => (&mut stats.held, &mut stats.held_ns),
+            Held::FirstCall => (&mut stats.first_calls_held, &mut stats.first_calls_held_ns),
+            Held::LauncherExec => (&mut stats.launchers_held, &mut stats.launchers_held_ns),
+        };
+        *count += 1;
+        *ns += held_for;
         tracing::info!(
             "pid {} held {:.1} ms at {at}",
             held.pid,

@@ -168,7 +168,7 @@ impl Daemon {
             );
         }
         self.libraries
-            .start_holding(&mut self.capture, self.config.capture.scheduler_on_demand);
+            .start_holding(&mut self.capture, &self.config);
     }
 }
 

@@ -527,10 +527,11 @@ fn capture_families(f: &mut Families, health: &SelfStats) {
     );
     f.gauge(
         "mpiburst_on_demand_programs_attached",
-        "1 while each set of BPF programs attached only while the node has MPI processes is attached (capture.detach_idle_after_s).",
+        "1 while each set of BPF programs attached only while the node has MPI processes (the library watch: or MPI launchers) is attached (capture.detach_idle_after_s).",
         [
             ("file_io", health.file_io_attached),
             ("scheduler", health.scheduler_attached),
+            ("library_watch", health.library_watch_attached),
         ]
         .map(|(k, v)| (vec![("programs", k.to_string())], f64::from(u8::from(v)))),
     );
@@ -585,26 +586,38 @@ fn capture_families(f: &mut Families, health: &SelfStats) {
 /// Processes held at the open of an MPI library until its probes were attached, and reads of
 /// library files.
 fn library_open_families(f: &mut Families, opens: &LibraryOpenStats) {
-    f.counter(
-        "mpiburst_library_opens_held_total",
-        "Processes stopped at the open of an MPI library at a path not seen before, until its probes were attached.",
-        [(vec![], opens.held as f64)],
-    );
-    f.counter(
-        "mpiburst_library_opens_held_seconds_total",
-        "Time those processes were stopped, summed.",
-        [(vec![], secs(opens.held_ns))],
-    );
-    f.counter(
-        "mpiburst_first_calls_held_total",
-        "Processes stopped at a thread's first MPI call until the scheduler programs were attached again (detached while the node had no MPI thread).",
-        [(vec![], opens.first_calls_held as f64)],
-    );
-    f.counter(
-        "mpiburst_first_calls_held_seconds_total",
-        "Time those processes were stopped, summed.",
-        [(vec![], secs(opens.first_calls_held_ns))],
-    );
+    let holds = [
+        (
+            "library_opens",
+            "Processes stopped at the open of an MPI library at a path not seen before, until its probes were attached.",
+            opens.held,
+            opens.held_ns,
+        ),
+        (
+            "first_calls",
+            "Processes stopped at a thread's first MPI call until the scheduler programs were attached again (detached while the node had no MPI thread).",
+            opens.first_calls_held,
+            opens.first_calls_held_ns,
+        ),
+        (
+            "launchers",
+            "Launchers of MPI ranks (mpi.launchers) stopped at their exec until the watch on library opens was attached again (detached while the node had no launcher and no MPI process).",
+            opens.launchers_held,
+            opens.launchers_held_ns,
+        ),
+    ];
+    for (what, help, count, ns) in holds {
+        f.counter(
+            &format!("mpiburst_{what}_held_total"),
+            help,
+            [(vec![], count as f64)],
+        );
+        f.counter(
+            &format!("mpiburst_{what}_held_seconds_total"),
+            "Time those processes were stopped, summed.",
+            [(vec![], secs(ns))],
+        );
+    }
     f.counter(
         "mpiburst_library_opens_attached_total",
         "Library files (MPI libraries, PMPI interposers) attached while a process was held.",

@@ -51,6 +51,7 @@ pub struct SelfStats {
     /// Whether the programs attached on demand (while the node has MPI processes) are.
     pub file_io_attached: bool,
     pub scheduler_attached: bool,
+    pub library_watch_attached: bool,
     /// Comma-separated counter event names, or "none".
     pub counter_events: String,
     pub hardware_counters: bool,

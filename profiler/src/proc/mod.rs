@@ -95,6 +95,11 @@ pub fn is_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Whether thread `tid` of process `pid` exists.
+pub fn thread_exists(pid: u32, tid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
+}
+
 /// The path of the file process `pid` executes.
 pub fn executable(pid: u32) -> Result<PathBuf, ProcError> {
     let path = format!("/proc/{pid}/exe");
