@@ -153,11 +153,11 @@ fn stop_and_check_copies(
 
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
-fn between_jobs_the_library_watch_is_detached_and_a_launchers_exec_attaches_it_first() {
+fn between_jobs_the_library_watch_is_detached_and_a_launchers_child_attaches_it_first() {
     // While attached, the watch on library opens makes every system call on the node take the
-    // kernel's traced path: between jobs it is detached, and a launcher's exec holds the
-    // launcher until it is attached again, so that its ranks' opens of a library at a new path
-    // are still held.
+    // kernel's traced path: between jobs it is detached, and the exec of a process a launcher
+    // started (a rank, a proxy) holds that process until it is attached again, so that the
+    // ranks' opens of a library at a new path are still held.
     let watch = r#"mpiburst_on_demand_programs_attached{programs="library_watch"}"#;
     // Copied first: reading a file named like an MPI library holds this process too.
     let copies: Vec<_> = Mpi::ALL.map(copied_library).into();
@@ -173,15 +173,11 @@ fn between_jobs_the_library_watch_is_detached_and_a_launchers_exec_attaches_it_f
             "the library watch detached with no launcher and no MPI process on the node",
             || metric(&daemon.addr, watch) == 0.0,
         );
-        let launchers = metric(&daemon.addr, "mpiburst_launchers_held_total");
+        let launched = metric(&daemon.addr, "mpiburst_launched_held_total");
         let attached = metric(&daemon.addr, "mpiburst_library_opens_attached_total");
         let program = program("counts", mpi);
         runs.push((mpi, program, run_counts_on_copy(mpi, dir.path())));
-        wait_for_metric(
-            &daemon.addr,
-            "mpiburst_launchers_held_total",
-            launchers + 1.0,
-        );
+        wait_for_metric(&daemon.addr, "mpiburst_launched_held_total", launched + 1.0);
         wait_for_metric(
             &daemon.addr,
             "mpiburst_library_opens_attached_total",

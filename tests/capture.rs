@@ -740,7 +740,10 @@ fn the_state_of_a_thread_whose_exit_was_missed_keeps_no_program_attached() {
         detached,
     );
     // Two threads of this process that have exited, with the states the probes would have left
-    // them: one in its slot, the other in THREADS (its slot held by another thread).
+    // them: one in its slot, the other in THREADS (its slot held by another thread). Without
+    // their freeing, they would keep the programs attached for good. (Threads that still run
+    // would make this process an MPI process for the daemon, tracked until it exits, and
+    // attached as long.)
     let tids: Vec<u32> = (0..2)
         .map(|_| {
             std::thread::spawn(|| unsafe { libc::gettid() } as u32)
@@ -758,28 +761,27 @@ fn the_state_of_a_thread_whose_exit_was_missed_keeps_no_program_attached() {
         Array::try_from(daemon_map(daemon.pid(), "THREAD_SLOTS")).unwrap();
     let mut owners: HashMap<MapData, u32, u32> =
         HashMap::try_from(daemon_map(daemon.pid(), "SLOT_OWNERS")).unwrap();
-    let mut threads: HashMap<MapData, u32, ThreadState> =
+    let mut states: HashMap<MapData, u32, ThreadState> =
         HashMap::try_from(daemon_map(daemon.pid(), "THREADS")).unwrap();
     slots.set(slot, state(tids[0]), 0).unwrap();
     owners.insert(slot, tids[0], 0).unwrap();
-    threads.insert(tids[1], state(tids[1]), 0).unwrap();
+    states.insert(tids[1], state(tids[1]), 0).unwrap();
 
     wait_until(
         &daemon,
         Duration::from_secs(10),
-        "the daemon freed both states of exited threads",
-        || owners.get(&slot, 0).is_err() && threads.get(&tids[1], 0).is_err(),
+        "the daemon freed both states of exited threads and said so",
+        || {
+            owners.get(&slot, 0).is_err()
+                && states.get(&tids[1], 0).is_err()
+                && daemon.log_text().contains("whose exit the probes missed")
+        },
     );
     assert_eq!(slots.get(&slot, 0).unwrap().tid, 0, "the slot left free");
-    assert!(
-        daemon.log_text().contains("whose exit the probes missed"),
-        "{}",
-        daemon.log_text()
-    );
     wait_until(
         &daemon,
         Duration::from_secs(10),
-        "the scheduler programs detached again",
+        "the scheduler programs detached",
         detached,
     );
     daemon.stop();

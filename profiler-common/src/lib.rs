@@ -179,10 +179,11 @@ pub mod hold {
     /// detached (no MPI thread on the node for a while): held until they are attached again,
     /// so that the thread's on-CPU time is whole from its first burst.
     pub const FIRST_CALL: u32 = 1;
-    /// It exec'ed a launcher of MPI ranks (`mpi.launchers`) while the library watch was
-    /// detached (no launcher and no MPI process on the node for a while): held until the watch
-    /// is attached again, so that its ranks' opens of MPI libraries are seen.
-    pub const LAUNCHER_EXEC: u32 = 2;
+    /// A launcher of MPI ranks (`mpi.launchers`) started it, and it exec'ed while the library
+    /// watch was detached (the node had no launcher and no MPI process for a while): held until
+    /// the watch is attached again, so that its opens of MPI libraries are seen. The launcher,
+    /// its parent, does not wait for it with `WUNTRACED`, where a shell would see the stop.
+    pub const LAUNCHED: u32 = 2;
 }
 
 /// Bytes of a command name as the kernel keeps it (`TASK_COMM_LEN`: 15 and a zero), the key of

@@ -13,10 +13,10 @@
 //! watches: it resumes a process held too long, or every one when the daemon dies.
 //!
 //! The same hold, reported on the same ring, serves the first probed call of a thread while the
-//! scheduler programs are detached (from threads.rs), and the exec of an MPI launcher while this
-//! program is detached (`launcher_exec`, from lifecycle.rs): the daemon attaches it only while
-//! the node has a launcher or an MPI process, for while it is attached every system call on the
-//! node takes the kernel's traced path.
+//! scheduler programs are detached (from threads.rs), and the exec of a process an MPI launcher
+//! started while this program is detached (`launched_exec`, from lifecycle.rs): the daemon
+//! attaches it only while the node has a launcher or an MPI process, for while it is attached
+//! every system call on the node takes the kernel's traced path.
 
 use aya_ebpf::{
     bindings::{pt_regs, BPF_NOEXIST, BPF_RB_FORCE_WAKEUP},
@@ -58,11 +58,13 @@ static HELD_PROCESSES: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
 /// Holds that could not be reported (the ring or HELD_PROCESSES was full): the process was not
 /// held. After an open, only the daemon's scan after its exec finds the library; after a first
 /// call, the thread's bursts count wall time as on-CPU time until the next statistics update
-/// attaches the scheduler programs.
+/// attaches the scheduler programs; after the exec of a launcher's child, the next statistics
+/// update attaches the watch (its launcher runs), and what the child opened before is found by
+/// the scan after its exec.
 #[map]
 static HOLDS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-/// Set while `library_open_exit` is detached: the exec of a launcher then holds it until the
-/// daemon has attached the program again.
+/// Set while `library_open_exit` is detached: the exec of a process a launcher started then
+/// holds it until the daemon has attached the program again.
 #[map]
 static LIBRARY_WATCH_DETACHED: Array<u32> = Array::with_max_entries(1, 0);
 /// The command names of the processes that start MPI ranks (`mpi.launchers`: mpirun, orted,
@@ -73,6 +75,9 @@ static LAUNCHERS: HashMap<[u8; COMM_BYTES], u8> = HashMap::with_max_entries(256,
 /// attached while any runs.
 #[map]
 static LAUNCHER_PIDS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
+/// The processes (and threads) launchers forked, until they exit.
+#[map]
+static LAUNCHED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
 
 /// What a map insert with BPF_NOEXIST returns for a key that is there.
 const EEXIST: i32 = -17;
@@ -158,22 +163,32 @@ fn hold_new_library(ctx: &TracePointContext) -> Option<()> {
     hold_and_report(record)
 }
 
-/// At every exec: notes a launcher of MPI ranks as running and, while this program is
-/// detached, holds it until the daemon has attached it again (its ranks open their MPI
-/// libraries after). Noted before the flag is read: the daemon detaches only if it finds no
-/// launcher a while after it set the flag, so a launcher is either found or held.
+/// At every fork: notes the children of the launchers running.
 #[inline(always)]
-pub(crate) fn launcher_exec(pid: u32) {
-    let Ok(comm) = bpf_get_current_comm() else {
-        return;
-    };
-    if unsafe { LAUNCHERS.get(&comm) }.is_none() {
-        return;
+pub(crate) fn launcher_fork(parent: u32, child: u32) {
+    if unsafe { LAUNCHER_PIDS.get(&parent) }.is_some() {
+        let _ = LAUNCHED.insert(&child, &1, 0);
     }
-    // Full: the daemon, which prunes the exited launchers, then finds the map not empty.
-    let _ = LAUNCHER_PIDS.insert(&pid, &unsafe { bpf_ktime_get_ns() }, 0);
-    if LIBRARY_WATCH_DETACHED.get(0).is_some_and(|&d| d != 0) {
-        hold_for(pid, hold::LAUNCHER_EXEC);
+}
+
+/// At every exec: notes a launcher of MPI ranks as running, and holds a process a launcher
+/// started while this program is detached, until the daemon has attached it again (the process
+/// opens its MPI libraries after its exec). Not the launcher itself: an interactive shell, its
+/// parent, waits with `WUNTRACED` and would take the terminal back at the stop. A launcher is
+/// noted at its own exec, before it forks, and the daemon detaches only if it finds no launcher
+/// a while after it set the flag: a launcher's child that execs later reads the flag set, and
+/// is held.
+#[inline(always)]
+pub(crate) fn launched_exec(pid: u32) {
+    let launched = launched(pid);
+    if let Ok(comm) = bpf_get_current_comm() {
+        if unsafe { LAUNCHERS.get(&comm) }.is_some() {
+            // Full: the daemon, which forgets the exited launchers, finds the map not empty.
+            let _ = LAUNCHER_PIDS.insert(&pid, &unsafe { bpf_ktime_get_ns() }, 0);
+        }
+    }
+    if launched && LIBRARY_WATCH_DETACHED.get(0).is_some_and(|&d| d != 0) {
+        hold_for(pid, hold::LAUNCHED);
     }
 }
 
@@ -181,11 +196,22 @@ pub(crate) fn launcher_exec(pid: u32) {
 #[inline(always)]
 pub(crate) fn launcher_exit(pid: u32) {
     let _ = LAUNCHER_PIDS.remove(&pid);
+    let _ = LAUNCHED.remove(&pid);
+}
+
+/// Whether a launcher of MPI ranks started process `pid` (forked it). Only such a process is
+/// held at its exec or its first MPI call: its parent, a launcher, does not wait for it with
+/// `WUNTRACED`, where an interactive shell that started a program in the foreground would
+/// report it stopped and take the terminal back.
+#[inline(always)]
+pub(crate) fn launched(pid: u32) -> bool {
+    unsafe { LAUNCHED.get(&pid) }.is_some()
 }
 
 /// Holds the calling process for `reason` (a thread's first probed MPI call while the scheduler
-/// programs are detached, a launcher's exec while this program is) and reports it: the daemon
-/// attaches the programs and resumes it. The stop takes effect on the return to user space.
+/// programs are detached, the exec of a process a launcher started while this program is) and
+/// reports it: the daemon attaches the programs and resumes it. The stop takes effect on the
+/// return to user space.
 #[inline(always)]
 pub(crate) fn hold_for(pid: u32, reason: u32) {
     // The daemon's own calibration calls a probed function.

@@ -1,7 +1,7 @@
 //! The process lifecycle tracepoints: sched_process_exec reports every exec on the node (for the
-//! daemon to find new MPI libraries) and notes the launchers of MPI ranks; sched_process_exit
-//! ends the state of every exiting thread, forgets an exiting launcher and stamps the exit time of
-//! the MPI processes the daemon tracks.
+//! daemon to find new MPI libraries) and notes the launchers of MPI ranks; sched_process_fork
+//! notes the launchers' children; sched_process_exit ends the state of every exiting thread,
+//! forgets an exiting launcher and stamps the exit time of the MPI processes the daemon tracks.
 
 use aya_ebpf::{
     bindings::BPF_RB_NO_WAKEUP,
@@ -13,7 +13,7 @@ use aya_ebpf::{
 use profiler_common::{lost, ExecRecord};
 
 use crate::{
-    libraries::{launcher_exec, launcher_exit},
+    libraries::{launched_exec, launcher_exit, launcher_fork},
     shared::{config, count_lost},
     threads::{release_state, thread},
 };
@@ -24,6 +24,8 @@ use crate::{
 static EXEC_PID_OFFSET: u64 = 0;
 #[no_mangle]
 static EXIT_GROUP_DEAD_OFFSET: u64 = 0;
+#[no_mangle]
+static FORK_CHILD_PID_OFFSET: u64 = 0;
 /// The execs of every process on the node (16 bytes each: 8,192 per drain of the daemon).
 #[map]
 static EXECS: RingBuf = RingBuf::with_byte_size(128 << 10, 0);
@@ -42,7 +44,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         // Epochs start at 1: no datatype size is reused until the next read.
         st.dtype_epoch = 0;
     }
-    launcher_exec((bpf_get_current_pid_tgid() >> 32) as u32);
+    launched_exec((bpf_get_current_pid_tgid() >> 32) as u32);
     let record = ExecRecord {
         pid,
         _pad: 0,
@@ -53,6 +55,16 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         .is_err()
     {
         count_lost(lost::EXECS);
+    }
+    0
+}
+
+/// Every fork and thread creation on the node, in the parent: the children of MPI launchers are
+/// noted (libraries.rs).
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    if let Ok(child) = unsafe { ctx.read_at::<u32>(config(&FORK_CHILD_PID_OFFSET) as usize) } {
+        launcher_fork((bpf_get_current_pid_tgid() >> 32) as u32, child);
     }
     0
 }

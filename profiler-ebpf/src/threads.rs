@@ -13,7 +13,10 @@ use profiler_common::{
 };
 
 use crate::{
-    call_stats::write_back_all, libraries::hold_for, oncpu::scheduler_detached, shared::count_lost,
+    call_stats::write_back_all,
+    libraries::{hold_for, launched},
+    oncpu::scheduler_detached,
+    shared::count_lost,
 };
 
 /// Thread states, one slot per tid modulo THREAD_SLOT_COUNT. Both probes of every MPI call look
@@ -100,8 +103,9 @@ pub(crate) fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadStat
         count_lost(lost::THREAD_STATES);
     }
     // Read once the state is made: the daemon detaches the scheduler programs only if it finds
-    // no thread state a while after it set the flag, so a new thread is either found or held.
-    if scheduler_detached() {
+    // no thread state a while after it set the flag, so a new thread is either found or held
+    // (if a launcher started its process: libraries.rs).
+    if scheduler_detached() && launched(pid) {
         hold_for(pid, hold::FIRST_CALL);
     }
     thread(tid)

@@ -32,7 +32,8 @@
 //! daemon running as deployed (`mpiburst run`, default settings) on a node that has had no MPI
 //! process and no launcher for `capture.detach_idle_after_s` (0 here), where the file I/O and
 //! scheduler programs and the watch on library opens (`library_open_exit` at openat's exit) are
-//! detached; the same with the watch kept attached (`mpi.launchers = []`); and with file I/O on
+//! detached; the same beside an idle launcher of MPI ranks (a `sleep` named `mpirun`), which
+//! keeps the watch attached; and with file I/O on
 //! beside a tracked process (an idle one the bench starts), where both are attached,
 //! alternating. Last, 1-byte pwrite calls of a tracked process to a file it
 //! opened (counted requests, checked to be counted exactly). These calls are made by a process of their
@@ -732,34 +733,40 @@ fn without_syscall_tracepoints(config: &Config) -> Config {
 }
 
 /// Per setup (without the daemon; the scheduler programs alone; the daemon as deployed on a node
-/// without MPI processes, with its watch on library opens detached and kept attached; file I/O
+/// without MPI processes, alone and beside an idle launcher (its watch on library opens detached
+/// and attached); file I/O
 /// counting beside a tracked process), per round: ns per untracked pwrite and sched_yield.
 type SyscallRounds = [Vec<f64>; 5];
 
-/// `mpiburst run` with the default settings (its own port and lock file), or with its watch on
-/// library opens kept attached (`mpi.launchers = []`), once it has detached the programs it
-/// attaches only while the node has MPI processes: a node between jobs.
+/// `mpiburst run` with the default settings (its own port and lock file), once it has detached
+/// the programs it attaches only while the node has MPI processes (a node between jobs), with
+/// or without an idle launcher of MPI ranks beside it, which keeps the watch on library opens
+/// attached.
 struct IdleDaemon {
     child: std::process::Child,
+    launcher: Option<std::process::Child>,
     _dir: tempfile::TempDir,
 }
 
 impl IdleDaemon {
-    fn start(binary: &Path, watch_detaches: bool) -> Result<IdleDaemon> {
+    fn start(binary: &Path, beside_launcher: bool) -> Result<IdleDaemon> {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("mpiburst.toml");
         std::fs::write(
             &config,
             format!(
-                "[daemon]\nlock_file = \"{}\"\n[capture]\ndetach_idle_after_s = 0\n{}",
+                "[daemon]\nlock_file = \"{}\"\n[capture]\ndetach_idle_after_s = 0\n",
                 dir.path().join("lock").display(),
-                if watch_detaches {
-                    ""
-                } else {
-                    "[mpi]\nlaunchers = []\n"
-                }
             ),
         )?;
+        // A process named like a launcher (the kernel names it after the file it runs).
+        let launcher = if beside_launcher {
+            let mpirun = dir.path().join("mpirun");
+            std::os::unix::fs::symlink("/bin/sleep", &mpirun)?;
+            Some(Command::new(&mpirun).arg("3600").spawn()?)
+        } else {
+            None
+        };
         let addr = format!(
             "127.0.0.1:{}",
             std::net::TcpListener::bind("127.0.0.1:0")?
@@ -774,7 +781,11 @@ impl IdleDaemon {
             .spawn()
             .with_context(|| format!("start {}", binary.display()))?;
         let stderr = child.stderr.take().context("the daemon's stderr")?;
-        let daemon = IdleDaemon { child, _dir: dir };
+        let daemon = IdleDaemon {
+            child,
+            launcher,
+            _dir: dir,
+        };
         // Read to the end on a thread of its own, so that the daemon never blocks on its log.
         let (ready, wait) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -788,17 +799,16 @@ impl IdleDaemon {
             .context("the daemon did not become ready within 60 s")?;
         let client = DaemonClient::parse(&addr, Config::default().daemon.listen.port())?
             .context("the daemon's address")?;
-        let on_demand: &[&str] = if watch_detaches {
-            &["file_io", "scheduler", "library_watch"]
-        } else {
-            &["file_io", "scheduler"]
-        };
+        let watch = u8::from(beside_launcher);
         let detached = |text: &str| {
-            on_demand.iter().all(|programs| {
-                let series =
-                    format!("mpiburst_on_demand_programs_attached{{programs=\"{programs}\"}} 0");
-                text.lines().any(|l| l == series)
-            })
+            [("file_io", 0), ("scheduler", 0), ("library_watch", watch)]
+                .iter()
+                .all(|(programs, attached)| {
+                    let series = format!(
+                        "mpiburst_on_demand_programs_attached{{programs=\"{programs}\"}} {attached}"
+                    );
+                    text.lines().any(|l| l == series)
+                })
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !detached(&String::from_utf8(client.get("/metrics")?)?) {
@@ -813,6 +823,10 @@ impl IdleDaemon {
 
 impl Drop for IdleDaemon {
     fn drop(&mut self) {
+        if let Some(launcher) = &mut self.launcher {
+            let _ = launcher.kill();
+            let _ = launcher.wait();
+        }
         // SIGTERM: the daemon releases what it holds and exits; killed if it does not in 30 s.
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
@@ -868,7 +882,7 @@ enum Beside {
     /// A daemon without system call tracepoints (its loop does not run: the programs stay).
     SchedulerPrograms,
     IdleDaemon,
-    IdleDaemonWatchingLibraryOpens,
+    IdleDaemonBesideLauncher,
     TrackedProcess,
 }
 
@@ -885,7 +899,7 @@ fn untracked_system_calls(
             Beside::Nothing,
             Beside::SchedulerPrograms,
             Beside::IdleDaemon,
-            Beside::IdleDaemonWatchingLibraryOpens,
+            Beside::IdleDaemonBesideLauncher,
             Beside::TrackedProcess,
         ];
         for (setup, beside) in setups.into_iter().enumerate() {
@@ -893,8 +907,8 @@ fn untracked_system_calls(
                 .then(|| Daemon::start(quiet.clone(), None))
                 .transpose()?;
             let _idle = match beside {
-                Beside::IdleDaemon => Some(IdleDaemon::start(binary, true)?),
-                Beside::IdleDaemonWatchingLibraryOpens => Some(IdleDaemon::start(binary, false)?),
+                Beside::IdleDaemon => Some(IdleDaemon::start(binary, false)?),
+                Beside::IdleDaemonBesideLauncher => Some(IdleDaemon::start(binary, true)?),
                 _ => None,
             };
             let _beside = matches!(beside, Beside::TrackedProcess)
@@ -910,7 +924,7 @@ fn untracked_system_calls(
         };
         eprintln!(
             "round {}: untracked pwrite {} ns, sched_yield {} ns (without the daemon / scheduler \
-             programs alone / idle daemon / idle, watching library opens / beside a tracked process)",
+             programs alone / idle daemon / idle, beside a launcher / beside a tracked process)",
             round + 1,
             row(&writes),
             row(&yields)
@@ -951,7 +965,7 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     );
     println!(
         "                          without daemon   scheduler programs alone   daemon, no MPI \
-         process   the same, watching opens   beside a tracked process"
+         process   the same, beside a launcher   beside a tracked process"
     );
     let [write, sched_yield] = [writes, yields].map(|rounds| rounds.map(median));
     let rows = [
@@ -960,7 +974,7 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     ];
     for (name, ns) in rows {
         println!(
-            "  {name:<24} {:>11.1} ns {:>23.1} ns {:>20.1} ns {:>22.1} ns {:>23.1} ns",
+            "  {name:<24} {:>11.1} ns {:>23.1} ns {:>20.1} ns {:>25.1} ns {:>23.1} ns",
             ns[0], ns[1], ns[2], ns[3], ns[4]
         );
     }
@@ -968,7 +982,7 @@ fn print_system_call_tax(writes: SyscallRounds, yields: SyscallRounds, tracked: 
     for (name, ns) in rows {
         let tax = |i: usize| ns[i] - ns[0];
         println!(
-            "  {name:<24} {:>11} {:>23.1} ns {:>20.1} ns {:>22.1} ns {:>23.1} ns",
+            "  {name:<24} {:>11} {:>23.1} ns {:>20.1} ns {:>25.1} ns {:>23.1} ns",
             "",
             tax(1),
             tax(2),

@@ -49,6 +49,8 @@ pub enum InvalidSetting {
          15: write it as `ps -o comm` shows it)"
     )]
     LauncherName(String),
+    #[error("mpi.launchers lists {0} names: give at most {MAX_LAUNCHERS}")]
+    TooManyLaunchers(usize),
     #[error("mpi.functions has more than 65535 entries")]
     TooManyFunctions,
     #[error("mpi.functions: {0:?} is not a C MPI name; write it as MPI_Xxx")]
@@ -361,6 +363,8 @@ const DEFAULT_LAUNCHERS: [&str; 17] = [
     "slurmstepd",
     "srun",
 ];
+/// The most names `mpi.launchers` may list (the size of the BPF map of them).
+const MAX_LAUNCHERS: usize = 256;
 /// `mpi.hold_limit_s` by default: a hold the daemon handles lasts tens of ms.
 const DEFAULT_HOLD_LIMIT_S: f64 = 2.0;
 /// Its bounds: the hold guard looks every 100 ms, and a job must not wait for long.
@@ -392,8 +396,9 @@ pub struct MpiConfig {
     /// remote daemons and the resource manager's step daemon. With holds at library opens, the
     /// watch on opens (a system call tracepoint: every system call on the node pays the
     /// kernel's traced path while it is attached) is attached only while one of them or an MPI
-    /// process runs, and for `capture.detach_idle_after_s` after; a launcher's exec holds it
-    /// until the watch is attached. Empty: the watch stays attached.
+    /// process runs, and for `capture.detach_idle_after_s` after; the exec of a process a
+    /// launcher started holds that process until the watch is attached. Empty: the watch stays
+    /// attached.
     pub launchers: Vec<String>,
     /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
     /// the (count, datatype) pair in the C binding whose product gives the call's bytes;
@@ -746,6 +751,9 @@ impl MpiConfig {
                 self.library_read_timeout_ms,
             ));
         }
+        if self.launchers.len() > MAX_LAUNCHERS {
+            return Err(InvalidSetting::TooManyLaunchers(self.launchers.len()));
+        }
         if let Some(bad) = self
             .launchers
             .iter()
@@ -804,9 +812,10 @@ impl MpiConfig {
              # daemons, the resource manager's step daemon). With hold_new_libraries, the watch on\n\
              # library opens, which makes every system call on the node take the kernel's traced\n\
              # path, is attached only while one of them or an MPI process runs (and for\n\
-             # capture.detach_idle_after_s after); a launcher's exec holds it until the watch is\n\
-             # attached. An MPI program started without any of them (a singleton) has a library at\n\
-             # a new path found by the scan after its exec. Empty: the watch stays attached.\n\
+             # capture.detach_idle_after_s after); the exec of a process a launcher started holds\n\
+             # that process until the watch is attached. An MPI program started without any of them\n\
+             # (a singleton) has a library at a new path found by the scan after its exec. Empty:\n\
+             # the watch stays attached.\n\
              launchers = {:?}\n\
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
              # pair in the C binding; their product is the call's bytes. peer_arg/comm_arg: those of\n\

@@ -6,12 +6,13 @@
 //! detached (scheduler.rs).
 //!
 //! While it is attached, every system call on the node takes the kernel's traced path (about
-//! 50 ns here). With `mpi.launchers`, it is attached only while the node runs a launcher of MPI
+//! 40 ns here). With `mpi.launchers`, it is attached only while the node runs a launcher of MPI
 //! ranks or an MPI process: while it is detached, the BPF flag LIBRARY_WATCH_DETACHED is set and
-//! a launcher's exec holds it (a `hold::LAUNCHER_EXEC` report) until the daemon has attached the
-//! watch again ([`FlaggedLinks`]).
+//! the exec of a process a launcher started holds that process (a `hold::LAUNCHED` report) until
+//! the daemon has attached the watch again ([`FlaggedLinks`]).
 
 use std::{
+    collections::HashSet,
     os::fd::{AsFd, OwnedFd},
     sync::Arc,
     time::Duration,
@@ -25,7 +26,7 @@ use profiler_common::{hold, HoldReport, COMM_BYTES, LIBRARY_PATH_BYTES};
 
 use super::{
     hold_guard::HeldProcesses, map_mut, map_ref, on_demand::FlaggedLinks, read_record, take_map,
-    tracefs, Capture, CaptureError,
+    tracefs, usage, Capture, CaptureError,
 };
 
 /// The program and the tracepoint it runs at: the exit of openat, the call the dynamic loader
@@ -49,9 +50,9 @@ pub enum HoldEvent {
         /// CLOCK_MONOTONIC ns of the hold.
         held_ns: u64,
     },
-    /// It exec'ed a launcher of MPI ranks while the library watch was detached: resumed once
-    /// the watch is attached.
-    LauncherExec {
+    /// A launcher of MPI ranks started it, and it exec'ed while the library watch was detached:
+    /// resumed once the watch is attached.
+    Launched {
         held: HeldProcess,
         /// CLOCK_MONOTONIC ns of the hold.
         held_ns: u64,
@@ -72,6 +73,11 @@ pub struct LibraryOpenEvent {
     pub path: String,
 }
 
+/// Whether process `pid` runs a program named like one of `launchers`.
+fn is_launcher(launchers: &HashSet<String>, pid: u32) -> bool {
+    crate::proc::read_stat(pid).is_ok_and(|stat| launchers.contains(&stat.comm))
+}
+
 /// A process the BPF program stopped: resumed (SIGCONT) and taken off the held processes when
 /// dropped, whatever happened to the event in between, so no error path of the daemon leaves it
 /// stopped.
@@ -87,8 +93,8 @@ impl Drop for HeldProcess {
         let pid = self.pid;
         match self.held.resume(pid) {
             (_, Err(error)) => tracing::error!(
-                "cannot resume pid {pid}, stopped at an MPI library's open or at its first MPI \
-                 call: {error}; resume it with `kill -CONT {pid}` (the daemon needs CAP_KILL for \
+                "cannot resume pid {pid}, stopped at an MPI library's open, at its first MPI \
+                 call or at its exec: {error}; resume it with `kill -CONT {pid}` (the daemon needs CAP_KILL for \
                  another user's process)"
             ),
             (false, Ok(())) => tracing::info!(
@@ -145,38 +151,48 @@ impl Capture {
         Ok(())
     }
 
-    /// From now on the library watch is detached while the node has no process named like one
-    /// of `launchers` (command names, as `ps -o comm` shows them) and no MPI process, and the
-    /// exec of a launcher holds it until the watch is attached again. Names longer than the
-    /// kernel keeps (15 bytes) are cut as the kernel cuts them.
-    pub fn watch_library_opens_with_launchers(
-        &mut self,
-        launchers: &[String],
-    ) -> Result<(), CaptureError> {
-        if self.library_watch.is_none() {
-            return Err(CaptureError::NotHolding);
-        }
+    /// Notes the launchers of MPI ranks, by the command names of `launchers` (as `ps -o comm`
+    /// shows them, 15 bytes at most): those running now, and from now on those that exec and
+    /// the processes they fork. Only these processes are held at their exec or first MPI call
+    /// (see [`Capture::detach_library_watch_when_idle`], [`Capture::detach_scheduler_when_idle`]).
+    pub fn note_launchers(&mut self, launchers: &[String]) -> Result<(), CaptureError> {
+        let map = |map| move |source| CaptureError::Map { map, source };
         let mut names: HashMap<&mut MapData, [u8; COMM_BYTES], u8> =
             map_mut(&mut self.ebpf, "LAUNCHERS")?;
         for launcher in launchers {
             let mut comm = [0u8; COMM_BYTES];
             let len = launcher.len().min(COMM_BYTES - 1);
             comm[..len].copy_from_slice(&launcher.as_bytes()[..len]);
-            names
-                .insert(comm, 1, 0)
-                .map_err(|source| CaptureError::Map {
-                    map: "LAUNCHERS",
-                    source,
-                })?;
+            names.insert(comm, 1, 0).map_err(map("LAUNCHERS"))?;
         }
-        if let Some(watch) = &mut self.library_watch {
-            watch.detach_when_idle();
+        self.launchers = launchers.iter().cloned().collect();
+        // Those the exec program did not see start, which may start ranks any time.
+        let mut pids: HashMap<&mut MapData, u32, u64> = map_mut(&mut self.ebpf, "LAUNCHER_PIDS")?;
+        let now = usage::clock_ns(libc::CLOCK_MONOTONIC);
+        for pid in crate::proc::pids().unwrap_or_default() {
+            if is_launcher(&self.launchers, pid) {
+                pids.insert(pid, now, 0).map_err(map("LAUNCHER_PIDS"))?;
+            }
         }
         Ok(())
     }
 
-    /// Attaches the library watch unless it is (a launcher was held at its exec for it);
-    /// whether it is.
+    /// From now on the library watch is detached while the node runs no launcher and no MPI
+    /// process, and the exec of a process a launcher started holds it until the watch is
+    /// attached again (once watching, and launchers noted).
+    pub fn detach_library_watch_when_idle(&mut self) -> Result<(), CaptureError> {
+        if self.launchers.is_empty() {
+            return Err(CaptureError::NoLaunchers);
+        }
+        let Some(watch) = &mut self.library_watch else {
+            return Err(CaptureError::NotHolding);
+        };
+        watch.detach_when_idle();
+        Ok(())
+    }
+
+    /// Attaches the library watch unless it is (a process a launcher started was held at its
+    /// exec for it); whether it is.
     pub fn attach_library_watch(&mut self) -> bool {
         let Some(watch) = &mut self.library_watch else {
             return false;
@@ -198,8 +214,8 @@ impl Capture {
             .is_some_and(LibraryWatch::attached)
     }
 
-    /// Whether a launcher of MPI ranks runs on the node. Forgets the launchers that have
-    /// exited, whose exit the exit tracepoint's program missed.
+    /// Whether a launcher of MPI ranks runs on the node. Forgets those that have exited (or
+    /// whose pid another program has taken) unseen by the exit tracepoint's program.
     pub(super) fn launchers_running(&mut self) -> bool {
         let Ok(mut pids) =
             map_mut::<HashMap<&mut MapData, u32, u64>>(&mut self.ebpf, "LAUNCHER_PIDS")
@@ -207,23 +223,26 @@ impl Capture {
             // Unreadable: as if one ran, the watch stays attached.
             return true;
         };
-        let exited: Vec<u32> = pids
+        let gone: Vec<u32> = pids
             .keys()
             .filter_map(Result::ok)
-            .filter(|&pid| !crate::proc::is_alive(pid))
+            .filter(|&pid| !is_launcher(&self.launchers, pid))
             .collect();
-        for pid in &exited {
+        for pid in &gone {
             let _ = pids.remove(pid);
         }
         pids.keys().next().is_some()
     }
 
-    /// From now on the scheduler programs are detached while the node has no MPI thread, and a
-    /// thread's first probed call holds its process until they are attached again (once
-    /// holding).
+    /// From now on the scheduler programs are detached while the node has no MPI thread, and
+    /// the first probed call of a thread of a process a launcher started holds it until they are
+    /// attached again (once holding, and launchers noted).
     pub fn detach_scheduler_when_idle(&mut self) -> Result<(), CaptureError> {
         if self.holding.is_none() {
             return Err(CaptureError::NotHolding);
+        }
+        if self.launchers.is_empty() {
+            return Err(CaptureError::NoLaunchers);
         }
         self.scheduler.detach_when_idle();
         Ok(())
@@ -295,8 +314,8 @@ impl Capture {
                     events.push(HoldEvent::FirstCall { held, held_ns });
                     continue;
                 }
-                hold::LAUNCHER_EXEC => {
-                    events.push(HoldEvent::LauncherExec { held, held_ns });
+                hold::LAUNCHED => {
+                    events.push(HoldEvent::Launched { held, held_ns });
                     continue;
                 }
                 _ => {}
@@ -384,11 +403,12 @@ pub struct LibraryOpenStats {
     pub first_calls_held: u64,
     /// Their stopped time, summed, in ns.
     pub first_calls_held_ns: u64,
-    /// Launchers of MPI ranks stopped at their exec until the library watch was attached again
-    /// (it is detached while the node has no launcher and no MPI process).
-    pub launchers_held: u64,
+    /// Processes that launchers of MPI ranks started, stopped at their exec until the library
+    /// watch was attached again (it is detached while the node has no launcher and no MPI
+    /// process).
+    pub launched_held: u64,
     /// Their stopped time, summed, in ns.
-    pub launchers_held_ns: u64,
+    pub launched_held_ns: u64,
     /// Holds that could not be reported (the ring buffer or the map of held processes was
     /// full): not held.
     pub not_held: u64,

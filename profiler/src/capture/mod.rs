@@ -71,6 +71,11 @@ pub enum CaptureError {
     NoBpfObject,
     #[error("no process can be held: the hold guard was not started")]
     NotHolding,
+    #[error(
+        "mpi.launchers is empty: no process is known to be an MPI rank before its first call, and \
+         one started from an interactive shell must not be stopped"
+    )]
+    NoLaunchers,
     #[error("BPF program {program}: {source}")]
     Program {
         program: &'static str,
@@ -204,8 +209,9 @@ enum Probe {
 }
 
 /// Where each classic tracepoint program attaches: (program, category, events).
-const TRACEPOINTS: [(&str, &str, &[&str]); 2] = [
+const TRACEPOINTS: [(&str, &str, &[&str]); 3] = [
     ("sched_process_exec", "sched", &["sched_process_exec"]),
+    ("sched_process_fork", "sched", &["sched_process_fork"]),
     ("sched_process_exit", "sched", &["sched_process_exit"]),
 ];
 
@@ -214,12 +220,15 @@ pub struct Capture {
     bursts: RecordRing,
     execs: RingBuf<MapData>,
     /// The processes held for the daemon (at the open of a new MPI library, at a thread's first
-    /// call while the scheduler programs are detached), once it holds any.
+    /// call while the scheduler programs are detached, at the exec of a process a launcher
+    /// started while the library watch is), once it holds any.
     holding: Option<libraries::Holding>,
     /// Why library opens cannot be watched on this kernel, if they cannot.
     library_watch_unavailable: Option<CaptureError>,
     /// `library_open_exit`, once library opens are watched.
     library_watch: Option<libraries::LibraryWatch>,
+    /// The command names of the launchers of MPI ranks (`mpi.launchers`), once noted.
+    launchers: HashSet<String>,
     /// Library files already attached, by (device, inode): a file is attached once however many
     /// paths or processes lead to it.
     attached: HashSet<(u64, u64)>,
@@ -267,6 +276,7 @@ fn load_object(
     let exec_pid_offset = tracefs::field_offset("sched", "sched_process_exec", "pid")?;
     let exit_group_dead_offset =
         tracefs::field_offset("sched", "sched_process_exit", "group_dead")?;
+    let fork_child_pid_offset = tracefs::field_offset("sched", "sched_process_fork", "child_pid")?;
     let (io_fd_offset, io_ret_offset) = if config.file_io {
         file_io::field_offsets()?
     } else {
@@ -281,6 +291,7 @@ fn load_object(
         .override_global("COUNTERS_ENABLED", &counters_enabled, true)
         .override_global("EXEC_PID_OFFSET", &exec_pid_offset, true)
         .override_global("EXIT_GROUP_DEAD_OFFSET", &exit_group_dead_offset, true)
+        .override_global("FORK_CHILD_PID_OFFSET", &fork_child_pid_offset, true)
         .override_global("IO_FD_OFFSET", &io_fd_offset, true)
         .override_global("IO_RET_OFFSET", &io_ret_offset, true)
         .override_global("DAEMON_PID", &std::process::id(), true)
@@ -416,6 +427,7 @@ impl Capture {
             holding: None,
             library_watch_unavailable: openat_ret_offset.err(),
             library_watch: None,
+            launchers: HashSet::new(),
             attached: HashSet::new(),
             probes: 0,
             uprobe_programs,
@@ -678,7 +690,8 @@ impl Capture {
         if let Err(e) = self.scheduler.attach(&mut self.ebpf) {
             tracing::error!(
                 "cannot attach the scheduler programs ({e}): the bursts of MPI threads that start \
-                 now have no on-CPU time; attaching is tried again at the next MPI process"
+                 now count wall time as on-CPU time; attaching is tried again at the next \
+                 statistics update"
             );
             return false;
         }

@@ -50,27 +50,21 @@ pub(super) enum ReadResult {
 }
 
 /// What a process was held at.
+#[derive(Clone, Copy)]
 enum Held {
     LibraryOpen,
     FirstCall,
-    LauncherExec,
+    Launched,
 }
 
 /// Detaches the watch on library opens while the node runs no launcher of `launchers` and no
 /// MPI process (none listed: it stays attached), and says so.
-fn watch_with_launchers(capture: &mut Capture, launchers: &[String]) {
-    if launchers.is_empty() {
-        tracing::info!(
-            "mpi.launchers is empty: the watch on library opens stays attached, and every system \
-             call on the node takes the kernel's traced path"
-        );
-        return;
-    }
-    match capture.watch_library_opens_with_launchers(launchers) {
+fn detach_library_watch_when_idle(capture: &mut Capture, launchers: &[String]) {
+    match capture.detach_library_watch_when_idle() {
         Ok(()) => tracing::info!(
             "the watch on library opens is detached while the node runs no MPI launcher ({}) and \
-             no MPI process (capture.detach_idle_after_s); a launcher's exec then holds it until \
-             the watch is attached again",
+             no MPI process (capture.detach_idle_after_s); the exec of a process a launcher \
+             starts then holds that process until the watch is attached again",
             launchers.join(", ")
         ),
         Err(e) => tracing::warn!(
@@ -181,10 +175,11 @@ impl Libraries {
     }
 
     /// Starts holding processes where the configuration asks for it: at the open of an MPI
-    /// library at a new path (`mpi.hold_new_libraries`), at a launcher's exec while the watch
-    /// on library opens is detached (`mpi.launchers`), and at a thread's first call while the
-    /// scheduler programs are (`capture.scheduler_on_demand`); says which way a new library
-    /// will be found, and which programs are detached when idle.
+    /// library at a new path (`mpi.hold_new_libraries`), at the exec of a process a launcher
+    /// (`mpi.launchers`) started while the watch on library opens is detached, and at the first
+    /// call of a thread of such a process while the scheduler programs are
+    /// (`capture.scheduler_on_demand`); says which way a new library will be found, and which
+    /// programs are detached when idle.
     pub(super) fn start_holding(&self, capture: &mut Capture, config: &Config) {
         let scheduler_on_demand = config.capture.scheduler_on_demand;
         let fallback = "a library found at run time is attached after the scan of its process's \
@@ -203,6 +198,9 @@ impl Libraries {
                 return;
             }
         };
+        if let Err(e) = capture.note_launchers(&config.mpi.launchers) {
+            tracing::warn!("cannot note the launchers of MPI ranks: {e}");
+        }
         if !self.hold_new_libraries {
             tracing::warn!("mpi.hold_new_libraries is off: {fallback}");
         } else {
@@ -215,7 +213,7 @@ impl Libraries {
                          guard (pid {guard_pid}) resumes it",
                         self.hold_limit.as_secs_f64()
                     );
-                    watch_with_launchers(capture, &config.mpi.launchers);
+                    detach_library_watch_when_idle(capture, &config.mpi.launchers);
                 }
                 Err(e) => tracing::warn!(
                     "cannot watch library opens, so no process is held at its open of a library \
@@ -229,9 +227,11 @@ impl Libraries {
         match capture.detach_scheduler_when_idle() {
             Ok(()) => tracing::info!(
                 "the scheduler programs are detached while the node has no MPI process \
-                 (capture.detach_idle_after_s), and a thread's first MPI call then holds its \
-                 process until they are attached again (the hold guard, pid {guard_pid}, \
-                 resumes it past mpi.hold_limit_s)"
+                 (capture.detach_idle_after_s), and the first MPI call of a thread of a process \
+                 that a launcher started then holds that process until they are attached again \
+                 (the hold guard, pid {guard_pid}, resumes it past mpi.hold_limit_s); another \
+                 process's first bursts then count wall time as on-CPU time until the next \
+                 statistics update"
             ),
             Err(e) => tracing::warn!("{e}: {always_on}"),
         }
@@ -261,7 +261,7 @@ impl Libraries {
     pub(super) fn handle_holds(&mut self, capture: &mut Capture) {
         let mut new: Vec<(u64, Vec<LibraryOpenEvent>)> = Vec::new();
         let mut first_calls = Vec::new();
-        let mut launchers = Vec::new();
+        let mut launched = Vec::new();
         for event in capture.drain_holds() {
             let event = match event {
                 HoldEvent::LibraryOpen(event) => event,
@@ -269,8 +269,8 @@ impl Libraries {
                     first_calls.push((held, held_ns));
                     continue;
                 }
-                HoldEvent::LauncherExec { held, held_ns } => {
-                    launchers.push((held, held_ns));
+                HoldEvent::Launched { held, held_ns } => {
+                    launched.push((held, held_ns));
                     continue;
                 }
             };
@@ -307,27 +307,13 @@ impl Libraries {
                 self.resume(capture, events, false);
             }
         }
-        if !launchers.is_empty() {
-            let at = if capture.attach_library_watch() {
-                "the exec of an MPI launcher, until the watch on library opens was attached"
-            } else {
-                "the exec of an MPI launcher, and resumed without the watch on library opens \
-                 (see the error above)"
-            };
-            for (held, held_ns) in launchers {
-                self.count_resumed(held, held_ns, Held::LauncherExec, at);
-            }
+        if !launched.is_empty() {
+            let attached = capture.attach_library_watch();
+            self.resume_after_attach(launched, Held::Launched, attached);
         }
         if !first_calls.is_empty() {
-            let at = if capture.attach_scheduler() {
-                "its first MPI call, until the scheduler programs were attached"
-            } else {
-                "its first MPI call, and resumed without the scheduler programs (see the error \
-                 above): its bursts count wall time as on-CPU time until they are attached"
-            };
-            for (held, held_ns) in first_calls {
-                self.count_resumed(held, held_ns, Held::FirstCall, at);
-            }
+            let attached = capture.attach_scheduler();
+            self.resume_after_attach(first_calls, Held::FirstCall, attached);
         }
         self.stats.not_held = capture.holds_lost();
     }
@@ -523,6 +509,32 @@ impl Libraries {
         }
     }
 
+    /// Resumes the processes held (each with the CLOCK_MONOTONIC ns of its hold) `why`: at a
+    /// thread's first call, for the scheduler programs, or at the exec of a process a launcher
+    /// started, for the library watch; `attached`, whether the programs are now.
+    fn resume_after_attach(&mut self, held: Vec<(HeldProcess, u64)>, why: Held, attached: bool) {
+        let at = match (why, attached) {
+            (Held::FirstCall, true) => {
+                "its first MPI call, until the scheduler programs were attached"
+            }
+            (Held::FirstCall, false) => {
+                "its first MPI call, and resumed without the scheduler programs (see the error \
+                 above): its bursts count wall time as on-CPU time until they are attached"
+            }
+            (_, true) => {
+                "its exec (an MPI launcher started it), until the watch on library opens was \
+                 attached"
+            }
+            (_, false) => {
+                "its exec (an MPI launcher started it), and resumed without the watch on library \
+                 opens (see the error above)"
+            }
+        };
+        for (held, held_ns) in held {
+            self.count_resumed(held, held_ns, why, at);
+        }
+    }
+
     /// Counts and logs a process held since `held_ns` (CLOCK_MONOTONIC) `at` a library open, a
     /// thread's first call or a launcher's exec (`why`); resumes it (dropping `held`).
     fn count_resumed(&mut self, held: HeldProcess, held_ns: u64, why: Held, at: &str) {
@@ -531,7 +543,7 @@ impl Libraries {
         let (count, ns) = match why {
             Held::LibraryOpen => (&mut stats.held, &mut stats.held_ns),
             Held::FirstCall => (&mut stats.first_calls_held, &mut stats.first_calls_held_ns),
-            Held::LauncherExec => (&mut stats.launchers_held, &mut stats.launchers_held_ns),
+            Held::Launched => (&mut stats.launched_held, &mut stats.launched_held_ns),
         };
         *count += 1;
         *ns += held_for;

@@ -600,10 +600,10 @@ fn library_open_families(f: &mut Families, opens: &LibraryOpenStats) {
             opens.first_calls_held_ns,
         ),
         (
-            "launchers",
-            "Launchers of MPI ranks (mpi.launchers) stopped at their exec until the watch on library opens was attached again (detached while the node had no launcher and no MPI process).",
-            opens.launchers_held,
-            opens.launchers_held_ns,
+            "launched",
+            "Processes that launchers of MPI ranks (mpi.launchers) started, stopped at their exec until the watch on library opens was attached again (detached while the node had no launcher and no MPI process).",
+            opens.launched_held,
+            opens.launched_held_ns,
         ),
     ];
     for (what, help, count, ns) in holds {
@@ -625,7 +625,7 @@ fn library_open_families(f: &mut Families, opens: &LibraryOpenStats) {
     );
     f.counter(
         "mpiburst_library_opens_not_held_total",
-        "Holds not reported (ring buffer full), at the open of an MPI library at a new path or at a thread's first MPI call: the process ran on, and its first calls may be missed or lack on-CPU time.",
+        "Holds not reported (ring buffer full), at the open of an MPI library at a new path, at a thread's first MPI call or at the exec of a process a launcher started: the process ran on, and its first calls may be missed or lack on-CPU time.",
         [(vec![], opens.not_held as f64)],
     );
     f.counter(
