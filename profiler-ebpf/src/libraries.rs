@@ -75,7 +75,8 @@ static LAUNCHERS: HashMap<[u8; COMM_BYTES], u8> = HashMap::with_max_entries(256,
 /// attached while any runs.
 #[map]
 static LAUNCHER_PIDS: HashMap<u32, u64> = HashMap::with_max_entries(4096, 0);
-/// The processes (and threads) launchers forked, until they exit.
+/// The processes (and threads) launchers forked, until they exit (the daemon also forgets those
+/// whose exit was missed).
 #[map]
 static LAUNCHED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
 
@@ -196,7 +197,13 @@ pub(crate) fn launched_exec(pid: u32) {
 #[inline(always)]
 pub(crate) fn launcher_exit(pid: u32) {
     let _ = LAUNCHER_PIDS.remove(&pid);
-    let _ = LAUNCHED.remove(&pid);
+}
+
+/// At the exit of every thread: the fork program cannot tell a new thread from a new process,
+/// and a stale id would make a later process of that pid count as launched.
+#[inline(always)]
+pub(crate) fn launched_exit(tid: u32) {
+    let _ = LAUNCHED.remove(&tid);
 }
 
 /// Whether a launcher of MPI ranks started process `pid` (forked it). Only such a process is

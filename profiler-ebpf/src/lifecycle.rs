@@ -13,7 +13,7 @@ use aya_ebpf::{
 use profiler_common::{lost, ExecRecord};
 
 use crate::{
-    libraries::{launched_exec, launcher_exit, launcher_fork},
+    libraries::{launched_exec, launched_exit, launcher_exit, launcher_fork},
     shared::{config, count_lost},
     threads::{release_state, thread},
 };
@@ -72,7 +72,10 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 /// The exit of a thread; `group_dead` says it is the last thread of its process.
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    release_state(bpf_get_current_pid_tgid() as u32);
+    let tid = bpf_get_current_pid_tgid() as u32;
+    release_state(tid);
+    // The fork program notes the threads launchers create too: each goes with its thread.
+    launched_exit(tid);
     let group_dead: u8 =
         unsafe { ctx.read_at(config(&EXIT_GROUP_DEAD_OFFSET) as usize) }.unwrap_or(0);
     if group_dead == 0 {

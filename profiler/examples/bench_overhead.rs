@@ -55,6 +55,7 @@
 use std::{
     collections::{BTreeMap, HashSet},
     io::{BufRead, BufReader},
+    os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -745,7 +746,7 @@ type SyscallRounds = [Vec<f64>; 5];
 struct IdleDaemon {
     child: std::process::Child,
     launcher: Option<std::process::Child>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl IdleDaemon {
@@ -759,14 +760,7 @@ impl IdleDaemon {
                 dir.path().join("lock").display(),
             ),
         )?;
-        // A process named like a launcher (the kernel names it after the file it runs).
-        let launcher = if beside_launcher {
-            let mpirun = dir.path().join("mpirun");
-            std::os::unix::fs::symlink("/bin/sleep", &mpirun)?;
-            Some(Command::new(&mpirun).arg("3600").spawn()?)
-        } else {
-            None
-        };
+
         let addr = format!(
             "127.0.0.1:{}",
             std::net::TcpListener::bind("127.0.0.1:0")?
@@ -781,10 +775,10 @@ impl IdleDaemon {
             .spawn()
             .with_context(|| format!("start {}", binary.display()))?;
         let stderr = child.stderr.take().context("the daemon's stderr")?;
-        let daemon = IdleDaemon {
+        let mut daemon = IdleDaemon {
             child,
-            launcher,
-            _dir: dir,
+            launcher: None,
+            dir,
         };
         // Read to the end on a thread of its own, so that the daemon never blocks on its log.
         let (ready, wait) = std::sync::mpsc::channel();
@@ -799,6 +793,13 @@ impl IdleDaemon {
             .context("the daemon did not become ready within 60 s")?;
         let client = DaemonClient::parse(&addr, Config::default().daemon.listen.port())?
             .context("the daemon's address")?;
+        if beside_launcher {
+            // Named like a launcher: the kernel names a process after the file it runs (argv[0]
+            // stays `sleep`, for a multi-call binary).
+            let mpirun = daemon.dir.path().join("mpirun");
+            std::os::unix::fs::symlink("/bin/sleep", &mpirun)?;
+            daemon.launcher = Some(Command::new(&mpirun).arg0("sleep").arg("3600").spawn()?);
+        }
         let watch = u8::from(beside_launcher);
         let detached = |text: &str| {
             [("file_io", 0), ("scheduler", 0), ("library_watch", watch)]

@@ -91,16 +91,19 @@ pub struct CaptureConfig {
     /// that adds per call. They are attached only while the daemon tracks an MPI process.
     pub file_io: bool,
     /// Seconds the node must have had no MPI process before the programs attached on demand are
-    /// detached: the file I/O programs, and the scheduler programs (on every context switch of
-    /// the node), which a thread's first MPI call then holds its process for until they are
-    /// attached again (a few ms; `mpiburst_first_calls_held_total`). Attaching takes about 1 ms,
-    /// detaching about 1 s (off the daemon's loop); the wait keeps them across jobs that follow
-    /// each other.
+    /// detached: the file I/O programs; the scheduler programs (on every context switch of the
+    /// node), which the first MPI call of a process a launcher started then holds that process
+    /// for until they are attached again (a few ms; `mpiburst_first_calls_held_total`); and the
+    /// watch on library opens, once no launcher (`mpi.launchers`) runs either. Attaching takes
+    /// about 1 ms, detaching about 1 s (off the daemon's loop); the wait keeps them across jobs
+    /// that follow each other.
     pub detach_idle_after_s: f64,
     /// Detach the scheduler programs (which run at every context switch of the node) while the
-    /// node has no MPI process, for `detach_idle_after_s`. A thread's first MPI call then holds
-    /// its process until they are attached again, which needs CAP_KILL for other users'
-    /// processes. Off, they stay attached.
+    /// node has no MPI process, for `detach_idle_after_s`. The first MPI call of a thread of a
+    /// process a launcher started (`mpi.launchers`) then holds that process until they are
+    /// attached again, which needs CAP_KILL for other users' processes; another process's
+    /// bursts count wall time as on-CPU time until the next statistics update. Off, or with
+    /// `mpi.launchers` empty, they stay attached.
     pub scheduler_on_demand: bool,
     /// Turn the kernel's BPF run-time statistics on while the daemon runs, for the
     /// `mpiburst_bpf_run_seconds_total` and `mpiburst_bpf_runs_total` metrics. They make every
@@ -213,11 +216,14 @@ impl CaptureConfig {
              # turns the I/O properties into \"not measured\".\n\
              file_io = true\n\
              # Seconds without MPI processes on the node before the file I/O programs and the\n\
-             # scheduler programs (on every context switch) are detached; a thread's first MPI\n\
-             # call then holds its process a few ms until the scheduler programs are back.\n\
+             # scheduler programs (on every context switch) are detached (and the watch on\n\
+             # library opens, once no launcher runs either); the first MPI call of a process a\n\
+             # launcher started then holds it a few ms until the scheduler programs are back.\n\
              detach_idle_after_s = {:?}\n\
-             # Detach the scheduler programs too (on every context switch of the node), holding a\n\
-             # thread's first MPI call until they are back; false keeps them attached.\n\
+             # Detach the scheduler programs too (on every context switch of the node), holding the\n\
+             # first MPI call of a process a launcher started until they are back (another\n\
+             # process's first bursts count wall time as on-CPU time until the next statistics\n\
+             # update); false, or mpi.launchers = [], keeps them attached.\n\
              scheduler_on_demand = true\n\
              # Turn the kernel's BPF run-time statistics on, for the per-program run time and run\n\
              # count metrics. Every BPF program run on the node then reads the clock twice (about\n\
@@ -397,8 +403,9 @@ pub struct MpiConfig {
     /// watch on opens (a system call tracepoint: every system call on the node pays the
     /// kernel's traced path while it is attached) is attached only while one of them or an MPI
     /// process runs, and for `capture.detach_idle_after_s` after; the exec of a process a
-    /// launcher started holds that process until the watch is attached. Empty: the watch stays
-    /// attached.
+    /// launcher started holds that process until the watch is attached. Only processes a
+    /// launcher started are held at their exec or first MPI call. Empty: the watch and the
+    /// scheduler programs stay attached.
     pub launchers: Vec<String>,
     /// The probed MPI functions. `count_arg` and `datatype_arg` are the zero-based positions of
     /// the (count, datatype) pair in the C binding whose product gives the call's bytes;
@@ -814,8 +821,9 @@ impl MpiConfig {
              # path, is attached only while one of them or an MPI process runs (and for\n\
              # capture.detach_idle_after_s after); the exec of a process a launcher started holds\n\
              # that process until the watch is attached. An MPI program started without any of them\n\
-             # (a singleton) has a library at a new path found by the scan after its exec. Empty:\n\
-             # the watch stays attached.\n\
+             # (a singleton) has a library at a new path found by the scan after its exec. Only\n\
+             # processes a launcher started are held at their exec or first MPI call. Empty: the\n\
+             # watch and the scheduler programs stay attached.\n\
              launchers = {:?}\n\
              # Probed functions. count_arg/datatype_arg: zero-based positions of the (count, datatype)\n\
              # pair in the C binding; their product is the call's bytes. peer_arg/comm_arg: those of\n\

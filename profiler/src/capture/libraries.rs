@@ -73,9 +73,14 @@ pub struct LibraryOpenEvent {
     pub path: String,
 }
 
-/// Whether process `pid` runs a program named like one of `launchers`.
-fn is_launcher(launchers: &HashSet<String>, pid: u32) -> bool {
-    crate::proc::read_stat(pid).is_ok_and(|stat| launchers.contains(&stat.comm))
+/// Whether process `pid` runs a program named like one of `launchers`: false once it has exited
+/// or runs another program, `None` when /proc cannot tell (it is kept then).
+fn runs_launcher(launchers: &HashSet<String>, pid: u32) -> Option<bool> {
+    match crate::proc::read_stat(pid) {
+        Ok(stat) => Some(launchers.contains(&stat.comm)),
+        Err(crate::proc::ProcError::ProcessGone { .. }) => Some(false),
+        Err(_) => None,
+    }
 }
 
 /// A process the BPF program stopped: resumed (SIGCONT) and taken off the held processes when
@@ -165,15 +170,21 @@ impl Capture {
             comm[..len].copy_from_slice(&launcher.as_bytes()[..len]);
             names.insert(comm, 1, 0).map_err(map("LAUNCHERS"))?;
         }
-        self.launchers = launchers.iter().cloned().collect();
+        let launchers: HashSet<String> = launchers.iter().cloned().collect();
         // Those the exec program did not see start, which may start ranks any time.
+        let running = crate::proc::pids().map_err(|e| CaptureError::Io {
+            what: "the list of processes, to find the launchers running".into(),
+            source: std::io::Error::other(e),
+        })?;
         let mut pids: HashMap<&mut MapData, u32, u64> = map_mut(&mut self.ebpf, "LAUNCHER_PIDS")?;
         let now = usage::clock_ns(libc::CLOCK_MONOTONIC);
-        for pid in crate::proc::pids().unwrap_or_default() {
-            if is_launcher(&self.launchers, pid) {
+        for pid in running {
+            if runs_launcher(&launchers, pid) == Some(true) {
                 pids.insert(pid, now, 0).map_err(map("LAUNCHER_PIDS"))?;
             }
         }
+        // Only once all is noted: holds depend on it.
+        self.launchers = launchers;
         Ok(())
     }
 
@@ -214,9 +225,23 @@ impl Capture {
             .is_some_and(LibraryWatch::attached)
     }
 
-    /// Whether a launcher of MPI ranks runs on the node. Forgets those that have exited (or
-    /// whose pid another program has taken) unseen by the exit tracepoint's program.
+    /// Whether a launcher of MPI ranks runs on the node. Forgets the launchers that have exited
+    /// (or whose pid another program has taken) and the processes and threads launchers started
+    /// that have exited, unseen by the exit tracepoint's program: a stale pid would make a
+    /// later process of that pid a launcher, or one a launcher started, and so held.
     pub(super) fn launchers_running(&mut self) -> bool {
+        if let Ok(mut launched) =
+            map_mut::<HashMap<&mut MapData, u32, u8>>(&mut self.ebpf, "LAUNCHED")
+        {
+            let gone: Vec<u32> = launched
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|&id| !crate::proc::is_alive(id))
+                .collect();
+            for id in &gone {
+                let _ = launched.remove(id);
+            }
+        }
         let Ok(mut pids) =
             map_mut::<HashMap<&mut MapData, u32, u64>>(&mut self.ebpf, "LAUNCHER_PIDS")
         else {
@@ -226,7 +251,7 @@ impl Capture {
         let gone: Vec<u32> = pids
             .keys()
             .filter_map(Result::ok)
-            .filter(|&pid| !is_launcher(&self.launchers, pid))
+            .filter(|&pid| runs_launcher(&self.launchers, pid) == Some(false))
             .collect();
         for pid in &gone {
             let _ = pids.remove(pid);
@@ -267,14 +292,14 @@ impl Capture {
             .map_or((0, 0), |watch| watch.held.counts())
     }
 
-    /// Detaches the program: no process is held at a library open or a launcher's exec from now
+    /// Detaches the program: no process is held at a library open or at its exec from now
     /// on (those already reported are still drained by [`Capture::drain_holds`]).
     pub fn stop_watching_library_opens(&mut self) {
         let Some(mut watch) = self.library_watch.take() else {
             return;
         };
         if let Err(e) = watch.never_hold(&mut self.ebpf) {
-            tracing::warn!("{e}: a launcher's exec may still hold its process");
+            tracing::warn!("{e}: the exec of a process a launcher started may still hold it");
         }
         watch.detach_now();
     }

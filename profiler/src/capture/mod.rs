@@ -72,8 +72,8 @@ pub enum CaptureError {
     #[error("no process can be held: the hold guard was not started")]
     NotHolding,
     #[error(
-        "mpi.launchers is empty: no process is known to be an MPI rank before its first call, and \
-         one started from an interactive shell must not be stopped"
+        "mpi.launchers is empty, or the launchers could not be noted: only processes a launcher \
+         started are held (a program started from an interactive shell must not be stopped)"
     )]
     NoLaunchers,
     #[error("BPF program {program}: {source}")]
@@ -740,17 +740,16 @@ impl Capture {
                  statistics update"
             );
         }
-        if self.library_watch.is_some() {
-            let launching = busy || self.launchers_running();
-            if let Some(watch) = &mut self.library_watch {
-                let step =
-                    watch.detach_if_idle(&mut self.ebpf, launching, self.detach_idle_after, now);
-                if let Err(e) = step {
-                    tracing::warn!(
-                        "attaching or detaching the library watch: {e}; tried again at the next \
-                         statistics update"
-                    );
-                }
+        // The launchers are looked at (and the stale ones forgotten) whenever processes are
+        // held for them, the watch on demand or not.
+        let launching = busy || (!self.launchers.is_empty() && self.launchers_running());
+        if let Some(watch) = &mut self.library_watch {
+            let step = watch.detach_if_idle(&mut self.ebpf, launching, self.detach_idle_after, now);
+            if let Err(e) = step {
+                tracing::warn!(
+                    "attaching or detaching the library watch: {e}; tried again at the next \
+                     statistics update"
+                );
             }
         }
     }

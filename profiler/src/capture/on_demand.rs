@@ -160,7 +160,7 @@ impl<L: Send + 'static> OnDemandLinks<L> {
 /// Links attached on demand whose absence a BPF flag (an array of one `u32`, 1 while detached)
 /// tells the programs, so that the work that needs them holds its process until the daemon has
 /// attached them again: the scheduler programs (a thread's first probed call), the library
-/// watch (a launcher's exec).
+/// watch (the exec of a process a launcher started).
 ///
 /// Detaching takes two steps, at two statistics updates: the first sets the flag; the second,
 /// at least DRAIN_GRACE later, detaches only if the node still has no work for them. The BPF

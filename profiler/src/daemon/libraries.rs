@@ -536,7 +536,7 @@ impl Libraries {
     }
 
     /// Counts and logs a process held since `held_ns` (CLOCK_MONOTONIC) `at` a library open, a
-    /// thread's first call or a launcher's exec (`why`); resumes it (dropping `held`).
+    /// thread's first call or its exec (`why`); resumes it (dropping `held`).
     fn count_resumed(&mut self, held: HeldProcess, held_ns: u64, why: Held, at: &str) {
         let held_for = usage::clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(held_ns);
         let stats = &mut self.stats;
