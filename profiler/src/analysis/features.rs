@@ -343,11 +343,21 @@ pub fn extract_features(
             out
         })
         .collect();
+    let mut end_sites: BTreeMap<&CallSite, u32> =
+        kept.iter().map(|&i| (&bursts[i].end_site, 0)).collect();
+    for (index, end) in end_sites.values_mut().enumerate() {
+        *end = index as u32;
+    }
+    let ends = kept
+        .iter()
+        .map(|&i| end_sites[&bursts[i].end_site])
+        .collect();
     Ok(Features {
         points: match used {
             FeatureSet::OnCpuTimePerRegion => PointSet::with_regions(dims, normalised, groups),
             FeatureSet::InstructionsIpc => PointSet::with_groups(dims, normalised, groups),
-        },
+        }
+        .with_ends(ends),
         raw,
         report: FeatureReport {
             requested: selection,

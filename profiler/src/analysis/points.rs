@@ -18,6 +18,9 @@ pub struct PointSet {
     groups: Vec<u32>,
     /// The groups are the code regions (start and end call site) of the bursts.
     by_region: bool,
+    /// The end call site of each point's burst, as an index: what a computation leads to, which
+    /// a perturbed occurrence of it shares (see [`super::roles::join_rare_variants`]).
+    ends: Vec<u32>,
 }
 
 impl PointSet {
@@ -45,11 +48,13 @@ impl PointSet {
                 "coordinate past dimension {dims}: {c:?}"
             );
         }
+        let ends = vec![0; coords.len()];
         PointSet {
             dims,
             coords,
             groups,
             by_region: false,
+            ends,
         }
     }
 
@@ -59,6 +64,13 @@ impl PointSet {
             by_region: true,
             ..Self::with_groups(dims, coords, regions)
         }
+    }
+
+    /// These points with the end call site of each one's burst, as an index (all 0 before).
+    /// Panics when `ends` does not hold one per point, a programming error of the caller.
+    pub fn with_ends(self, ends: Vec<u32>) -> Self {
+        assert_eq!(ends.len(), self.len(), "one end call site per point");
+        PointSet { ends, ..self }
     }
 
     /// Whether each group is one code region: two points of one group ran the same code.
@@ -86,6 +98,11 @@ impl PointSet {
         &self.groups
     }
 
+    /// The end call site of each point, as an index (see [`PointSet::with_ends`]).
+    pub fn ends(&self) -> &[u32] {
+        &self.ends
+    }
+
     /// The points at `indices`, in that order.
     pub fn subset(&self, indices: &[usize]) -> PointSet {
         PointSet {
@@ -93,6 +110,7 @@ impl PointSet {
             coords: indices.iter().map(|&i| self.coords[i]).collect(),
             groups: indices.iter().map(|&i| self.groups[i]).collect(),
             by_region: self.by_region,
+            ends: indices.iter().map(|&i| self.ends[i]).collect(),
         }
     }
 

@@ -39,11 +39,14 @@
 //! in the rank sequences), is that cluster in a perturbed iteration: all ranks preempted or
 //! slowed by the hypervisor at once, or the slow first iteration. Such a cluster is perfectly
 //! SPMD (every rank has it in its one column), so ACR freezes it at a small Eps and never
-//! re-clusters it with its phase; it joins that phase here. A neighbour that is itself rare (or
-//! the start or end of the sequence) matches any context, so a whole slowed iteration joins
-//! burst by burst; at least one neighbour must match for real. A rare computation that does
-//! not take another's place, such as a checkpoint every 20 iterations between two phases, has a
-//! context no frequent cluster has and stays a phase of its own.
+//! re-clusters it with its phase; it joins that phase here. It must end at a call site where that
+//! phase ends: a perturbed iteration runs the same code to the same call, and the first burst of
+//! a run ends where the phase it holds ends, while the last burst, from the last call of the loop
+//! to MPI_Finalize, follows the phase it would replace but is other code. A neighbour that is
+//! itself rare (or the start or end of the sequence) matches any context, so a whole slowed
+//! iteration joins burst by burst; at least one neighbour must match for real. A rare
+//! computation that does not take another's place, such as a checkpoint every 20 iterations
+//! between two phases, has a context no frequent cluster has and stays a phase of its own.
 //!
 //! **One region at other speeds** ([`join_same_region`], once, at the end, before the rare
 //! variants). Ranks that share cores take turns at evicting each other's data: on 4 ranks over 2
@@ -57,9 +60,11 @@
 //!    1/[`SHARED_COLUMNS_PART`] of the columns of the one in fewer. An aligned column is one step
 //!    of the program; in it, some ranks ran the code at one speed and the others at another: load
 //!    imbalance within one phase; or
-//! 2. one is a stretch of time of the region's largest cluster: every rank that runs it also runs
-//!    that cluster, and on every such rank its bursts form at most [`MAX_STRETCHES`] unbroken runs
-//!    among the region's bursts: the code ran at another speed for a while on every rank.
+//! 2. one is a stretch of time of a larger cluster of the region, the nearest one that every rank
+//!    running it also runs: on every such rank its bursts form at most [`MAX_STRETCHES`] unbroken
+//!    runs among the region's bursts: the code ran at another speed for a while on every rank.
+//!    The nearest, not the largest: in a phase alternating between 12 and 24 ms, one iteration
+//!    slowed to 15 ms on every rank is a 12 ms step, though the 24 ms cluster may hold more.
 //!
 //! Its spread and per-rank balance then show the slowdown. Clusters of one region that take turns
 //! on every rank at once, such as a phase that alternates between two durations with the
@@ -81,8 +86,8 @@ use super::{ClusterId, NOISE};
 pub const RARE_FACTOR: u64 = 8;
 
 /// A cluster of a code region whose bursts form at most this many unbroken runs among the
-/// region's bursts on every rank is a stretch of time of the region's largest cluster: one or two
-/// passing slowdowns (or speed-ups), rather than a pattern that comes back.
+/// region's bursts on every rank is a stretch of time of a larger cluster of the region: one or
+/// two passing slowdowns (or speed-ups), rather than a pattern that comes back.
 pub const MAX_STRETCHES: usize = 2;
 
 /// Two clusters of one code region that share at least this many aligned columns, and at least
@@ -101,6 +106,12 @@ struct Summary {
     sum: Coords,
     points: usize,
     ranks: Vec<bool>,
+}
+
+impl Summary {
+    fn centroid(&self) -> Coords {
+        self.sum.map(|x| x / self.points as f64)
+    }
 }
 
 fn summaries(
@@ -285,10 +296,14 @@ pub fn join_rare_variants(
         return BTreeMap::new();
     }
     let clusters = summaries(points, labels, sequences);
-    let centroid = |id: ClusterId| {
-        let s = &clusters[&id];
-        s.sum.map(|x| x / s.points as f64)
-    };
+    let centroid = |id: ClusterId| clusters[&id].centroid();
+    let mut ends: BTreeMap<ClusterId, BTreeSet<u32>> = BTreeMap::new();
+    for (&label, &end) in labels.iter().zip(points.ends()) {
+        if label != NOISE {
+            ends.entry(label).or_default().insert(end);
+        }
+    }
+    let same_end = |guest: ClusterId, host: ClusterId| !ends[&guest].is_disjoint(&ends[&host]);
     let mut labels = labels.to_vec();
     let mut hosts: BTreeMap<ClusterId, ClusterId> = BTreeMap::new();
     loop {
@@ -309,6 +324,7 @@ pub fn join_rare_variants(
             };
             let host = usual
                 .iter()
+                .filter(|(&host, _)| same_end(guest, host))
                 .filter_map(|(&host, &(host_before, host_after))| {
                     let real = side(before, host_before)? + side(after, host_after)?;
                     (real > 0).then(|| {
@@ -373,7 +389,7 @@ fn most_common(seen: &BTreeMap<Context, u64>) -> Context {
 }
 
 /// Joins the clusters of one code region that are one computation run at other speeds: those
-/// that share aligned columns, and stretches of time of the region's largest cluster (see the
+/// that share aligned columns, and stretches of time of a larger cluster of the region (see the
 /// module documentation). A cluster's region is the one most of its bursts have (a stretch at the
 /// start of a run also holds the first bursts, from another call site). `score` is the alignment
 /// of `labels`. Returns each joined cluster's host, the smallest id of its set.
@@ -427,20 +443,24 @@ pub fn join_same_region(
         }
     }
 
-    // Stretches of time of the region's largest cluster (ties: the lower id).
-    let mut host_of: BTreeMap<u32, ClusterId> = BTreeMap::new();
-    for (&id, &(group, _)) in &region {
-        let host = host_of.entry(group).or_insert(id);
-        if clusters[&id].points > clusters[host].points {
-            *host = id;
-        }
-    }
+    // Stretches of time of a larger cluster of the region, the nearest one that runs on every
+    // rank the guest runs on (ties: the lower id).
+    let centroid = |id: ClusterId| clusters[&id].centroid();
+    let larger = |a: ClusterId, b: ClusterId| {
+        (clusters[&a].points, std::cmp::Reverse(a)) > (clusters[&b].points, std::cmp::Reverse(b))
+    };
     for (&guest, &(group, _)) in &region {
-        let host = host_of[&group];
         let ranks = |id: ClusterId| clusters[&id].ranks.iter();
-        if guest == host || ranks(guest).zip(ranks(host)).any(|(&g, &h)| g && !h) {
-            continue;
-        }
+        let host = region
+            .iter()
+            .filter(|&(&host, &(host_group, _))| {
+                host_group == group
+                    && larger(host, guest)
+                    && ranks(guest).zip(ranks(host)).all(|(&g, &h)| h || !g)
+            })
+            .map(|(&host, _)| (distance2(&centroid(guest), &centroid(host)), host))
+            .min_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        let Some((_, host)) = host else { continue };
         // The guest's unbroken runs among the region's bursts (and its own, and the host's).
         let stretches = (0..sequences.ranks()).all(|rank| {
             let mut runs = 0;

@@ -5,6 +5,7 @@
 
 use super::synthetic::{Phase, SyntheticJob};
 use super::*;
+use crate::model::{CallSite, HwCounters, Name};
 
 /// E1's loop ([`SyntheticJob::three_phases`]) for 50 iterations, with three tiny bursts after
 /// each phase and a seed of its own for each number of ranks.
@@ -239,22 +240,101 @@ fn e3_parity_alternating_phase_gives_two_alternating_perfect_clusters() {
             .map(|c| c.id)
             .collect();
         assert_eq!(phase_one.len(), 2, "{context}");
-        // Along each rank's time-line the phase alternates between the two clusters.
-        for rank in 0..4 {
-            let sequence: Vec<ClusterId> = bursts
-                .iter()
-                .zip(&analysis.labels)
-                .filter(|(b, label)| {
-                    b.rank == rank && label.is_some_and(|l| phase_one.contains(&l))
-                })
-                .map(|(_, label)| label.unwrap())
-                .collect();
-            assert_eq!(sequence.len(), 50);
+        assert_alternate(&bursts, &analysis, &phase_one, &context);
+    }
+}
+
+/// Along each rank's time-line, one burst of a phase every iteration alternates between the
+/// clusters `ids`.
+fn assert_alternate(bursts: &[Burst], analysis: &Analysis, ids: &[ClusterId], context: &str) {
+    for rank in 0..4 {
+        let sequence: Vec<ClusterId> = bursts
+            .iter()
+            .zip(&analysis.labels)
+            .filter(|(b, label)| b.rank == rank && label.is_some_and(|l| ids.contains(&l)))
+            .map(|(_, label)| label.unwrap())
+            .collect();
+        assert_eq!(sequence.len(), 50, "{context}: rank {rank}");
+        assert!(
+            sequence.windows(2).all(|w| w[0] != w[1]),
+            "{context}: rank {rank} {sequence:?}"
+        );
+    }
+}
+
+#[test]
+fn an_iteration_slowed_on_every_rank_in_an_alternating_phase_joins_the_nearer_cluster() {
+    // Phase 1 doubles on odd iterations; in iteration 38, an even one, every rank runs it 1.25
+    // times slower: a one-column cluster nearer the short cluster than the long one, which holds
+    // one burst more per rank. It joins the short one, and the phase still alternates.
+    for counters in [false, true] {
+        let mut job = e1_job(4, counters);
+        job.phases[1].odd_iteration_factor = 2.0;
+        job.phases[1].slowed = vec![(38, 1.25)];
+        let (bursts, analysis) = analyse_job(&job);
+        let context = format!("counters {counters}: {:?}", analysis.clustering);
+        let phase_one: Vec<&ClusterStats> = analysis
+            .clusters
+            .iter()
+            .filter(|c| phases_of(c) == [1])
+            .collect();
+        assert_eq!(phase_one.len(), 2, "{context}");
+        for cluster in &phase_one {
+            assert_eq!(cluster.bursts, 25 * 4, "{context}: cluster {}", cluster.id);
+        }
+        let ids: Vec<ClusterId> = phase_one.iter().map(|c| c.id).collect();
+        assert_alternate(&bursts, &analysis, &ids, &context);
+    }
+}
+
+#[test]
+fn the_last_burst_of_a_run_stays_out_of_the_phase_it_follows() {
+    // After the last iteration every rank runs a short burst to MPI_Finalize, alike on all ranks:
+    // a one-column cluster where phase 0 would come next. It follows what phase 0 follows but
+    // ends at another call, so it is not phase 0 in a perturbed iteration.
+    for counters in [false, true] {
+        let job = e1_job(4, counters);
+        let mut bursts = job.bursts();
+        let finalize = CallSite {
+            module: Name::new("synthetic"),
+            offset: 0xf000,
+        };
+        for rank in 0..job.ranks {
+            let last = bursts.iter().rfind(|b| b.rank == rank).unwrap();
+            let duration_ns = 150_000;
+            let finalize_burst = Burst {
+                start_ns: last.start_ns + last.duration_ns + 5_000,
+                duration_ns,
+                oncpu_ns: duration_ns,
+                counters: counters.then_some(HwCounters {
+                    instructions: 300_000,
+                    cycles: 375_000,
+                }),
+                start_func: last.end_func,
+                start_site: last.end_site.clone(),
+                end_func: Name::new("MPI_Finalize"),
+                end_site: finalize.clone(),
+                ..last.clone()
+            };
+            bursts.push(finalize_burst);
+        }
+        let analysis = analyse(&bursts, job.ranks, &AnalysisParams::default()).unwrap();
+        let context = format!("counters {counters}: {:?}", analysis.clustering);
+        for cluster in &analysis.clusters {
+            let ends: BTreeSet<&CallSite> = cluster.regions.iter().map(|r| &r.end).collect();
             assert!(
-                sequence.windows(2).all(|w| w[0] != w[1]),
-                "{context}: rank {rank} {sequence:?}"
+                !ends.contains(&finalize) || ends.len() == 1,
+                "{context}: cluster {} ends at {ends:?}",
+                cluster.id
             );
         }
+        let phases: Vec<Vec<u64>> = analysis
+            .clusters
+            .iter()
+            .filter(|c| c.bursts >= 50 * 4)
+            .map(phases_of)
+            .collect();
+        assert_eq!(phases, [[2], [1], [0]], "{context}");
     }
 }
 
