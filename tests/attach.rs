@@ -187,6 +187,65 @@ fn between_jobs_the_library_watch_is_detached_and_a_launchers_child_attaches_it_
     stop_and_check_copies(daemon, &copies, &runs);
 }
 
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_rank_that_no_listed_launcher_started_names_its_parent_once() {
+    // Between jobs only the processes a listed launcher starts are held. Ranks that a wrapper
+    // script starts (`mpirun rankwrap.sh program`) are not: the daemon names the wrapper once, for
+    // mpi.launchers, under both MPIs; ranks the launchers start themselves name nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let wrapper = dir.path().join("rankwrap.sh");
+    // Not `exec "$@"`: the rank must be the wrapper's child.
+    std::fs::write(&wrapper, "#!/bin/sh\n\"$@\"\nexit $?\n").unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&["--min-burst-us", "0"]);
+    let mut runs = Vec::new();
+    for mpi in Mpi::ALL {
+        let program = program("counts", mpi);
+        for wrapped in [true, false] {
+            let out = tempfile::tempdir().unwrap();
+            let mut cmd = mpi.launcher(RANKS);
+            if wrapped {
+                cmd.arg(&wrapper);
+            }
+            cmd.arg(&program).arg(out.path());
+            run(cmd, &format!("counts under {mpi:?}, wrapped {wrapped}"));
+            runs.push((mpi, wrapped, rank_outputs(out.path(), "counts", RANKS)));
+        }
+    }
+    let log = daemon.log_text();
+    let recording = daemon.stop();
+    let named: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("which is not in mpi.launchers"))
+        .collect();
+    assert_eq!(
+        named.len(),
+        1,
+        "one parent named, once: {named:#?}\nthe daemon's log:\n{log}"
+    );
+    eprintln!("{}", named[0]);
+    assert!(
+        named[0].contains("(rankwrap.sh), which is not in mpi.launchers")
+            && named[0].contains("add \"rankwrap.sh\" to mpi.launchers"),
+        "{}",
+        named[0]
+    );
+    // The wrapped ranks lose no call.
+    for (mpi, wrapped, outputs) in &runs {
+        let what = format!("counts under {mpi:?}, wrapped {wrapped}");
+        assert_calls_exact(
+            job_with_outputs(&recording, &program("counts", *mpi), outputs),
+            outputs,
+            &what,
+        );
+    }
+}
+
 /// Shows how long the daemon held each process (its log lines that say so).
 fn show_holds(log: &str) {
     for line in log.lines().filter(|l| l.contains(" held ")) {

@@ -19,6 +19,7 @@ mod attach;
 mod file_reads;
 mod groups;
 mod instance;
+mod launchers;
 mod libraries;
 mod library_reads;
 pub mod privileges;
@@ -52,6 +53,7 @@ use crate::{
     },
 };
 use analysis::AnalysisWorker;
+use launchers::UnlistedLaunchers;
 use libraries::Libraries;
 use records::DrainRecords;
 pub use startup::DaemonError;
@@ -142,6 +144,8 @@ pub struct Daemon {
     server: Server,
     /// A process joined a job since the last publication.
     members_changed: bool,
+    /// The parents of MPI processes that no listed launcher started, reported.
+    unlisted_launchers: UnlistedLaunchers,
 }
 
 impl Daemon {
@@ -281,6 +285,9 @@ impl Daemon {
         }
         if let Err(e) = self.capture.track(pid) {
             tracing::warn!("pid {pid}: file I/O not counted, exit time approximate: {e}");
+        }
+        if let Some((ppid, parent)) = self.capture.unlisted_parent(pid) {
+            self.unlisted_launchers.report(pid, ppid, parent);
         }
         self.members_changed = true;
         Some(member)

@@ -259,6 +259,23 @@ impl Capture {
         pids.keys().next().is_some()
     }
 
+    /// The parent (pid, command name) of MPI process `pid` when only the processes that the
+    /// launchers start are held between jobs and its parent is not one of them: this process
+    /// would not have been held, nor one started the same way between jobs. `None` otherwise,
+    /// or when /proc cannot tell.
+    pub fn unlisted_parent(&self, pid: u32) -> Option<(u32, String)> {
+        let holding_for_launchers = self.scheduler.on_demand()
+            || self
+                .library_watch
+                .as_ref()
+                .is_some_and(LibraryWatch::on_demand);
+        if self.launchers.is_empty() || !holding_for_launchers {
+            return None;
+        }
+        let parent = crate::proc::read_stat(crate::proc::read_stat(pid).ok()?.ppid).ok()?;
+        (!self.launchers.contains(&parent.comm)).then_some((parent.pid, parent.comm))
+    }
+
     /// From now on the scheduler programs are detached while the node has no MPI thread, and
     /// the first probed call of a thread of a process a launcher started holds it until they are
     /// attached again (once holding, and launchers noted).

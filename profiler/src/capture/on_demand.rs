@@ -218,6 +218,11 @@ where
         self.on_demand = true;
     }
 
+    /// Whether the programs are detached while the node has no work for them.
+    pub(super) fn on_demand(&self) -> bool {
+        self.on_demand
+    }
+
     /// Lets the work run on unheld from now on, the programs attached or not (at shutdown:
     /// nobody would resume it).
     pub(super) fn never_hold(&mut self, ebpf: &mut Ebpf) -> Result<(), CaptureError> {

@@ -7,8 +7,8 @@ use std::{path::PathBuf, sync::Arc};
 use tokio::sync::watch;
 
 use super::{
-    analysis::AnalysisWorker, instance, libraries::Libraries, privileges, records::DrainRecords,
-    Daemon, NodeState, Server,
+    analysis::AnalysisWorker, instance, launchers::UnlistedLaunchers, libraries::Libraries,
+    privileges, records::DrainRecords, Daemon, NodeState, Server,
 };
 use crate::{
     capture::{
@@ -135,6 +135,7 @@ impl Daemon {
             clock,
             server,
             members_changed: false,
+            unlisted_launchers: UnlistedLaunchers::default(),
             capture,
             config,
         };
