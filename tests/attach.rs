@@ -191,8 +191,10 @@ fn between_jobs_the_library_watch_is_detached_and_a_launchers_child_attaches_it_
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_rank_that_no_listed_launcher_started_names_its_parent_once() {
     // Between jobs only the processes a listed launcher starts are held. Ranks that a wrapper
-    // script starts (`mpirun rankwrap.sh program`) are not: the daemon names the wrapper once, for
-    // mpi.launchers, under both MPIs; ranks the launchers start themselves name nothing.
+    // script starts (`mpirun rankwrap.sh program`) are not held at their first call (the wrapper
+    // is, at its exec, so their libraries are attached in time): the daemon names the wrapper
+    // once, for mpi.launchers, under both MPIs; ranks the launchers start themselves name
+    // nothing.
     let dir = tempfile::tempdir().unwrap();
     let wrapper = dir.path().join("rankwrap.sh");
     // Not `exec "$@"`: the rank must be the wrapper's child.
@@ -230,7 +232,7 @@ fn a_rank_that_no_listed_launcher_started_names_its_parent_once() {
     );
     eprintln!("{}", named[0]);
     assert!(
-        named[0].contains("(rankwrap.sh), which is not in mpi.launchers")
+        named[0].contains("(rankwrap.sh), which an MPI launcher started")
             && named[0].contains("add \"rankwrap.sh\" to mpi.launchers"),
         "{}",
         named[0]

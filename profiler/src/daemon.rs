@@ -286,8 +286,8 @@ impl Daemon {
         if let Err(e) = self.capture.track(pid) {
             tracing::warn!("pid {pid}: file I/O not counted, exit time approximate: {e}");
         }
-        if let Some((ppid, parent)) = self.capture.unlisted_parent(pid) {
-            self.unlisted_launchers.report(pid, ppid, parent);
+        if let Some(unlisted) = self.capture.unlisted_parent(pid) {
+            self.unlisted_launchers.report(pid, unlisted);
         }
         self.members_changed = true;
         Some(member)

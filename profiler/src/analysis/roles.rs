@@ -60,16 +60,18 @@
 //!    1/[`SHARED_COLUMNS_PART`] of the columns of the one in fewer. An aligned column is one step
 //!    of the program; in it, some ranks ran the code at one speed and the others at another: load
 //!    imbalance within one phase; or
-//! 2. one is a stretch of time of a larger cluster of the region, the nearest one that every rank
-//!    running it also runs: on every such rank its bursts form at most [`MAX_STRETCHES`] unbroken
-//!    runs among the region's bursts: the code ran at another speed for a while on every rank.
-//!    The nearest, not the largest: in a phase alternating between 12 and 24 ms, one iteration
-//!    slowed to 15 ms on every rank is a 12 ms step, though the 24 ms cluster may hold more.
+//! 2. one is a stretch of time of a larger cluster of the region that every rank running it also
+//!    runs: on every such rank its bursts form at most [`MAX_STRETCHES`] unbroken runs among
+//!    that cluster's bursts: the code ran at another speed for a while on every rank. Of several
+//!    such clusters, the nearest. In a phase alternating between 12 and 24 ms, iterations
+//!    slowed to 18 ms on every rank for a while are a stretch of the 12 ms cluster only (among
+//!    the 24 ms bursts they make a run per iteration); one such iteration alone is a stretch of
+//!    both, and joins the nearer, the 24 ms one, beyond the midpoint (17 ms).
 //!
 //! Its spread and per-rank balance then show the slowdown. Clusters of one region that take turns
 //! on every rank at once, such as a phase that alternates between two durations with the
 //! iteration parity, share no column and make many runs: they stay apart. Joining them first
-//! also gives the rare variants below the contexts of whole phases (the slow first burst of a run
+//! also gives the rare variants above the contexts of whole phases (the slow first burst of a run
 //! takes the place of a phase whose next phase had split). Only where the groups are code regions
 //! (no counters), as for rank splits.
 
@@ -85,8 +87,8 @@ use super::{ClusterId, NOISE};
 /// iterations out of dozens does not.
 pub const RARE_FACTOR: u64 = 8;
 
-/// A cluster of a code region whose bursts form at most this many unbroken runs among the
-/// region's bursts on every rank is a stretch of time of a larger cluster of the region: one or
+/// A cluster of a code region whose bursts form at most this many unbroken runs among the bursts
+/// of a larger cluster of the region on every rank is a stretch of time of that cluster: one or
 /// two passing slowdowns (or speed-ups), rather than a pattern that comes back.
 pub const MAX_STRETCHES: usize = 2;
 
@@ -443,11 +445,26 @@ pub fn join_same_region(
         }
     }
 
-    // Stretches of time of a larger cluster of the region, the nearest one that runs on every
-    // rank the guest runs on (ties: the lower id).
+    // Stretches of time of a larger cluster of the region that runs on every rank the guest runs
+    // on: the nearest (ties: the lower id).
     let centroid = |id: ClusterId| clusters[&id].centroid();
     let larger = |a: ClusterId, b: ClusterId| {
         (clusters[&a].points, std::cmp::Reverse(a)) > (clusters[&b].points, std::cmp::Reverse(b))
+    };
+    // The guest's unbroken runs among the host's bursts, at most MAX_STRETCHES on every rank.
+    let stretch_of = |guest: ClusterId, host: ClusterId| {
+        (0..sequences.ranks()).all(|rank| {
+            let mut runs = 0;
+            let mut previous = NOISE;
+            for &p in sequences.sequence(rank) {
+                let label = labels[p];
+                if label == guest || label == host {
+                    runs += usize::from(label == guest && previous != guest);
+                    previous = label;
+                }
+            }
+            runs <= MAX_STRETCHES
+        })
     };
     for (&guest, &(group, _)) in &region {
         let ranks = |id: ClusterId| clusters[&id].ranks.iter();
@@ -457,26 +474,11 @@ pub fn join_same_region(
                 host_group == group
                     && larger(host, guest)
                     && ranks(guest).zip(ranks(host)).all(|(&g, &h)| h || !g)
+                    && stretch_of(guest, host)
             })
             .map(|(&host, _)| (distance2(&centroid(guest), &centroid(host)), host))
             .min_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
-        let Some((_, host)) = host else { continue };
-        // The guest's unbroken runs among the region's bursts (and its own, and the host's).
-        let stretches = (0..sequences.ranks()).all(|rank| {
-            let mut runs = 0;
-            let mut previous = NOISE;
-            for &p in sequences.sequence(rank) {
-                let label = labels[p];
-                let in_region = label == guest || label == host || points.groups()[p] == group;
-                if label == NOISE || !in_region {
-                    continue;
-                }
-                runs += usize::from(label == guest && previous != guest);
-                previous = label;
-            }
-            runs <= MAX_STRETCHES
-        });
-        if stretches {
+        if let Some((_, host)) = host {
             sets.union(guest, host);
         }
     }

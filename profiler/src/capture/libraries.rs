@@ -83,6 +83,20 @@ fn runs_launcher(launchers: &HashSet<String>, pid: u32) -> Option<bool> {
     }
 }
 
+/// An MPI process whose parent is not a launcher of `mpi.launchers`
+/// ([`Capture::unlisted_parent`]).
+#[derive(Debug)]
+pub struct UnlistedParent {
+    /// The process's command name.
+    pub comm: String,
+    pub ppid: u32,
+    /// The parent's command name, as `ps -o comm` shows it.
+    pub parent: String,
+    /// A listed launcher started the parent (a wrapper script, a container starter): the parent
+    /// starts MPI ranks, and listing it would hold them between jobs.
+    pub parent_launched: bool,
+}
+
 /// A process the BPF program stopped: resumed (SIGCONT) and taken off the held processes when
 /// dropped, whatever happened to the event in between, so no error path of the daemon leaves it
 /// stopped.
@@ -259,11 +273,11 @@ impl Capture {
         pids.keys().next().is_some()
     }
 
-    /// The parent (pid, command name) of MPI process `pid` when only the processes that the
-    /// launchers start are held between jobs and its parent is not one of them: this process
-    /// would not have been held, nor one started the same way between jobs. `None` otherwise,
-    /// or when /proc cannot tell.
-    pub fn unlisted_parent(&self, pid: u32) -> Option<(u32, String)> {
+    /// The parent of MPI process `pid` when only the processes that the launchers start are
+    /// held between jobs and its parent is not one of them: this process would not have been
+    /// held, nor one started the same way between jobs. `None` otherwise, or when /proc cannot
+    /// tell.
+    pub fn unlisted_parent(&self, pid: u32) -> Option<UnlistedParent> {
         let holding_for_launchers = self.scheduler.on_demand()
             || self
                 .library_watch
@@ -272,8 +286,19 @@ impl Capture {
         if self.launchers.is_empty() || !holding_for_launchers {
             return None;
         }
-        let parent = crate::proc::read_stat(crate::proc::read_stat(pid).ok()?.ppid).ok()?;
-        (!self.launchers.contains(&parent.comm)).then_some((parent.pid, parent.comm))
+        let process = crate::proc::read_stat(pid).ok()?;
+        let parent = crate::proc::read_stat(process.ppid).ok()?;
+        if self.launchers.contains(&parent.comm) {
+            return None;
+        }
+        let parent_launched = map_ref::<HashMap<&MapData, u32, u8>>(&self.ebpf, "LAUNCHED")
+            .is_ok_and(|launched| launched.get(&parent.pid, 0).is_ok());
+        Some(UnlistedParent {
+            comm: process.comm,
+            ppid: parent.pid,
+            parent: parent.comm,
+            parent_launched,
+        })
     }
 
     /// From now on the scheduler programs are detached while the node has no MPI thread, and

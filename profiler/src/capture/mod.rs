@@ -39,7 +39,7 @@ pub use counters::{online_cpus, CounterEvent, CounterSetup, CountersOff};
 use file_io::{FileIoTracepoints, IO_TRACEPOINTS};
 use governed::GovernedLinks;
 pub use governed::GovernorHandle;
-pub use libraries::{HeldProcess, HoldEvent, LibraryOpenEvent, LibraryOpenStats};
+pub use libraries::{HeldProcess, HoldEvent, LibraryOpenEvent, LibraryOpenStats, UnlistedParent};
 pub(crate) use placement::probe_offset;
 pub use probe_cost::{ProbeCost, ProbeCostError};
 use profiler_common::{
