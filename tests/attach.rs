@@ -233,7 +233,7 @@ fn a_rank_that_no_listed_launcher_started_names_its_parent_once() {
     eprintln!("{}", named[0]);
     assert!(
         named[0].contains("(rankwrap.sh), which an MPI launcher started")
-            && named[0].contains("add \"rankwrap.sh\" to mpi.launchers"),
+            && named[0].contains("add \"rankwrap.sh\" (its command name"),
         "{}",
         named[0]
     );
