@@ -33,13 +33,12 @@
 //! process and no launcher for `capture.detach_idle_after_s` (0 here), where the file I/O and
 //! scheduler programs and the watch on library opens (`library_open_exit` at openat's exit) are
 //! detached; the same beside an idle launcher of MPI ranks (a `sleep` named `mpirun`), which
-//! keeps the watch attached; and with file I/O on
-//! beside a tracked process (an idle one the bench starts), where both are attached,
-//! alternating. Last, 1-byte pwrite calls of a tracked process to a file it
-//! opened (counted requests, checked to be counted exactly). These calls are made by a process of their
-//! own, this program run again, in its CPU time: the tax is that of the other processes on the
-//! node, not of the one the daemon runs in (whose own system calls were about 25 ns dearer, with
-//! or without a daemon).
+//! keeps the watch attached; and with file I/O on beside a tracked process (an idle one the
+//! bench starts), where both are attached, alternating. Last, 1-byte pwrite calls of a tracked
+//! process to a file it opened (counted requests, checked to be counted exactly). These calls
+//! are made by a process of their own, this program run again, in its CPU time: the tax is that
+//! of the other processes on the node, not of the one the daemon runs in (whose own system calls
+//! were about 25 ns dearer, with or without a daemon).
 //!
 //! The scheduler programs run at every context switch on the node, whatever the task: their cost
 //! per switch is measured with the kernel's BPF statistics (which add their own clock reads to
@@ -735,8 +734,8 @@ fn without_syscall_tracepoints(config: &Config) -> Config {
 
 /// Per setup (without the daemon; the scheduler programs alone; the daemon as deployed on a node
 /// without MPI processes, alone and beside an idle launcher (its watch on library opens detached
-/// and attached); file I/O
-/// counting beside a tracked process), per round: ns per untracked pwrite and sched_yield.
+/// and attached); file I/O counting beside a tracked process), per round: ns per untracked
+/// pwrite and sched_yield.
 type SyscallRounds = [Vec<f64>; 5];
 
 /// `mpiburst run` with the default settings (its own port and lock file), once it has detached
@@ -760,7 +759,6 @@ impl IdleDaemon {
                 dir.path().join("lock").display(),
             ),
         )?;
-
         let addr = format!(
             "127.0.0.1:{}",
             std::net::TcpListener::bind("127.0.0.1:0")?

@@ -293,11 +293,7 @@ pub fn extract_features(
                 .unzip()
         }
         FeatureSet::OnCpuTimePerRegion => {
-            let mut regions: BTreeMap<(&CallSite, &CallSite), u32> =
-                kept.iter().map(|&i| (bursts[i].region(), 0)).collect();
-            for (index, group) in regions.values_mut().enumerate() {
-                *group = index as u32;
-            }
+            let regions = numbered(kept.iter().map(|&i| bursts[i].region()));
             kept.iter()
                 .map(|&i| {
                     (
@@ -343,11 +339,7 @@ pub fn extract_features(
             out
         })
         .collect();
-    let mut end_sites: BTreeMap<&CallSite, u32> =
-        kept.iter().map(|&i| (&bursts[i].end_site, 0)).collect();
-    for (index, end) in end_sites.values_mut().enumerate() {
-        *end = index as u32;
-    }
+    let end_sites = numbered(kept.iter().map(|&i| &bursts[i].end_site));
     let ends = kept
         .iter()
         .map(|&i| end_sites[&bursts[i].end_site])
@@ -365,4 +357,14 @@ pub fn extract_features(
             ranges,
         },
     })
+}
+
+/// Each distinct key numbered from 0, in key order: a group index that does not depend on the
+/// order of the bursts.
+fn numbered<K: Ord>(keys: impl Iterator<Item = K>) -> BTreeMap<K, u32> {
+    let mut numbers: BTreeMap<K, u32> = keys.map(|k| (k, 0)).collect();
+    for (index, number) in numbers.values_mut().enumerate() {
+        *number = index as u32;
+    }
+    numbers
 }

@@ -113,8 +113,8 @@ impl Drop for HeldProcess {
         match self.held.resume(pid) {
             (_, Err(error)) => tracing::error!(
                 "cannot resume pid {pid}, stopped at an MPI library's open, at its first MPI \
-                 call or at its exec: {error}; resume it with `kill -CONT {pid}` (the daemon needs CAP_KILL for \
-                 another user's process)"
+                 call or at its exec: {error}; resume it with `kill -CONT {pid}` (the daemon \
+                 needs CAP_KILL for another user's process)"
             ),
             (false, Ok(())) => tracing::info!(
                 "pid {pid} had been resumed by the hold guard already: it was held longer than \
