@@ -25,9 +25,13 @@
 //! (`mpiburst run`, default settings) with its own loopback port and lock file in a temporary
 //! directory; it is started once per round (when it answers, its probes are attached), runs
 //! through every code of the round, and is stopped by its pid. Starting it once per round rather
-//! than once per run keeps the bench to a few minutes and leaves its periodic work (statistics
+//! than once per run keeps the bench to about ten minutes and leaves its periodic work (statistics
 //! reads, analysis windows, job-end reports) running alongside the codes, as it does in
-//! production. Each setup first runs every code once untimed: a daemon looks at a file the first
+//! production. The timed runs have main loops of 3–4 s here (`BUNDLED`, `LAMMPS_STEPS`): the
+//! daemon's work at a job's start (identifying its ranks, resolving their call sites), which on
+//! a node whose cores the ranks fill is taken from them, is then a small part of the run, as in
+//! a real job; in a main loop of 0.5 s it made up most of the slowdown. Each setup first runs
+//! every code once untimed, with shorter default arguments: a daemon looks at a file the first
 //! time a process maps it (the held first open of an MPI library, the check of every mapped file
 //! for PMPI interposers, tens of ms for Open MPI's components), which a daemon running on a node
 //! pays once after its start and a daemon started per round would charge to the first code of
@@ -84,8 +88,17 @@ use mpiburst_tests::{
 
 const RANKS: u32 = 2;
 const DEFAULT_ROUNDS: usize = 6;
-/// The bundled programs of the set, each run with its default arguments (0.3–1.5 s alone).
-const BUNDLED: [&str; 3] = ["halo", "solver", "poll_loop"];
+/// The bundled programs of the set, and the arguments of their timed runs: main loops of 3–4 s
+/// here, in which the daemon's work at a job's start (identifying its ranks, resolving their
+/// call sites) weighs little, as in a real job; their untimed runs take their defaults
+/// (0.3–0.8 s).
+const BUNDLED: [(&str, &str); 3] = [
+    ("halo", "20000"),
+    ("solver", "16000"),
+    ("poll_loop", "1000"),
+];
+/// LAMMPS's steps in a timed run (the input's default, 1000, in an untimed one).
+const LAMMPS_STEPS: &str = "5000";
 /// How long the daemon may take to see every job of a round end.
 const JOBS_END_LIMIT: Duration = Duration::from_secs(30);
 
@@ -103,6 +116,8 @@ struct Code {
     /// Canonical, as the daemon names a job's executable.
     executable: PathBuf,
     args: Vec<String>,
+    /// Added to `args` in a timed run.
+    timed_args: Vec<String>,
 }
 
 impl Code {
@@ -110,10 +125,13 @@ impl Code {
         format!("{} ({})", self.name, mpi_name(self.mpi))
     }
 
-    /// Runs the code once in `dir`.
-    fn run(&self, dir: &Path) -> Run {
+    /// Runs the code once in `dir`, `timed` or as the shorter untimed run.
+    fn run(&self, dir: &Path, timed: bool) -> Run {
         let mut cmd = self.mpi.launcher(RANKS);
         cmd.arg(&self.executable).args(&self.args).current_dir(dir);
+        if timed {
+            cmd.args(&self.timed_args);
+        }
         let started = Instant::now();
         let out = cmd
             .output()
@@ -200,12 +218,13 @@ fn the_set() -> (Vec<Code>, Vec<String>) {
     let lammps = lammps();
     let (mut codes, mut skipped) = (Vec::new(), Vec::new());
     for mpi in Mpi::ALL {
-        for name in BUNDLED {
+        for (name, timed) in BUNDLED {
             codes.push(Code {
                 name,
                 mpi,
                 executable: program(name, mpi).canonicalize().expect("a built program"),
                 args: Vec::new(),
+                timed_args: vec![timed.to_string()],
             });
         }
         match &lammps {
@@ -216,6 +235,7 @@ fn the_set() -> (Vec<Code>, Vec<String>) {
                 args: ["-in", &melt.display().to_string(), "-log", "none"]
                     .map(String::from)
                     .to_vec(),
+                timed_args: ["-var", "steps", LAMMPS_STEPS].map(String::from).to_vec(),
             }),
             Ok((lmp, linked)) => skipped.push(format!(
                 "LAMMPS ({}): skipped: {} is linked with {} only",
@@ -649,10 +669,10 @@ fn main() {
             };
             others.extend(other_uprobe_holders(own));
             for code in &codes {
-                code.run(work_dir.path());
+                code.run(work_dir.path(), false);
             }
             for (code, runs) in codes.iter().zip(&mut runs) {
-                let run = code.run(work_dir.path());
+                let run = code.run(work_dir.path(), true);
                 eprintln!(
                     "  {:<24} timed {:>7.3} s, job {:>7.3} s",
                     code.label(),
@@ -748,7 +768,7 @@ fn main() {
         .map(|(probe, us)| format!("{probe} {:.2} µs", median(us)))
         .collect();
     println!(
-        "what a probe hit cost as the daemon measured it at each start (mpiburst_probe_hit_cost_seconds, median of the rounds): {}; the estimate counts each call probed in full at full_among_work",
+        "what a probe hit cost as the daemon measured it at each start (mpiburst_probe_hit_cost_seconds, median of the rounds): {}; the estimate counts each call probed in full at the cost back to back (full), scaled by how much longer the code's timed probe runs took than those back to back (mpiburst_probe_program_run_seconds)",
         hits.join(", ")
     );
     for (code, runs) in codes.iter().zip(&runs) {

@@ -202,6 +202,20 @@ fn exact_call_counts(config: &str) {
                 rank.rank
             );
             assert!(cost.full_hit_ns > 0.0, "{what}: {cost:?}");
+            // One outermost entry or return in 16 is timed, by bits of the clock: about an
+            // eighth of the calls, and a mean of some hundred ns to some µs.
+            let expected = rank.calls() as f64 / 8.0;
+            if expected >= 200.0 {
+                assert!(
+                    (0.5 * expected..1.5 * expected).contains(&(cost.timed_runs as f64)),
+                    "{what}: rank {}: {} timed runs of {} calls",
+                    rank.rank,
+                    cost.timed_runs,
+                    rank.calls()
+                );
+                let run_ns = cost.run_ns.unwrap_or_default();
+                assert!((10.0..100_000.0).contains(&run_ns), "{what}: {cost:?}");
+            }
             assert_eq!(
                 cost.entry_hit_ns.is_some(),
                 !config.contains("uprobe_sessions = false"),
@@ -1325,6 +1339,59 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
                 (s.calls, s.count_only, s.sampled),
                 (1, false, false),
                 "{what}: {exact} is counted exactly"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn a_rank_s_hits_cost_the_node_s_hit_scaled_by_its_own_timed_probe_runs() {
+    let daemon = Daemon::start(&[]);
+    // What the daemon measured at its start: a hit back to back, and its probe program's run.
+    let metrics = http_get(&daemon.addr, "/metrics");
+    let gauge = |family: &str| {
+        let prefix = format!("{family}{{probe=\"full\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix}in /metrics:\n{metrics}"))
+            * 1e9
+    };
+    let (hit_ns, reference_ns) = (
+        gauge("mpiburst_probe_hit_cost_seconds"),
+        gauge("mpiburst_probe_program_run_seconds"),
+    );
+    const CALLS: u64 = 50_000;
+    for mpi in Mpi::ALL {
+        run_mpi(mpi, 2, &program("call_loop", mpi), &[&CALLS.to_string()]);
+    }
+    let recording = daemon.stop();
+    for mpi in Mpi::ALL {
+        let job = job_of(&recording, &program("call_loop", mpi));
+        for rank in job.ranks.values() {
+            let what = format!("{mpi:?}, rank {}", rank.rank);
+            let cost = rank.probe_cost.unwrap_or_else(|| panic!("{what}: no cost"));
+            assert!(cost.full_calls >= CALLS, "{what}: {cost:?}");
+            // One outermost entry or return in 16, chosen by bits of the clock.
+            let expected = cost.full_calls as f64 / 8.0;
+            assert!(
+                (0.75 * expected..1.25 * expected).contains(&(cost.timed_runs as f64)),
+                "{what}: {} timed runs of {} calls",
+                cost.timed_runs,
+                cost.full_calls
+            );
+            let run_ns = cost.run_ns.unwrap_or_else(|| panic!("{what}: {cost:?}"));
+            assert!((10.0..20_000.0).contains(&run_ns), "{what}: {cost:?}");
+            let scaled = hit_ns * run_ns / reference_ns;
+            assert!(
+                (cost.full_hit_ns - scaled).abs() <= 1e-6 * scaled,
+                "{what}: {cost:?}, against {hit_ns} ns × {run_ns} / {reference_ns}"
+            );
+            eprintln!(
+                "{what}: {} calls, {} timed runs of {run_ns:.0} ns (back to back at the daemon's \
+                 start: {reference_ns:.0} ns): a hit costs it {:.0} ns ({hit_ns:.0} ns back to back)",
+                cost.full_calls, cost.timed_runs, cost.full_hit_ns
             );
         }
     }

@@ -319,7 +319,7 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 408 + CALL_CACHE_WAYS * 80);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 424 + CALL_CACHE_WAYS * 80);
 
 /// Ways of a thread's cache of call statistics (`ThreadState::call_cache`): a code's main loop
 /// calls MPI from a few call sites, and a call whose site is in the cache updates its statistics
@@ -512,8 +512,18 @@ pub struct BurstTotals {
     /// The two counter slots summed over all bursts, whatever their duration (0 when counters
     /// are off).
     pub counters: [u64; NUM_COUNTERS],
+    /// A sample of the probe program's runs at outermost calls (one in `TIMED_RUN_ONE_IN`),
+    /// timed from the program's first clock read to its end, and their summed time: how long
+    /// the programs take among the thread's own work, which evicts them and the trap path from
+    /// the core's caches.
+    pub timed_runs: u64,
+    pub timed_run_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<BurstTotals>() == 72);
+const _: () = assert!(core::mem::size_of::<BurstTotals>() == 88);
+
+/// One probe run in this many at an outermost call is timed to its end (`BurstTotals`): each
+/// costs one more clock read.
+pub const TIMED_RUN_ONE_IN: u64 = 16;
 
 /// File I/O of one thread of a tracked process, summed in kernel from the syscall tracepoints
 /// (keyed by tid; the daemon sums threads per process). Reads and writes count

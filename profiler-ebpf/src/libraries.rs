@@ -33,9 +33,10 @@ use profiler_common::{hold, HoldReport, COMM_BYTES, LIBRARY_PATH_BYTES};
 use crate::shared::config;
 
 /// The daemon's own pid: it opens MPI libraries to read their symbols and must never hold
-/// itself. Set at load. (Its threads are also named `mpiburst*`, see NEVER_HELD.)
+/// itself, and its calls of its own probed functions (measuring what a probe hit costs) ship no
+/// burst. Set at load. (Its threads are also named `mpiburst*`, see NEVER_HELD.)
 #[no_mangle]
-static DAEMON_PID: u32 = 0;
+pub(crate) static DAEMON_PID: u32 = 0;
 /// Offset of the return value in the records of syscalls/sys_exit_openat, from its format file.
 #[no_mangle]
 static OPENAT_RET_OFFSET: u64 = 0;

@@ -41,7 +41,7 @@ use governed::GovernedLinks;
 pub use governed::GovernorHandle;
 pub use libraries::{HeldProcess, HoldEvent, LibraryOpenEvent, LibraryOpenStats, UnlistedParent};
 pub(crate) use placement::probe_offset;
-pub use probe_cost::{ProbeCost, ProbeCostError};
+pub use probe_cost::{ProbeCost, ProbeCostError, TimedRuns};
 use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, HoldReport, IoTotals,
     RankRegion, StormEvent, TaskThread, ThreadLife, ThreadState, NO_FUNC,
@@ -1045,6 +1045,8 @@ pub fn per_process(totals: &KernelTotals) -> BTreeMap<u32, ProcessTotals> {
         e.filtered_bursts += t.filtered_bursts;
         e.filtered_ns += t.filtered_ns;
         e.dropped_bursts += t.dropped_bursts;
+        e.timed_runs += t.timed_runs;
+        e.timed_run_ns += t.timed_run_ns;
         for (sum, c) in e.counters.iter_mut().zip(t.counters) {
             *sum += c;
         }

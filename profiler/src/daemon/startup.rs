@@ -274,12 +274,16 @@ fn measure_probe_cost(capture: &mut Capture) -> Option<ProbeCost> {
                 .count_only_ns
                 .map(|ns| format!(", {ns:.0} ns at entry only"))
                 .unwrap_or_default();
+            let run = |ns: Option<f64>| ns.map_or("-".into(), |ns| format!("{ns:.0} ns"));
             tracing::info!(
                 "a probe hit costs {:.0} ns here among a code's work (each call after a pass over \
-                 {} KiB, the core's cache), {:.0} ns back to back{entry}",
+                 {} KiB, the core's cache), {:.0} ns back to back{entry}; a run of the probe \
+                 program {} among work, {} back to back",
                 cost.full_among_work_ns,
                 cost.work_bytes >> 10,
-                cost.full_ns
+                cost.full_ns,
+                run(cost.run_among_work_ns),
+                run(cost.run_back_to_back_ns),
             );
             Some(cost)
         }

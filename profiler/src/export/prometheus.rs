@@ -668,6 +668,18 @@ fn governor_families(f: &mut Families, health: &SelfStats) {
         }),
     );
     f.gauge(
+        "mpiburst_probe_program_run_seconds",
+        "The mean run of the probe program of an ordinary MPI call in the same measurement, as the probes time one run in 16: probe=\"full\" (back to back), probe=\"full_among_work\". A rank whose runs take k times the first loses k times a hit back to back per call (docs/metrics.md, What profiling costs).",
+        health.probe_cost.into_iter().flat_map(|c| {
+            [
+                ("full", c.run_back_to_back_ns),
+                ("full_among_work", c.run_among_work_ns),
+            ]
+            .into_iter()
+            .filter_map(|(probe, ns)| Some((vec![("probe", probe.to_string())], ns? / 1e9)))
+        }),
+    );
+    f.gauge(
         "mpiburst_governor_function_mode",
         "1 for the mode the governor has each polling function probed in: full, count_only (entry only, its time stays in the bursts) or sampled (calls counted in sampling windows only).",
         governor.functions.iter().map(|(function, g)| {
@@ -1281,6 +1293,7 @@ mod tests {
             storm_calls: 1_000_000,
             full_hit_ns: 2_000.0,
             entry_hit_ns: Some(1_000.0),
+            ..RankProbeCost::default()
         });
         let mut shared = Published::default();
         shared.store.jobs.insert(job.meta.id.clone(), job);

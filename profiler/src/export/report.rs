@@ -449,6 +449,7 @@ mod tests {
                     storm_calls: 0,
                     full_hit_ns: 2_000_000.0,
                     entry_hit_ns: Some(1_000_000.0),
+                    ..RankProbeCost::default()
                 }),
             },
         );

@@ -1,20 +1,26 @@
 //! What profiling cost a job: the time its ranks lost to probe hits, estimated from each rank's
-//! calls and what a probe hit costs on the rank's node (measured at the daemon's start:
-//! `Capture::measure_probe_cost`).
+//! calls, what a probe hit costs on the rank's node (measured at the daemon's start:
+//! `Capture::measure_probe_cost`), and how long the rank's own probe runs took.
 //!
-//! A call probed in full delays its rank by one hit of entry and return, at the cost of a hit
-//! among work: a code's computation between two calls evicts the trap path and the programs from
-//! the core's caches, and a hit then costs about 1.6 times what it costs back to back (on the
-//! development VM). The calls of a polling function the governor demoted (counted at entry only, or sampled) were made in a polling
-//! storm, a thread calling back to back while it waits: the waiting absorbs their hits, which
-//! show as fewer polls rather than a longer run, so they are counted apart (CPU the probes took,
-//! not time the rank lost). Each rank keeps the costs of its own node, so that the ranks of a job
-//! recorded on several nodes sum exactly.
+//! A call probed in full delays its rank by one hit of entry and return. What a hit costs depends
+//! on the code: its computation between two calls evicts the trap path, the programs and their
+//! maps from the core's caches, and the more it evicts, the dearer the hit (on the development
+//! VM, 1 µs back to back, 2.2 µs among a halo exchange's stencil, 4 µs among a solver's sweeps
+//! over vectors larger than the core's cache). The probes time one run in [`TIMED_RUN_ONE_IN`],
+//! at the rank's outermost calls and in the node's measurement back to back alike; the same work
+//! evicts the trap path and the programs, so a rank whose runs take k times as long pays k times
+//! a hit back to back per call. The calls of a polling function the governor demoted (counted at
+//! entry only, or sampled) were made in a polling storm, a thread calling back to back while it
+//! waits: the waiting absorbs their hits, which show as fewer polls rather than a longer run, so
+//! they are counted apart (CPU the probes took, not time the rank lost). Each rank keeps the
+//! costs of its own node, so that the ranks of a job recorded on several nodes sum exactly.
+//!
+//! [`TIMED_RUN_ONE_IN`]: profiler_common::TIMED_RUN_ONE_IN
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    capture::ProbeCost,
+    capture::{ProbeCost, TimedRuns},
     store::{CallStats, Job},
 };
 
@@ -25,23 +31,41 @@ pub struct RankProbeCost {
     pub full_calls: u64,
     /// Calls of polling functions while the governor had them counted at entry only or sampled.
     pub storm_calls: u64,
-    /// What a hit cost on the rank's node, in ns: entry and return among work, and entry only
-    /// back to back, as in a storm (`None` without uprobe sessions, where no call is counted at
-    /// its entry only).
+    /// What a hit cost the rank, in ns: entry and return, at its node's cost back to back scaled
+    /// by its timed runs (or among work without them), and entry only back to back, as in a
+    /// storm (`None` without uprobe sessions, where no call is counted at its entry only).
     pub full_hit_ns: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entry_hit_ns: Option<f64>,
+    /// The probe runs the programs timed on the rank, and their mean time in ns (`None` with
+    /// fewer than `MIN_TIMED_RUNS`).
+    #[serde(default)]
+    pub timed_runs: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_ns: Option<f64>,
 }
 
+/// Timed probe runs below which a rank's hits are costed at the node's cost among work.
+const MIN_TIMED_RUNS: u64 = 32;
+
 impl RankProbeCost {
-    /// The hits of `functions` at the node's cost of a hit.
+    /// The hits of `functions`, at the node's cost of a hit `hit` scaled by the rank's timed
+    /// probe runs `runs`.
     pub fn of<'a>(
         functions: impl IntoIterator<Item = &'a CallStats>,
         hit: ProbeCost,
+        runs: TimedRuns,
     ) -> RankProbeCost {
+        let run_ns = (runs.runs >= MIN_TIMED_RUNS)
+            .then(|| runs.mean_ns())
+            .flatten();
         let mut cost = RankProbeCost {
-            full_hit_ns: hit.full_among_work_ns,
+            full_hit_ns: run_ns
+                .and_then(|run| hit_among(&hit, run))
+                .unwrap_or(hit.full_among_work_ns),
             entry_hit_ns: hit.count_only_ns,
+            timed_runs: runs.runs,
+            run_ns,
             ..RankProbeCost::default()
         };
         for s in functions {
@@ -63,6 +87,17 @@ impl RankProbeCost {
     pub fn storm_ns(&self) -> f64 {
         self.storm_calls as f64 * self.entry_hit_ns.unwrap_or(0.0)
     }
+}
+
+/// What a hit in full costs a rank whose timed probe runs took `run_ns` on average, on a node
+/// where a hit back to back costs `hit.full_ns`, of which the programs' run is
+/// `hit.run_back_to_back_ns` and the rest is the trap: the rank's run, and the trap slowed as
+/// much as the run (the same work evicts both). That is the hit back to back scaled by the
+/// runs' ratio. `None` without runs back to back to compare with.
+fn hit_among(hit: &ProbeCost, run_ns: f64) -> Option<f64> {
+    let reference = hit.run_back_to_back_ns.filter(|&r| r > 0.0)?;
+    let trap_ns = (hit.full_ns - reference).max(0.0);
+    Some(trap_ns * run_ns / reference + run_ns)
 }
 
 /// What profiling cost a job's ranks, summed over those with an estimate.
@@ -129,25 +164,61 @@ mod tests {
         }
     }
 
+    fn node_cost() -> ProbeCost {
+        ProbeCost {
+            full_ns: 1_000.0,
+            count_only_ns: Some(900.0),
+            full_among_work_ns: 2_000.0,
+            work_bytes: 1 << 20,
+            run_back_to_back_ns: Some(80.0),
+            run_among_work_ns: Some(150.0),
+        }
+    }
+
+    fn functions() -> [CallStats; 4] {
+        [
+            stats(1_000, false, false),
+            stats(500, false, false),
+            stats(10_000, true, false),
+            stats(300, false, true),
+        ]
+    }
+
     #[test]
-    fn calls_in_full_cost_a_hit_among_work_and_storms_one_back_to_back() {
-        let cost = RankProbeCost::of(
-            &[
-                stats(1_000, false, false),
-                stats(500, false, false),
-                stats(10_000, true, false),
-                stats(300, false, true),
-            ],
-            ProbeCost {
-                full_ns: 1_200.0,
-                count_only_ns: Some(900.0),
-                full_among_work_ns: 2_000.0,
-                work_bytes: 1 << 20,
-            },
-        );
+    fn calls_in_full_cost_a_hit_scaled_by_how_slow_the_rank_s_probes_ran_and_storms_one_back_to_back(
+    ) {
+        // The rank's probes ran 3 times as long as back to back: among its work, the trap path
+        // and the programs ran cold.
+        let runs = TimedRuns {
+            runs: 100,
+            ns: 24_000,
+        };
+        let cost = RankProbeCost::of(&functions(), node_cost(), runs);
         assert_eq!((cost.full_calls, cost.storm_calls), (1_500, 10_300));
-        assert_eq!(cost.lost_ns(), 3_000_000.0);
+        assert_eq!(cost.run_ns, Some(240.0));
+        assert_eq!(cost.full_hit_ns, 3_000.0);
+        assert_eq!(cost.lost_ns(), 4_500_000.0);
         assert_eq!(cost.storm_ns(), 9_270_000.0);
+    }
+
+    #[test]
+    fn a_rank_with_few_timed_runs_costs_a_hit_among_the_node_s_work() {
+        let few = TimedRuns {
+            runs: MIN_TIMED_RUNS - 1,
+            ns: 1_000_000,
+        };
+        let cost = RankProbeCost::of(&functions(), node_cost(), few);
+        assert_eq!((cost.run_ns, cost.full_hit_ns), (None, 2_000.0));
+        let unmeasured = ProbeCost {
+            run_back_to_back_ns: None,
+            ..node_cost()
+        };
+        let runs = TimedRuns {
+            runs: 100,
+            ns: 24_000,
+        };
+        let cost = RankProbeCost::of(&functions(), unmeasured, runs);
+        assert_eq!(cost.full_hit_ns, 2_000.0);
     }
 
     #[test]
@@ -175,9 +246,9 @@ mod tests {
                     },
                     probe_cost: cost.map(|(calls, hit)| RankProbeCost {
                         full_calls: calls,
-                        storm_calls: 0,
                         full_hit_ns: hit,
                         entry_hit_ns: Some(hit / 2.0),
+                        ..RankProbeCost::default()
                     }),
                 },
             );

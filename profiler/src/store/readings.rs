@@ -3,7 +3,7 @@
 //! cost, and the bounds of its region of interest, as of one statistics update.
 
 use crate::{
-    capture::{governor, KernelTotals, ProbeCost, ProcessTotals},
+    capture::{governor, KernelTotals, ProbeCost, ProcessTotals, TimedRuns},
     discovery::AddressResolver,
     model::is_lifecycle_function,
     store::{
@@ -50,7 +50,7 @@ impl Reading<'_> {
         self.read_functions(rank, process, life);
         rank.probe_cost = self
             .probe_cost
-            .map(|cost| RankProbeCost::of(rank.functions.values(), cost));
+            .map(|cost| RankProbeCost::of(rank.functions.values(), cost, TimedRuns::of(bursts)));
         rank.call_sites = process
             .sites
             .iter()
