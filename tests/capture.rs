@@ -202,20 +202,6 @@ fn exact_call_counts(config: &str) {
                 rank.rank
             );
             assert!(cost.full_hit_ns > 0.0, "{what}: {cost:?}");
-            // One outermost entry or return in 16 is timed, by bits of the clock: about an
-            // eighth of the calls, and a mean of some hundred ns to some µs.
-            let expected = rank.calls() as f64 / 8.0;
-            if expected >= 200.0 {
-                assert!(
-                    (0.5 * expected..1.5 * expected).contains(&(cost.timed_runs as f64)),
-                    "{what}: rank {}: {} timed runs of {} calls",
-                    rank.rank,
-                    cost.timed_runs,
-                    rank.calls()
-                );
-                let run_ns = cost.run_ns.unwrap_or_default();
-                assert!((10.0..100_000.0).contains(&run_ns), "{what}: {cost:?}");
-            }
             assert_eq!(
                 cost.entry_hit_ns.is_some(),
                 !config.contains("uprobe_sessions = false"),

@@ -211,13 +211,12 @@ impl Capture {
     /// The state of live thread `tid`, if it has one.
     fn live_thread_state(&self, tid: u32) -> Option<ThreadState> {
         let slots: Array<&MapData, ThreadState> = map_ref(&self.ebpf, "THREAD_SLOTS").ok()?;
-        match slots.get(&threads::slot(tid), 0) {
-            Ok(st) if st.tid == tid => Some(st),
-            _ => map_ref::<HashMap<&MapData, u32, ThreadState>>(&self.ebpf, "THREADS")
+        threads::read(&slots, threads::slot(tid), tid).or_else(|| {
+            map_ref::<HashMap<&MapData, u32, ThreadState>>(&self.ebpf, "THREADS")
                 .ok()?
                 .get(&tid, 0)
-                .ok(),
-        }
+                .ok()
+        })
     }
 
     fn set_probe_mode(&mut self, func: u32, mode: u32) -> Result<(), CaptureError> {

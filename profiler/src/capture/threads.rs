@@ -40,7 +40,12 @@ pub(super) fn held_states(
     held.into_values().collect()
 }
 
-fn read(slots: &Array<&MapData, ThreadState>, slot: u32, tid: u32) -> Option<ThreadState> {
+/// A copy of thread `tid`'s state in `slot`, if the thread holds it (see `held_states`).
+pub(super) fn read(
+    slots: &Array<&MapData, ThreadState>,
+    slot: u32,
+    tid: u32,
+) -> Option<ThreadState> {
     for _ in 0..3 {
         let copy = slots.get(&slot, 0).ok()?;
         // Claimed but not yet written, or freed since: the thread's totals are not here.

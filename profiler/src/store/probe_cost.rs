@@ -90,14 +90,13 @@ impl RankProbeCost {
 }
 
 /// What a hit in full costs a rank whose timed probe runs took `run_ns` on average, on a node
-/// where a hit back to back costs `hit.full_ns`, of which the programs' run is
-/// `hit.run_back_to_back_ns` and the rest is the trap: the rank's run, and the trap slowed as
-/// much as the run (the same work evicts both). That is the hit back to back scaled by the
-/// runs' ratio. `None` without runs back to back to compare with.
+/// where a hit back to back costs `hit.full_ns`, its programs' run `hit.run_back_to_back_ns`:
+/// the rest of the hit is the trap, which the same work evicts as it evicts the programs, so
+/// both slow alike and the whole hit scales by the runs' ratio. `None` without runs back to
+/// back to compare with.
 fn hit_among(hit: &ProbeCost, run_ns: f64) -> Option<f64> {
     let reference = hit.run_back_to_back_ns.filter(|&r| r > 0.0)?;
-    let trap_ns = (hit.full_ns - reference).max(0.0);
-    Some(trap_ns * run_ns / reference + run_ns)
+    Some(hit.full_ns * run_ns / reference)
 }
 
 /// What profiling cost a job's ranks, summed over those with an estimate.
