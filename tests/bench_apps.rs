@@ -57,7 +57,8 @@
 //! executable is the code's, read from its /metrics once they ended) show that the probes were
 //! active. From the same /metrics, the daemon's estimate of what profiling cost each code
 //! (`mpiburst_job_profiling_cost_seconds` over `mpiburst_job_rank_runtime_seconds{stat="sum"}`,
-//! summed over the code's runs) is printed beside the main loop's measured slowdown, with whether
+//! summed over the code's runs, and the part of it that was the daemon's own CPU,
+//! `mpiburst_job_profiling_daemon_seconds`) is printed beside the main loop's measured slowdown, with whether
 //! it is within 25 % of it or within 0.5 points of run time, whichever is larger (the estimate's
 //! target), and what the daemon measured a probe hit at when it started, among work and back to
 //! back (`mpiburst_probe_hit_cost_seconds`, median of the rounds). Another mpiburst daemon on the
@@ -390,9 +391,10 @@ struct SeenCalls {
     jobs: usize,
     running: usize,
     calls: BTreeMap<String, f64>,
-    /// The daemon's estimate of the time the ranks lost to the probes, and the ranks' run time
-    /// (regions of interest), summed over the jobs.
+    /// The daemon's estimate of the time the ranks lost to profiling, the part of it that was the
+    /// daemon's own CPU, and the ranks' run time (regions of interest), summed over the jobs.
     cost_s: f64,
+    daemon_s: f64,
     runtime_s: f64,
 }
 
@@ -404,12 +406,19 @@ impl SeenCalls {
             *self.calls.entry(function).or_default() += calls;
         }
         self.cost_s += other.cost_s;
+        self.daemon_s += other.daemon_s;
         self.runtime_s += other.runtime_s;
     }
 
-    /// The daemon's estimate of what profiling cost, as % of the ranks' run time.
-    fn cost_percent(&self) -> Option<f64> {
-        (self.runtime_s > 0.0).then(|| 100.0 * self.cost_s / self.runtime_s)
+    /// The daemon's estimate of what profiling cost, and the part of it that was the daemon's
+    /// CPU, as % of the ranks' run time.
+    fn cost_percent(&self) -> Option<(f64, f64)> {
+        (self.runtime_s > 0.0).then(|| {
+            (
+                100.0 * self.cost_s / self.runtime_s,
+                100.0 * self.daemon_s / self.runtime_s,
+            )
+        })
     }
 
     /// "N per run (R/s per rank), most FUNCTION M" for runs whose main loop took `loop_s`.
@@ -474,6 +483,11 @@ fn seen_calls(exposition: &str) -> BTreeMap<PathBuf, SeenCalls> {
     for (line, value) in samples("mpiburst_job_profiling_cost_seconds") {
         if let Some(exe) = of_job(line) {
             seen.get_mut(exe).unwrap().cost_s += value;
+        }
+    }
+    for (line, value) in samples("mpiburst_job_profiling_daemon_seconds") {
+        if let Some(exe) = of_job(line) {
+            seen.get_mut(exe).unwrap().daemon_s += value;
         }
     }
     for (line, value) in samples("mpiburst_job_rank_runtime_seconds") {
@@ -738,19 +752,19 @@ fn main() {
         println!("{:<24} {looped} {rounds:>11}  {job}  {calls}", code.label());
     }
     println!(
-        "what profiling cost, the daemon's estimate (docs/metrics.md) beside the main loop's measured slowdown; it meets its target when within 25 % of the slowdown or within 0.5 points of run time, whichever is larger:"
+        "what profiling cost, the daemon's estimate (docs/metrics.md) beside the main loop's measured slowdown; it meets its target when within 25 % of the slowdown or within 0.5 points of run time, whichever is larger; daemon%: the part of the estimate that is the daemon's CPU taken from the ranks:"
     );
     println!(
-        "{:<24} {:>9} {:>9} {:>6}",
-        "code", "estimate%", "measured%", "within"
+        "{:<24} {:>9} {:>9} {:>6} {:>8}",
+        "code", "estimate%", "measured%", "within", "daemon%"
     );
     for (code, runs) in codes.iter().zip(&runs) {
         let measured = runs.medians(|r| r.timed_s).slowdowns().1;
         match seen.get(&code.executable).and_then(SeenCalls::cost_percent) {
-            Some(estimate) => {
+            Some((estimate, daemon)) => {
                 let within = (estimate - measured).abs() <= (0.25 * measured.abs()).max(0.5);
                 println!(
-                    "{:<24} {estimate:>+8.2}% {measured:>+8.2}% {:>6}",
+                    "{:<24} {estimate:>+8.2}% {measured:>+8.2}% {:>6} {daemon:>7.2}%",
                     code.label(),
                     if within { "yes" } else { "no" }
                 );

@@ -1349,9 +1349,11 @@ fn a_rank_s_hits_cost_the_node_s_hit_scaled_by_its_own_timed_probe_runs() {
         gauge("mpiburst_probe_program_run_seconds"),
     );
     const CALLS: u64 = 50_000;
+    let cpu_before = daemon.cpu_ns();
     for mpi in Mpi::ALL {
         run_mpi(mpi, 2, &program("call_loop", mpi), &[&CALLS.to_string()]);
     }
+    let daemon_cpu_ns = daemon.cpu_ns() - cpu_before;
     let recording = daemon.stop();
     for mpi in Mpi::ALL {
         let job = job_of(&recording, &program("call_loop", mpi));
@@ -1374,10 +1376,22 @@ fn a_rank_s_hits_cost_the_node_s_hit_scaled_by_its_own_timed_probe_runs() {
                 (cost.full_hit_ns - scaled).abs() <= 1e-6 * scaled,
                 "{what}: {cost:?}, against {hit_ns} ns × {run_ns} / {reference_ns}"
             );
+            // The daemon's CPU a rank is charged with was taken while it ran: no more than the
+            // daemon used during the jobs (one clock tick of /proc/PID/stat's rounding more).
+            assert!(
+                cost.daemon_ns <= daemon_cpu_ns + 10_000_000,
+                "{what}: charged {} ns of the daemon's {daemon_cpu_ns} ns of CPU",
+                cost.daemon_ns
+            );
             eprintln!(
                 "{what}: {} calls, {} timed runs of {run_ns:.0} ns (back to back at the daemon's \
-                 start: {reference_ns:.0} ns): a hit costs it {:.0} ns ({hit_ns:.0} ns back to back)",
-                cost.full_calls, cost.timed_runs, cost.full_hit_ns
+                 start: {reference_ns:.0} ns): a hit costs it {:.0} ns ({hit_ns:.0} ns back to \
+                 back); {} µs of the daemon's {} µs of CPU",
+                cost.full_calls,
+                cost.timed_runs,
+                cost.full_hit_ns,
+                cost.daemon_ns / 1000,
+                daemon_cpu_ns / 1000
             );
         }
     }

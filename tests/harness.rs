@@ -200,6 +200,18 @@ impl Daemon {
         Self::start_under(&[], extra)
     }
 
+    /// The CPU time the daemon's process has used so far (user and system), in ns, to the
+    /// kernel's clock tick.
+    pub fn cpu_ns(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        // The name, in parentheses, may hold spaces; utime and stime are fields 14 and 15.
+        let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let per_s = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        ticks * 1_000_000_000 / per_s
+    }
+
     /// [`Daemon::start`] through a command that execs the daemon as its last argument (such as
     /// `unshare -m sh -c '... exec "$0" "$@"'`), so that the pid it starts is the daemon's.
     pub fn start_under(wrapper: &[&str], extra: &[&str]) -> Daemon {

@@ -33,7 +33,12 @@ use tokio::{signal::unix::SignalKind, sync::watch};
 
 use crate::{
     analysis::online::PhasesSnapshot,
-    capture::{self, governor::Governor, node_usage::NodeUsage, usage, Capture},
+    capture::{
+        self,
+        governor::Governor,
+        node_usage::{DaemonCpuTaken, NodeUsage},
+        usage, Capture,
+    },
     config::Config,
     export::{
         printed::PrintedReports,
@@ -48,6 +53,7 @@ use crate::{
         clock::Clock,
         ingest::Ingest,
         members::{Member, Members},
+        probe_cost,
         readings::Reading,
         JobStore,
     },
@@ -315,11 +321,13 @@ impl Daemon {
         let now = unix_now_ns();
         let oldest_start = self.read_ranks(&gone, now)?;
         let io = self.capture.read_io()?;
-        self.usage.read(
+        let taken = self.usage.read(
             self.members.iter().map(|(pid, m)| (pid, &m.job)),
             &io,
             &gone,
+            now,
         );
+        self.charge_daemon_cpu(&taken);
         self.end_ranks(&gone, last, now)?;
         self.tick_analysis(now);
         self.evaluate_properties(now);
@@ -391,6 +399,15 @@ impl Daemon {
             reading.read(rank, *pid, process, life, &mut self.ingest.resolver);
         }
         Ok(oldest_start)
+    }
+
+    /// Charges each job's ranks with the daemon's CPU taken from them since the last update.
+    fn charge_daemon_cpu(&mut self, taken: &DaemonCpuTaken) {
+        for (id, &ns) in &taken.jobs {
+            if let Some(job) = self.state.store.jobs.get_mut(id) {
+                probe_cost::charge_daemon_cpu(job, ns, (taken.from_ns, taken.to_ns));
+            }
+        }
     }
 
     /// Marks the ranks whose process is gone as ended (at the daemon's last update every rank

@@ -1,15 +1,21 @@
 //! The kernel usage (CPU time, memory, file I/O) of every job on the node, read per process at
 //! each statistics update: /proc for CPU time and memory, the file I/O tracepoints' totals for
 //! I/O. A process that ended keeps its CPU time in its job's totals.
+//!
+//! Also what the daemon's own CPU took from each job between two readings. The daemon's work
+//! comes out of the node's idle time where there is some; the rest was taken from what ran on
+//! the node, and from each job in proportion to the CPU its processes had. MPI ranks poll while
+//! they wait, so on a node whose cores a job's ranks fill, all of the daemon's CPU while the job
+//! runs is taken from its ranks.
 
 use std::collections::{BTreeMap, HashSet};
 
 use profiler_common::IoTotals;
 
 use crate::{
-    capture::usage::{JobUsage, UsageTotals},
+    capture::usage::{clock_ns, JobUsage, UsageTotals},
     model::JobId,
-    proc,
+    proc::{self, NodeCpu},
 };
 
 /// Each job's usage on this node.
@@ -17,6 +23,24 @@ pub struct NodeUsage {
     jobs: BTreeMap<JobId, JobUsage>,
     /// The I/O tracepoints count (`capture.file_io`).
     file_io: bool,
+    /// The CPU of the node, of the daemon and of each job at the last reading.
+    last: Option<CpuSample>,
+}
+
+/// Cumulative CPU times at one reading, in ns.
+struct CpuSample {
+    at_ns: u64,
+    node: NodeCpu,
+    daemon_ns: u64,
+    jobs: BTreeMap<JobId, u64>,
+}
+
+/// The daemon's CPU taken from each job between two readings (Unix ns).
+#[derive(Debug, Default, PartialEq)]
+pub struct DaemonCpuTaken {
+    pub from_ns: u64,
+    pub to_ns: u64,
+    pub jobs: BTreeMap<JobId, u64>,
 }
 
 impl NodeUsage {
@@ -24,12 +48,49 @@ impl NodeUsage {
         NodeUsage {
             jobs: BTreeMap::new(),
             file_io,
+            last: None,
         }
     }
 
     /// Reads the CPU time, memory and file I/O of every process of `members` (pid and job) into
-    /// its job's usage; the `gone` ones are marked ended.
+    /// its job's usage; the `gone` ones are marked ended. Returns what the daemon's CPU took from
+    /// each job since the last reading (none at the first, or when /proc/stat cannot be read).
     pub fn read<'a>(
+        &mut self,
+        members: impl Iterator<Item = (u32, &'a JobId)>,
+        io: &BTreeMap<u32, IoTotals>,
+        gone: &HashSet<u32>,
+        now_ns: u64,
+    ) -> DaemonCpuTaken {
+        self.read_processes(members, io, gone);
+        let Ok(node) = proc::node_cpu() else {
+            self.last = None;
+            return DaemonCpuTaken::default();
+        };
+        let sample = CpuSample {
+            at_ns: now_ns,
+            node,
+            daemon_ns: clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID),
+            jobs: self
+                .jobs
+                .iter()
+                .map(|(id, u)| {
+                    let t = u.totals();
+                    (id.clone(), t.user_ns + t.system_ns)
+                })
+                .collect(),
+        };
+        let taken = self
+            .last
+            .as_ref()
+            .map_or_else(DaemonCpuTaken::default, |last| {
+                daemon_cpu_taken(last, &sample)
+            });
+        self.last = Some(sample);
+        taken
+    }
+
+    fn read_processes<'a>(
         &mut self,
         members: impl Iterator<Item = (u32, &'a JobId)>,
         io: &BTreeMap<u32, IoTotals>,
@@ -59,5 +120,107 @@ impl NodeUsage {
     /// Drops an evicted job's usage.
     pub fn forget(&mut self, job: &JobId) {
         self.jobs.remove(job);
+    }
+}
+
+/// What the daemon's CPU between readings `a` and `b` took from each job: the part the node's
+/// idle time could not hold, shared by the jobs by their CPU over the CPU of all but the daemon.
+fn daemon_cpu_taken(a: &CpuSample, b: &CpuSample) -> DaemonCpuTaken {
+    let daemon = b.daemon_ns.saturating_sub(a.daemon_ns);
+    let idle = b.node.idle_ns.saturating_sub(a.node.idle_ns);
+    let others = b
+        .node
+        .busy_ns
+        .saturating_sub(a.node.busy_ns)
+        .saturating_sub(daemon);
+    let jobs: BTreeMap<&JobId, u64> = b
+        .jobs
+        .iter()
+        .map(|(id, &t)| (id, t.saturating_sub(a.jobs.get(id).copied().unwrap_or(0))))
+        .collect();
+    // The processes' times and the node's come from different readings at tick resolution: the
+    // jobs' sum can exceed what the node counted for all but the daemon.
+    let running = others.max(jobs.values().sum());
+    let taken = daemon.saturating_sub(idle) as u128;
+    DaemonCpuTaken {
+        from_ns: a.at_ns,
+        to_ns: b.at_ns,
+        jobs: jobs
+            .into_iter()
+            .filter(|&(_, t)| t > 0 && taken > 0)
+            .map(|(id, t)| (id.clone(), (taken * t as u128 / running as u128) as u64))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(
+        at_s: u64,
+        busy_ms: u64,
+        idle_ms: u64,
+        daemon_ms: u64,
+        jobs: &[(&str, u64)],
+    ) -> CpuSample {
+        let ms = 1_000_000;
+        CpuSample {
+            at_ns: at_s * 1_000_000_000,
+            node: NodeCpu {
+                busy_ns: busy_ms * ms,
+                idle_ns: idle_ms * ms,
+            },
+            daemon_ns: daemon_ms * ms,
+            jobs: jobs
+                .iter()
+                .map(|&(id, t)| (JobId(id.into()), t * ms))
+                .collect(),
+        }
+    }
+
+    fn taken_ms(taken: &DaemonCpuTaken) -> Vec<(&str, u64)> {
+        taken
+            .jobs
+            .iter()
+            .map(|(id, &t)| (id.0.as_str(), t / 1_000_000))
+            .collect()
+    }
+
+    #[test]
+    fn the_daemon_s_cpu_beyond_the_idle_time_is_taken_from_the_jobs_by_their_cpu() {
+        let a = sample(10, 0, 0, 0, &[("a", 0), ("b", 0)]);
+        // Two cores for 1 s, no idle time: the daemon's 30 ms came out of the ranks of a (1.5 s
+        // of CPU) and of b (0.47 s), and the rest of the node (0 ms).
+        let full = sample(11, 2_000, 0, 30, &[("a", 1_500), ("b", 470)]);
+        let taken = daemon_cpu_taken(&a, &full);
+        assert_eq!(
+            (taken.from_ns, taken.to_ns),
+            (10_000_000_000, 11_000_000_000)
+        );
+        assert_eq!(taken_ms(&taken), [("a", 22), ("b", 7)]);
+        // 20 ms idle: only 10 ms of the daemon's CPU was taken.
+        let idle = sample(11, 1_980, 20, 30, &[("a", 1_500), ("b", 470)]);
+        assert_eq!(taken_ms(&daemon_cpu_taken(&a, &idle)), [("a", 7), ("b", 2)]);
+        // An idle core: nothing taken; a job that ran nothing is not listed.
+        let spare = sample(11, 1_030, 970, 30, &[("a", 1_000), ("b", 0)]);
+        assert_eq!(
+            daemon_cpu_taken(&a, &spare),
+            DaemonCpuTaken {
+                from_ns: 10_000_000_000,
+                to_ns: 11_000_000_000,
+                jobs: BTreeMap::new(),
+            }
+        );
+        // Other processes ran 1 s: a had half of the CPU that was not the daemon's.
+        let shared = sample(11, 2_000, 0, 40, &[("a", 980)]);
+        assert_eq!(taken_ms(&daemon_cpu_taken(&a, &shared)), [("a", 20)]);
+        // The jobs' times read more than the node's (tick rounding): the daemon's CPU is shared
+        // by the jobs, never more.
+        let rounded = sample(11, 2_000, 0, 30, &[("a", 1_000), ("b", 1_000)]);
+        assert_eq!(
+            taken_ms(&daemon_cpu_taken(&a, &rounded)),
+            [("a", 15), ("b", 15)]
+        );
     }
 }

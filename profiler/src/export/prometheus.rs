@@ -386,9 +386,18 @@ fn job_families(f: &mut Families, jobs: &LabelledJobs<'_>) {
         .collect();
     f.gauge(
         "mpiburst_job_profiling_cost_seconds",
-        "Time the job's ranks here lost to the probes, estimated: their calls probed in full times what a probe hit costs on this node (docs/metrics.md, What profiling costs). Absent when the daemon measured no probe cost.",
+        "Time the job's ranks here lost to profiling, estimated: their calls probed in full times what a probe hit costs them, and the daemon's CPU taken from them (docs/metrics.md, What profiling costs). Absent when the daemon measured no probe cost.",
         probe_costs.iter().map(|(l, costs)| {
-            ((*l).clone(), costs.iter().map(|c| c.lost_ns()).sum::<f64>() / 1e9)
+            let lost = costs.iter().map(|c| c.lost_ns() + c.daemon_ns as f64);
+            ((*l).clone(), lost.sum::<f64>() / 1e9)
+        }),
+    );
+    f.gauge(
+        "mpiburst_job_profiling_daemon_seconds",
+        "Of that time, the daemon's CPU taken from the job's ranks here: the part the node's idle time could not hold, charged to each rank while it was in its region of interest.",
+        probe_costs.iter().map(|(l, costs)| {
+            let daemon = costs.iter().map(|c| c.daemon_ns as f64);
+            ((*l).clone(), daemon.sum::<f64>() / 1e9)
         }),
     );
     f.gauge(
@@ -1293,6 +1302,7 @@ mod tests {
             storm_calls: 1_000_000,
             full_hit_ns: 2_000.0,
             entry_hit_ns: Some(1_000.0),
+            daemon_ns: 3_000_000,
             ..RankProbeCost::default()
         });
         let mut shared = Published::default();
@@ -1308,7 +1318,8 @@ mod tests {
             format!("mpiburst_job_local_ranks{{{labels}}} 2"),
             format!("mpiburst_job_region_ranks{{{labels}}} 2"),
             format!("mpiburst_job_rank_init_seconds{{{labels},stat=\"max\"}} 0.5"),
-            format!("mpiburst_job_profiling_cost_seconds{{{labels}}} 0.002"),
+            format!("mpiburst_job_profiling_cost_seconds{{{labels}}} 0.005"),
+            format!("mpiburst_job_profiling_daemon_seconds{{{labels}}} 0.003"),
             format!("mpiburst_job_profiling_storm_seconds{{{labels}}} 1"),
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");

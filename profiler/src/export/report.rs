@@ -319,7 +319,7 @@ impl<'a> JobReport<'a> {
         }
         let mut line = format!(
             "profiling cost: about {:.3} s of the ranks' {:.3} s of run time ({:.1} %)",
-            secs(c.lost_ns),
+            secs(c.lost_ns + c.daemon_ns),
             secs(c.runtime_ns),
             100.0 * c.share.unwrap_or(0.0)
         );
@@ -329,6 +329,13 @@ impl<'a> JobReport<'a> {
                 ", {} calls probed in full at {:.2} µs a call",
                 c.full_calls,
                 hit / 1e3
+            );
+        }
+        if c.daemon_ns > 0 {
+            let _ = write!(
+                line,
+                ", {:.3} s the daemon's CPU taken from them",
+                secs(c.daemon_ns)
             );
         }
         if c.storm_calls > 0 {
@@ -449,6 +456,7 @@ mod tests {
                     storm_calls: 0,
                     full_hit_ns: 2_000_000.0,
                     entry_hit_ns: Some(1_000_000.0),
+                    daemon_ns: 4_000_000,
                     ..RankProbeCost::default()
                 }),
             },
@@ -456,8 +464,8 @@ mod tests {
         let text = render(&job, 0, "no counters");
         assert!(
             text.contains(
-                "profiling cost: about 0.010 s of the ranks' 2.000 s of run time (0.5 %), 5 calls \
-                 probed in full at 2000.00 µs a call"
+                "profiling cost: about 0.014 s of the ranks' 2.000 s of run time (0.7 %), 5 calls \
+                 probed in full at 2000.00 µs a call, 0.004 s the daemon's CPU taken from them"
             ),
             "{text}"
         );
@@ -493,6 +501,7 @@ mod tests {
         assert_eq!(json["functions"][0]["bytes"], 3 << 20);
         assert_eq!(json["probe_cost"]["lost_ns"], 10_000_000);
         assert_eq!(json["probe_cost"]["runtime_ns"], 2_000_000_000);
-        assert_eq!(json["probe_cost"]["share"], 0.005);
+        assert_eq!(json["probe_cost"]["daemon_ns"], 4_000_000);
+        assert_eq!(json["probe_cost"]["share"], 0.007);
     }
 }

@@ -1,6 +1,7 @@
 //! What profiling cost a job: the time its ranks lost to probe hits, estimated from each rank's
 //! calls, what a probe hit costs on the rank's node (measured at the daemon's start:
-//! `Capture::measure_probe_cost`), and how long the rank's own probe runs took.
+//! `Capture::measure_probe_cost`) and how long the rank's own probe runs took, and the time they
+//! lost to the daemon's CPU.
 //!
 //! A call probed in full delays its rank by one hit of entry and return. What a hit costs depends
 //! on the code: its computation between two calls evicts the trap path, the programs and their
@@ -12,8 +13,10 @@
 //! a hit back to back per call. The calls of a polling function the governor demoted (counted at
 //! entry only, or sampled) were made in a polling storm, a thread calling back to back while it
 //! waits: the waiting absorbs their hits, which show as fewer polls rather than a longer run, so
-//! they are counted apart (CPU the probes took, not time the rank lost). Each rank keeps the
-//! costs of its own node, so that the ranks of a job recorded on several nodes sum exactly.
+//! they are counted apart (CPU the probes took, not time the rank lost). The daemon's own CPU
+//! that the node's idle time could not hold is time lost too ([`charge_daemon_cpu`]). Each rank
+//! keeps the costs of its own node, so that the ranks of a job recorded on several nodes sum
+//! exactly.
 //!
 //! [`TIMED_RUN_ONE_IN`]: profiler_common::TIMED_RUN_ONE_IN
 
@@ -43,6 +46,11 @@ pub struct RankProbeCost {
     pub timed_runs: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_ns: Option<f64>,
+    /// The daemon's CPU taken from the job's ranks on the rank's node while the rank was in its
+    /// region of interest, in ns: time the rank lost, as a rank the daemon delays holds up the
+    /// others at their next exchange ([`charge_daemon_cpu`]).
+    #[serde(default)]
+    pub daemon_ns: u64,
 }
 
 /// Timed probe runs below which a rank's hits are costed at the node's cost among work.
@@ -83,6 +91,16 @@ impl RankProbeCost {
         self.full_calls as f64 * self.full_hit_ns
     }
 
+    /// Charges the rank with `lost_ns` of the daemon's CPU over `interval` (Unix ns), for the
+    /// part of it the rank spent in `region`.
+    fn charge_daemon(&mut self, lost_ns: f64, interval: (u64, u64), region: (u64, u64)) {
+        let (from, to) = interval;
+        let inside = region.1.min(to).saturating_sub(region.0.max(from));
+        if to > from {
+            self.daemon_ns += (lost_ns * inside as f64 / (to - from) as f64).round() as u64;
+        }
+    }
+
     /// The CPU the hits of polling storms took, in ns (inside waiting: not lost).
     pub fn storm_ns(&self) -> f64 {
         self.storm_calls as f64 * self.entry_hit_ns.unwrap_or(0.0)
@@ -99,6 +117,36 @@ fn hit_among(hit: &ProbeCost, run_ns: f64) -> Option<f64> {
     Some(hit.full_ns * run_ns / reference)
 }
 
+/// Charges `job`'s ranks with `taken_ns` of the daemon's CPU taken from them on this node over
+/// `interval` (Unix ns). A rank the daemon delays while it computes holds up the others at their
+/// next exchange, so each rank loses the delay; a rank it delays while it waits in MPI loses
+/// nothing, as its wait absorbs the delay. The daemon preempts ranks whatever they do, so each
+/// rank is charged `taken_ns` times the share of the job's run time the ranks spent computing.
+pub fn charge_daemon_cpu(job: &mut Job, taken_ns: u64, interval: (u64, u64)) {
+    let now = interval.1;
+    let (useful, runtime) = job
+        .ranks
+        .values()
+        .filter_map(|r| {
+            let (start, end) = r.region_span(now)?;
+            Some((
+                (end - start).saturating_sub(r.region_mpi_ns(now)),
+                end - start,
+            ))
+        })
+        .fold((0u64, 0u64), |(u, t), (ru, rt)| (u + ru, t + rt));
+    if runtime == 0 {
+        return;
+    }
+    let lost_ns = taken_ns as f64 * useful as f64 / runtime as f64;
+    for rank in job.ranks.values_mut() {
+        let region = rank.region_span(now);
+        if let (Some(cost), Some(region)) = (rank.probe_cost.as_mut(), region) {
+            cost.charge_daemon(lost_ns, interval, region);
+        }
+    }
+}
+
 /// What profiling cost a job's ranks, summed over those with an estimate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct JobProbeCost {
@@ -110,11 +158,13 @@ pub struct JobProbeCost {
     pub storm_calls: u64,
     /// The time the ranks lost to probe hits, summed.
     pub lost_ns: u64,
+    /// The time they lost to the daemon's CPU on their nodes, summed.
+    pub daemon_ns: u64,
     /// The CPU the hits of polling storms took, summed.
     pub storm_ns: u64,
     /// The same ranks' regions of interest, summed: the run time the loss is a share of.
     pub runtime_ns: u64,
-    /// `lost_ns` over `runtime_ns`; `None` without an estimate or run time.
+    /// `lost_ns` and `daemon_ns` over `runtime_ns`; `None` without an estimate or run time.
     pub share: Option<f64>,
 }
 
@@ -131,11 +181,12 @@ impl JobProbeCost {
             out.full_calls += cost.full_calls;
             out.storm_calls += cost.storm_calls;
             out.lost_ns += cost.lost_ns().round() as u64;
+            out.daemon_ns += cost.daemon_ns;
             out.storm_ns += cost.storm_ns().round() as u64;
             out.runtime_ns += r.region_span(now_ns).map_or(0, |(s, e)| e - s);
         }
         out.share = (out.ranks > 0 && out.runtime_ns > 0)
-            .then(|| out.lost_ns as f64 / out.runtime_ns as f64);
+            .then(|| (out.lost_ns + out.daemon_ns) as f64 / out.runtime_ns as f64);
         out
     }
 
@@ -201,6 +252,18 @@ mod tests {
     }
 
     #[test]
+    fn the_daemon_s_cpu_is_charged_for_the_ranks_computing_share_and_their_time_in_the_region() {
+        let mut cost = RankProbeCost::default();
+        // 30 ms lost over 1 s; the rank's region began 0.4 s into it.
+        cost.charge_daemon(30e6, (10_000, 1_000_010_000), (400_010_000, 2_000_000_000));
+        assert_eq!(cost.daemon_ns, 18_000_000);
+        // A region that ended before the interval, and an empty interval, take nothing.
+        cost.charge_daemon(30e6, (5_000_000_000, 6_000_000_000), (0, 1_000));
+        cost.charge_daemon(30e6, (7, 7), (0, 10));
+        assert_eq!(cost.daemon_ns, 18_000_000);
+    }
+
+    #[test]
     fn a_rank_with_few_timed_runs_costs_a_hit_among_the_node_s_work() {
         let few = TimedRuns {
             runs: MIN_TIMED_RUNS - 1,
@@ -247,16 +310,52 @@ mod tests {
                         full_calls: calls,
                         full_hit_ns: hit,
                         entry_hit_ns: Some(hit / 2.0),
+                        daemon_ns: 2_500_000,
                         ..RankProbeCost::default()
                     }),
                 },
             );
         }
+        // The ranks' regions, 0.5 to 1.5 s, hold no MPI time: all of it computing. 10 ms of the
+        // daemon's CPU taken over 0 to 2 s: each estimated rank was in its region for half of it.
+        charge_daemon_cpu(&mut job, 10_000_000, (0, 2_000_000_000));
+        for r in [0, 1] {
+            assert_eq!(
+                job.ranks[&r].probe_cost.unwrap().daemon_ns,
+                2_500_000 + 5_000_000
+            );
+        }
+        // Half of the ranks' time in MPI (all three count, estimated or not): half of the
+        // daemon's CPU delayed the job.
+        for (r, mpi_ns) in [(0, 1_000_000_000), (1, 500_000_000)] {
+            job.ranks.get_mut(&r).unwrap().functions.insert(
+                "MPI_Recv".into(),
+                CallStats {
+                    calls: 1,
+                    time_ns: mpi_ns,
+                    ..CallStats::default()
+                },
+            );
+        }
+        charge_daemon_cpu(&mut job, 10_000_000, (0, 2_000_000_000));
+        assert_eq!(
+            job.ranks[&1].probe_cost.unwrap().daemon_ns,
+            7_500_000 + 2_500_000
+        );
+        for r in [0, 1] {
+            job.ranks
+                .get_mut(&r)
+                .unwrap()
+                .probe_cost
+                .as_mut()
+                .unwrap()
+                .daemon_ns = 2_500_000;
+        }
         let cost = JobProbeCost::of(&job, 3_000_000_000);
         assert_eq!((cost.ranks, cost.ranks_unestimated), (2, 1));
-        assert_eq!(cost.lost_ns, 5_000_000);
+        assert_eq!((cost.lost_ns, cost.daemon_ns), (5_000_000, 5_000_000));
         assert_eq!(cost.runtime_ns, 2_000_000_000);
-        assert_eq!(cost.share, Some(0.0025));
+        assert_eq!(cost.share, Some(0.005));
         assert_eq!(cost.full_hit_ns(), Some(1_250.0));
     }
 }
