@@ -1330,6 +1330,45 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
     }
 }
 
+/// On a node without idle time (a busy loop per core beside the job), the daemon's own CPU is
+/// taken from what runs there: each rank of the job is charged part of it, never more than the
+/// daemon used while the job ran.
+#[test]
+#[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
+fn the_daemon_s_cpu_is_charged_to_the_ranks_of_a_job_on_a_node_without_idle_time() {
+    let daemon = Daemon::start(&[]);
+    let hogs = CpuHogs::start();
+    let daemon_cpu_ns: Vec<(Mpi, u64)> = Mpi::ALL
+        .into_iter()
+        .map(|mpi| {
+            let before = daemon.cpu_ns();
+            // 2–10 s beside the busy loops: several statistics updates within the regions.
+            run_mpi(mpi, 2, &program("solver", mpi), &["1500"]);
+            (mpi, daemon.cpu_ns() - before)
+        })
+        .collect();
+    drop(hogs);
+    let recording = daemon.stop();
+    for (mpi, daemon_cpu_ns) in daemon_cpu_ns {
+        let job = job_of(&recording, &program("solver", mpi));
+        for rank in job.ranks.values() {
+            let what = format!("{mpi:?}, rank {}", rank.rank);
+            let cost = rank.probe_cost.unwrap_or_else(|| panic!("{what}: no cost"));
+            eprintln!(
+                "{what}: charged {} µs of the daemon's {} µs of CPU during the job",
+                cost.daemon_ns / 1000,
+                daemon_cpu_ns / 1000
+            );
+            // One clock tick of /proc/PID/stat's rounding more.
+            assert!(
+                cost.daemon_ns > 0 && cost.daemon_ns <= daemon_cpu_ns + 10_000_000,
+                "{what}: charged {} ns of the daemon's {daemon_cpu_ns} ns",
+                cost.daemon_ns
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
 fn a_rank_s_hits_cost_the_node_s_hit_scaled_by_its_own_timed_probe_runs() {
