@@ -41,8 +41,10 @@
 //! were about 25 ns dearer, with or without a daemon).
 //!
 //! The scheduler programs run at every context switch on the node, whatever the task: their cost
-//! per switch is measured with the kernel's BPF statistics (which add their own clock reads to
-//! each run) over two processes that hand one CPU to each other with sched_yield.
+//! per switch is measured over two processes that hand one CPU to each other with sched_yield,
+//! by the wall time of their switches without and with the programs (BPF statistics off, as
+//! deployed; alternating), and by the kernel's BPF statistics (which add their own clock reads
+//! to each run).
 //!
 //! Last, the daemon's start-up with the default probe list beside the same start with its first
 //! 75 entries, the most common calls, alternating: the wall time to read the libraries, place
@@ -322,15 +324,62 @@ fn yield_loop() -> Result<()> {
     Ok(())
 }
 
-/// Per round, the scheduler programs' run time per context switch (ns) and sched_stat_runtime's
-/// runs per switch, with the daemon's probes as `config` has them and the BPF statistics on.
-fn scheduler_cost(config: &Config) -> Result<Vec<(f64, f64, f64)>> {
+/// The scheduler programs' cost in one round.
+struct SchedulerRound {
+    /// Wall ns per context switch of the yield loops without the programs and with them (BPF
+    /// statistics off, as deployed).
+    without_ns: f64,
+    with_ns: f64,
+    /// By the kernel's BPF statistics: both programs' run time per switch, sched_switch's, and
+    /// sched_stat_runtime's runs per switch.
+    stats_ns: f64,
+    switch_ns: f64,
+    runtime_runs: f64,
+}
+
+/// Wall ns per context switch of two yield loops that hand CPU 0 to each other.
+fn yield_loops_ns() -> Result<f64> {
+    let start = Instant::now();
+    let loops: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            Command::new(std::env::current_exe()?)
+                .arg(YIELD_LOOP)
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()?;
+    for mut child in loops {
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("a yield loop failed: {status}");
+        }
+    }
+    Ok(start.elapsed().as_nanos() as f64 / f64::from(SWITCHES))
+}
+
+/// Per round, the scheduler programs' cost per context switch: by the wall time of the yield
+/// loops without and with them (alternating which goes first), and by the kernel's BPF
+/// statistics, with the daemon's probes as `config` has them.
+fn scheduler_cost(config: &Config) -> Result<Vec<SchedulerRound>> {
     let with_stats = CaptureConfig {
         bpf_stats: true,
         ..config.capture.clone()
     };
+    let without_stats = CaptureConfig {
+        bpf_stats: false,
+        ..config.capture.clone()
+    };
     let mut rounds = Vec::new();
     for round in 0..ROUNDS {
+        let with_programs = || -> Result<f64> {
+            let _capture = Capture::load(&without_stats)?;
+            yield_loops_ns()
+        };
+        let (without_ns, with_ns) = if round % 2 == 0 {
+            (yield_loops_ns()?, with_programs()?)
+        } else {
+            let with_ns = with_programs()?;
+            (yield_loops_ns()?, with_ns)
+        };
         let capture = Capture::load(&with_stats)?;
         let stats = |capture: &Capture| -> BTreeMap<&'static str, (u128, u64)> {
             capture
@@ -340,19 +389,7 @@ fn scheduler_cost(config: &Config) -> Result<Vec<(f64, f64, f64)>> {
                 .collect()
         };
         let before = stats(&capture);
-        let loops: Vec<std::process::Child> = (0..2)
-            .map(|_| {
-                Command::new(std::env::current_exe()?)
-                    .arg(YIELD_LOOP)
-                    .spawn()
-            })
-            .collect::<std::io::Result<_>>()?;
-        for mut child in loops {
-            let status = child.wait()?;
-            if !status.success() {
-                bail!("a yield loop failed: {status}");
-            }
-        }
+        yield_loops_ns()?;
         let after = stats(&capture);
         let delta = |name: &str| -> Result<(f64, f64)> {
             let (t0, n0) = before
@@ -363,26 +400,39 @@ fn scheduler_cost(config: &Config) -> Result<Vec<(f64, f64, f64)>> {
         };
         let (switch_ns, switches) = delta("sched_switch")?;
         let (runtime_ns, runtime_runs) = delta("sched_stat_runtime")?;
-        let per_switch = (switch_ns + runtime_ns) / switches;
+        let r = SchedulerRound {
+            without_ns,
+            with_ns,
+            stats_ns: (switch_ns + runtime_ns) / switches,
+            switch_ns: switch_ns / switches,
+            runtime_runs: runtime_runs / switches,
+        };
         eprintln!(
-            "round {}: scheduler programs {per_switch:.1} ns per context switch over {switches} \
-             switches",
-            round + 1
+            "round {}: a context switch {:.1} ns without the scheduler programs, {:.1} ns with \
+             them; their run time {:.1} ns per switch over {switches} switches",
+            round + 1,
+            r.without_ns,
+            r.with_ns,
+            r.stats_ns
         );
-        rounds.push((per_switch, switch_ns / switches, runtime_runs / switches));
+        rounds.push(r);
     }
     Ok(rounds)
 }
 
-fn print_scheduler_cost(rounds: Vec<(f64, f64, f64)>) {
-    let per_switch = median(rounds.iter().map(|r| r.0).collect());
-    let switch = median(rounds.iter().map(|r| r.1).collect());
-    let runs = median(rounds.iter().map(|r| r.2).collect());
+fn print_scheduler_cost(rounds: Vec<SchedulerRound>) {
+    let of = |f: fn(&SchedulerRound) -> f64| median(rounds.iter().map(f).collect());
+    let (without, with) = (of(|r| r.without_ns), of(|r| r.with_ns));
+    let added = of(|r| r.with_ns - r.without_ns);
     println!(
         "scheduler programs, per context switch between two processes the daemon does not track, \
-         median of {ROUNDS} rounds of {SWITCHES} switches, by the kernel's BPF statistics (their \
-         own clock reads included): {per_switch:.1} ns (sched_switch {switch:.1} ns, \
-         sched_stat_runtime {runs:.2} runs per switch)"
+         median of {ROUNDS} rounds of {SWITCHES} switches: {added:+.1} ns by the switches' wall \
+         time, BPF statistics off as deployed ({without:.1} ns without the programs, {with:.1} ns \
+         with them); {:.1} ns of run time by the kernel's BPF statistics, their own clock reads \
+         included (sched_switch {:.1} ns, sched_stat_runtime {:.2} runs per switch)",
+        of(|r| r.stats_ns),
+        of(|r| r.switch_ns),
+        of(|r| r.runtime_runs)
     );
 }
 
