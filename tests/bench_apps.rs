@@ -58,13 +58,13 @@
 //! active. From the same /metrics, the daemon's estimate of what profiling cost each code
 //! (`mpiburst_job_profiling_cost_seconds` over `mpiburst_job_rank_runtime_seconds{stat="sum"}`,
 //! summed over the code's runs, and the part of it that was the daemon's own CPU,
-//! `mpiburst_job_profiling_daemon_seconds`) is printed beside the main loop's measured slowdown, with whether
-//! it is within 25 % of it or within 0.5 points of run time, whichever is larger (the estimate's
-//! target), and what the daemon measured a probe hit at when it started, among work and back to
-//! back (`mpiburst_probe_hit_cost_seconds`, median of the rounds). Another mpiburst daemon on the
-//! node (or another profiler's uprobes) probes the runs without this bench's daemon and under the
-//! floor too: the rounds in which another process held user-space probes are counted and
-//! printed.
+//! `mpiburst_job_profiling_daemon_seconds`) is printed beside the main loop's measured slowdown,
+//! with whether it is within 25 % of it or within 0.5 points of run time, whichever is larger
+//! (the estimate's target), and what the daemon measured a probe hit at when it started, among
+//! work and back to back (`mpiburst_probe_hit_cost_seconds`, median of the rounds). Another
+//! mpiburst daemon on the node (or another profiler's uprobes) probes the runs without this
+//! bench's daemon and under the floor too: the rounds in which another process held user-space
+//! probes are counted and printed.
 //!
 //! Usage: bench_apps [ROUNDS=6], with MPIBURST_BIN and MPIBURST_MPI_PROGRAMS as for the
 //! integration tests (`cargo xtask bench apps` sets them); as root.
@@ -412,7 +412,7 @@ impl SeenCalls {
 
     /// The daemon's estimate of what profiling cost, and the part of it that was the daemon's
     /// CPU, as % of the ranks' run time.
-    fn cost_percent(&self) -> Option<(f64, f64)> {
+    fn cost_and_daemon_percent(&self) -> Option<(f64, f64)> {
         (self.runtime_s > 0.0).then(|| {
             (
                 100.0 * self.cost_s / self.runtime_s,
@@ -760,7 +760,10 @@ fn main() {
     );
     for (code, runs) in codes.iter().zip(&runs) {
         let measured = runs.medians(|r| r.timed_s).slowdowns().1;
-        match seen.get(&code.executable).and_then(SeenCalls::cost_percent) {
+        match seen
+            .get(&code.executable)
+            .and_then(SeenCalls::cost_and_daemon_percent)
+        {
             Some((estimate, daemon)) => {
                 let within = (estimate - measured).abs() <= (0.25 * measured.abs()).max(0.5);
                 println!(

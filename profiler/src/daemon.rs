@@ -327,8 +327,11 @@ impl Daemon {
             &gone,
             now,
         );
+        // A rank that exited without MPI_Finalize has its region end at its exit, before it is
+        // charged.
+        self.mark_ended(&gone, now);
         self.charge_daemon_cpu(&taken);
-        self.end_ranks(&gone, last, now)?;
+        self.end_ranks(&gone, last)?;
         self.tick_analysis(now);
         self.evaluate_properties(now);
         self.end_jobs(now);
@@ -367,13 +370,7 @@ impl Daemon {
             let Some(member) = self.member(*pid) else {
                 continue;
             };
-            let Some(rank) = self
-                .state
-                .store
-                .jobs
-                .get_mut(&member.job)
-                .and_then(|j| j.ranks.get_mut(&member.rank))
-            else {
+            let Some(rank) = self.state.store.rank_mut(&member) else {
                 continue;
             };
             // The rank's life in the kernel's clock, to its exit or now. A process found gone in
@@ -410,31 +407,40 @@ impl Daemon {
         }
     }
 
-    /// Marks the ranks whose process is gone as ended (at the daemon's last update every rank
-    /// is written), writes them to the recording, and forgets the gone processes.
-    fn end_ranks(&mut self, gone: &HashSet<u32>, last: bool, now: u64) -> Result<(), DaemonError> {
+    /// Sets the end of the ranks whose process is gone.
+    fn mark_ended(&mut self, gone: &HashSet<u32>, now: u64) {
+        for pid in gone {
+            let Some(member) = self.members.get(*pid) else {
+                continue;
+            };
+            let Some(rank) = self.state.store.rank_mut(member) else {
+                continue;
+            };
+            if rank.ended_ns.is_none() {
+                rank.ended_ns = Some(ended_at(
+                    &self.capture,
+                    &self.clock,
+                    *pid,
+                    rank.first_seen_ns,
+                    now,
+                ));
+            }
+        }
+    }
+
+    /// Writes the ranks whose process is gone to the recording (at the daemon's last update every
+    /// rank), and forgets the gone processes.
+    fn end_ranks(&mut self, gone: &HashSet<u32>, last: bool) -> Result<(), DaemonError> {
         let ended = if last {
             self.members.pids()
         } else {
             gone.clone()
         };
         for pid in &ended {
-            let Some(member) = self.members.get(*pid).cloned() else {
+            let Some(member) = self.members.get(*pid) else {
                 continue;
             };
-            let Some(job) = self.state.store.jobs.get_mut(&member.job) else {
-                continue;
-            };
-            if let Some(rank) = job.ranks.get_mut(&member.rank) {
-                if gone.contains(pid) && rank.ended_ns.is_none() {
-                    rank.ended_ns = Some(ended_at(
-                        &self.capture,
-                        &self.clock,
-                        *pid,
-                        rank.first_seen_ns,
-                        now,
-                    ));
-                }
+            if let Some(rank) = self.state.store.rank_mut(member) {
                 self.recording.write(|w| w.rank(&member.job, rank));
             }
         }

@@ -25,13 +25,15 @@ pub struct NodeUsage {
     file_io: bool,
     /// The CPU of the node, of the daemon and of each job at the last reading.
     last: Option<CpuSample>,
+    /// /proc/stat could not be read (said once).
+    node_cpu_unread: bool,
 }
 
-/// Cumulative CPU times at one reading, in ns.
+/// One reading (Unix ns) of the cumulative CPU times, in ns.
 struct CpuSample {
     at_ns: u64,
     node: NodeCpu,
-    daemon_ns: u64,
+    daemon_cpu_ns: u64,
     jobs: BTreeMap<JobId, u64>,
 }
 
@@ -49,6 +51,7 @@ impl NodeUsage {
             jobs: BTreeMap::new(),
             file_io,
             last: None,
+            node_cpu_unread: false,
         }
     }
 
@@ -63,14 +66,24 @@ impl NodeUsage {
         now_ns: u64,
     ) -> DaemonCpuTaken {
         self.read_processes(members, io, gone);
-        let Ok(node) = proc::node_cpu() else {
-            self.last = None;
-            return DaemonCpuTaken::default();
+        let node = match proc::node_cpu() {
+            Ok(node) => node,
+            Err(e) => {
+                // The next reading covers this interval too.
+                if !self.node_cpu_unread {
+                    tracing::warn!(
+                        "{e}: the daemon's own CPU is left out of what profiling costs until \
+                         the node's CPU time can be read"
+                    );
+                    self.node_cpu_unread = true;
+                }
+                return DaemonCpuTaken::default();
+            }
         };
         let sample = CpuSample {
             at_ns: now_ns,
             node,
-            daemon_ns: clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID),
+            daemon_cpu_ns: clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID),
             jobs: self
                 .jobs
                 .iter()
@@ -126,7 +139,7 @@ impl NodeUsage {
 /// What the daemon's CPU between readings `a` and `b` took from each job: the part the node's
 /// idle time could not hold, shared by the jobs by their CPU over the CPU of all but the daemon.
 fn daemon_cpu_taken(a: &CpuSample, b: &CpuSample) -> DaemonCpuTaken {
-    let daemon = b.daemon_ns.saturating_sub(a.daemon_ns);
+    let daemon = b.daemon_cpu_ns.saturating_sub(a.daemon_cpu_ns);
     let idle = b.node.idle_ns.saturating_sub(a.node.idle_ns);
     let others = b
         .node
@@ -171,7 +184,7 @@ mod tests {
                 busy_ns: busy_ms * ms,
                 idle_ns: idle_ms * ms,
             },
-            daemon_ns: daemon_ms * ms,
+            daemon_cpu_ns: daemon_ms * ms,
             jobs: jobs
                 .iter()
                 .map(|&(id, t)| (JobId(id.into()), t * ms))

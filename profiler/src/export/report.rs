@@ -308,8 +308,8 @@ impl<'a> JobReport<'a> {
         out
     }
 
-    /// What profiling cost the ranks: the time lost to probe hits and its share of their run
-    /// time, and the hits of polling storms apart.
+    /// What profiling cost the ranks: the time lost to probe hits and to the daemon's CPU and its
+    /// share of their run time, and the hits of polling storms apart.
     fn probe_cost_line(&self) -> String {
         let c = &self.probe_cost;
         if c.ranks == 0 {

@@ -320,6 +320,13 @@ pub struct JobStore {
 }
 
 impl JobStore {
+    /// The rank of a process identified before.
+    pub fn rank_mut(&mut self, member: &members::Member) -> Option<&mut RankRecord> {
+        self.jobs
+            .get_mut(&member.job)
+            .and_then(|j| j.ranks.get_mut(&member.rank))
+    }
+
     /// Adds a process identified now: its job, when it is the job's first, and its rank.
     /// Whether its job is new.
     pub fn add_member(&mut self, new: members::NewMember) -> bool {

@@ -27,7 +27,7 @@ use crate::{
     store::{CallStats, Job},
 };
 
-/// A rank's probe hits by kind and what a hit cost on its node.
+/// A rank's probe hits by kind, what a hit cost on its node, and the daemon's CPU it lost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RankProbeCost {
     /// Calls probed in full (entry and return).
@@ -91,13 +91,13 @@ impl RankProbeCost {
         self.full_calls as f64 * self.full_hit_ns
     }
 
-    /// Charges the rank with `lost_ns` of the daemon's CPU over `interval` (Unix ns), for the
-    /// part of it the rank spent in `region`.
-    fn charge_daemon(&mut self, lost_ns: f64, interval: (u64, u64), region: (u64, u64)) {
+    /// Charges the rank with `daemon_lost_ns`, the time the daemon's CPU cost its job's ranks
+    /// over `interval` (Unix ns), for the part of it the rank spent in `region`.
+    fn charge_daemon(&mut self, daemon_lost_ns: f64, interval: (u64, u64), region: (u64, u64)) {
         let (from, to) = interval;
         let inside = region.1.min(to).saturating_sub(region.0.max(from));
         if to > from {
-            self.daemon_ns += (lost_ns * inside as f64 / (to - from) as f64).round() as u64;
+            self.daemon_ns += (daemon_lost_ns * inside as f64 / (to - from) as f64).round() as u64;
         }
     }
 
@@ -121,7 +121,8 @@ fn hit_among(hit: &ProbeCost, run_ns: f64) -> Option<f64> {
 /// `interval` (Unix ns). A rank the daemon delays while it computes holds up the others at their
 /// next exchange, so each rank loses the delay; a rank it delays while it waits in MPI loses
 /// nothing, as its wait absorbs the delay. The daemon preempts ranks whatever they do, so each
-/// rank is charged `taken_ns` times the share of the job's run time the ranks spent computing.
+/// rank is charged `taken_ns` times the share of the job's run time so far that the ranks spent
+/// computing.
 pub fn charge_daemon_cpu(job: &mut Job, taken_ns: u64, interval: (u64, u64)) {
     let now = interval.1;
     let (useful, runtime) = job
@@ -138,11 +139,11 @@ pub fn charge_daemon_cpu(job: &mut Job, taken_ns: u64, interval: (u64, u64)) {
     if runtime == 0 {
         return;
     }
-    let lost_ns = taken_ns as f64 * useful as f64 / runtime as f64;
+    let daemon_lost_ns = taken_ns as f64 * useful as f64 / runtime as f64;
     for rank in job.ranks.values_mut() {
         let region = rank.region_span(now);
         if let (Some(cost), Some(region)) = (rank.probe_cost.as_mut(), region) {
-            cost.charge_daemon(lost_ns, interval, region);
+            cost.charge_daemon(daemon_lost_ns, interval, region);
         }
     }
 }
