@@ -10,7 +10,8 @@
 //! - `mpi` (mpi.rs): the MPI probes `mpi_session`, `mpi_enter`/`mpi_exit` and the empty
 //!   `floor_enter`/`floor_exit`, with bursts and per-call statistics; `mpi/arguments.rs` reads
 //!   the calls' bytes and peers, `mpi/governor.rs` governs the polling functions.
-//! - `scheduler` (scheduler.rs): `sched_stat_runtime` and `sched_switch`.
+//! - `scheduler` (scheduler.rs): `sched_stat_runtime` and `sched_switch`, and the empty
+//!   `sched_switch_floor` the overhead bench measures them against.
 //! - `lifecycle` (lifecycle.rs): `sched_process_exec` and `sched_process_exit`.
 //! - `file_io` (file_io.rs): `io_read_exit`, `io_write_exit`, `io_open_exit`, `io_close_enter`.
 //! - `libraries` (libraries.rs): `library_open_exit`, which holds a process opening an MPI

@@ -81,6 +81,14 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// The floor of the scheduler programs: an empty program on sched_switch. The daemon never
+/// attaches it; the overhead bench attaches it alone, as the cost per context switch of the
+/// kernel's dispatch of any raw tracepoint program, beside the real ones'.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch_floor(_ctx: RawTracePointContext) -> i32 {
+    0
+}
+
 /// Whether `task` may be a profiled thread: its bit in TASK_FILTER (shared by a few others).
 #[inline(always)]
 fn profiled(task: u64) -> bool {

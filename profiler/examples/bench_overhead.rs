@@ -42,9 +42,10 @@
 //!
 //! The scheduler programs run at every context switch on the node, whatever the task: their cost
 //! per switch is measured over two processes that hand one CPU to each other with sched_yield,
-//! by the wall time of their switches without and with the programs (BPF statistics off, as
-//! deployed; alternating), and by the kernel's BPF statistics (which add their own clock reads
-//! to each run).
+//! by the wall time of their switches without the programs, with the floor (an empty program on
+//! sched_switch alone: the kernel's dispatch of any raw tracepoint program) and with the
+//! programs (BPF statistics off, as deployed; in turn), and by the kernel's BPF statistics
+//! (which add their own clock reads to each run).
 //!
 //! Last, the daemon's start-up with the default probe list beside the same start with its first
 //! 75 entries, the most common calls, alternating: the wall time to read the libraries, place
@@ -64,7 +65,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use mpiburst::{
-    capture::{config::CaptureConfig, usage, AttachPoint, Capture},
+    capture::{config::CaptureConfig, usage, AttachPoint, Capture, SchedulerFloor},
     config::Config,
     daemon::Daemon,
     discovery::{self, Binding, MpiFlavor, MpiLibrary},
@@ -326,9 +327,11 @@ fn yield_loop() -> Result<()> {
 
 /// The scheduler programs' cost in one round.
 struct SchedulerRound {
-    /// Wall ns per context switch of the yield loops without the programs and with them (BPF
-    /// statistics off, as deployed).
+    /// Wall ns per context switch of the yield loops without the programs, with the floor's
+    /// empty program on sched_switch alone, and with the programs (BPF statistics off, as
+    /// deployed).
     without_ns: f64,
+    floor_ns: f64,
     with_ns: f64,
     /// By the kernel's BPF statistics: both programs' run time per switch, sched_switch's, and
     /// sched_stat_runtime's runs per switch.
@@ -374,12 +377,19 @@ fn scheduler_cost(config: &Config) -> Result<Vec<SchedulerRound>> {
             let _capture = Capture::load(&without_stats)?;
             yield_loops_ns()
         };
-        let (without_ns, with_ns) = if round % 2 == 0 {
-            (yield_loops_ns()?, with_programs()?)
-        } else {
-            let with_ns = with_programs()?;
-            (yield_loops_ns()?, with_ns)
+        let with_floor = || -> Result<f64> {
+            let _floor = SchedulerFloor::attach()?;
+            yield_loops_ns()
         };
+        // Each setup goes first, second and third in turn.
+        let (mut without_ns, mut floor_ns, mut with_ns) = (0.0, 0.0, 0.0);
+        for setup in 0..3 {
+            match (setup + round) % 3 {
+                0 => without_ns = yield_loops_ns()?,
+                1 => floor_ns = with_floor()?,
+                _ => with_ns = with_programs()?,
+            }
+        }
         let capture = Capture::load(&with_stats)?;
         let stats = |capture: &Capture| -> BTreeMap<&'static str, (u128, u64)> {
             capture
@@ -402,16 +412,19 @@ fn scheduler_cost(config: &Config) -> Result<Vec<SchedulerRound>> {
         let (runtime_ns, runtime_runs) = delta("sched_stat_runtime")?;
         let r = SchedulerRound {
             without_ns,
+            floor_ns,
             with_ns,
             stats_ns: (switch_ns + runtime_ns) / switches,
             switch_ns: switch_ns / switches,
             runtime_runs: runtime_runs / switches,
         };
         eprintln!(
-            "round {}: a context switch {:.1} ns without the scheduler programs, {:.1} ns with \
-             them; their run time {:.1} ns per switch over {switches} switches",
+            "round {}: a context switch {:.1} ns without the scheduler programs, {:.1} ns with an \
+             empty program on sched_switch, {:.1} ns with them; their run time {:.1} ns per switch \
+             over {switches} switches",
             round + 1,
             r.without_ns,
+            r.floor_ns,
             r.with_ns,
             r.stats_ns
         );
@@ -422,14 +435,19 @@ fn scheduler_cost(config: &Config) -> Result<Vec<SchedulerRound>> {
 
 fn print_scheduler_cost(rounds: Vec<SchedulerRound>) {
     let of = |f: fn(&SchedulerRound) -> f64| median(rounds.iter().map(f).collect());
-    let (without, with) = (of(|r| r.without_ns), of(|r| r.with_ns));
+    let (without, floor, with) = (of(|r| r.without_ns), of(|r| r.floor_ns), of(|r| r.with_ns));
     let added = of(|r| r.with_ns - r.without_ns);
+    let floor_added = of(|r| r.floor_ns - r.without_ns);
     println!(
         "scheduler programs, per context switch between two processes the daemon does not track, \
          median of {ROUNDS} rounds of {SWITCHES} switches: {added:+.1} ns by the switches' wall \
          time, BPF statistics off as deployed ({without:.1} ns without the programs, {with:.1} ns \
-         with them); {:.1} ns of run time by the kernel's BPF statistics, their own clock reads \
-         included (sched_switch {:.1} ns, sched_stat_runtime {:.2} runs per switch)",
+         with them), {:.2} times the floor, an empty program on sched_switch alone \
+         ({floor_added:+.1} ns, {floor:.1} ns a switch: what the kernel's dispatch of any raw \
+         tracepoint program costs a switch here); {:.1} ns of run time by the kernel's BPF \
+         statistics, their own clock reads included (sched_switch {:.1} ns, sched_stat_runtime \
+         {:.2} runs per switch)",
+        added / floor_added,
         of(|r| r.stats_ns),
         of(|r| r.switch_ns),
         of(|r| r.runtime_runs)

@@ -46,6 +46,7 @@ use profiler_common::{
     lost, BurstRecord, BurstTotals, ExecRecord, FuncKey, FuncStats, HoldReport, IoTotals,
     RankRegion, StormEvent, TaskThread, ThreadLife, ThreadState, NO_FUNC,
 };
+pub use scheduler::SchedulerFloor;
 
 use config::CaptureConfig;
 use multi::ProbeKind;

@@ -15,10 +15,10 @@
 
 use aya::{
     programs::{raw_trace_point::RawTracePointLink, RawTracePoint},
-    Ebpf,
+    Ebpf, EbpfLoader,
 };
 
-use super::{on_demand::FlaggedLinks, CaptureError};
+use super::{on_demand::FlaggedLinks, program_mut, CaptureError, BPF_OBJECT};
 
 /// The programs and the raw tracepoints they attach to.
 pub(super) const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] = [
@@ -40,4 +40,32 @@ pub(super) fn load(ebpf: &mut Ebpf) -> Result<SchedulerPrograms, CaptureError> {
         |p, tracepoint| p.attach(tracepoint).and_then(|id| p.take_link(id)),
         "SCHEDULER_DETACHED",
     )
+}
+
+/// The scheduler programs' floor (profiler-ebpf's `sched_switch_floor`, an empty program) on
+/// sched_switch, alone, while this lives: what the kernel's dispatch of a raw tracepoint program
+/// costs every context switch, the reference the overhead bench prints the real programs' cost
+/// beside.
+pub struct SchedulerFloor {
+    /// The object, with its program attached: dropping it detaches the program.
+    _ebpf: Ebpf,
+}
+
+impl SchedulerFloor {
+    pub fn attach() -> Result<SchedulerFloor, CaptureError> {
+        const NAME: &str = "sched_switch_floor";
+        if BPF_OBJECT.is_empty() {
+            return Err(CaptureError::NoBpfObject);
+        }
+        let mut ebpf = EbpfLoader::new().load(BPF_OBJECT)?;
+        let program: &mut RawTracePoint = program_mut(&mut ebpf, NAME)?;
+        program
+            .load()
+            .and_then(|()| program.attach("sched_switch"))
+            .map_err(|source| CaptureError::Program {
+                program: NAME,
+                source,
+            })?;
+        Ok(SchedulerFloor { _ebpf: ebpf })
+    }
 }
