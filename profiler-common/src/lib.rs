@@ -117,15 +117,18 @@ pub struct RankRegion {
 }
 const _: () = assert!(core::mem::size_of::<RankRegion>() == 16);
 
-/// Per CPU: the time and counter values of the last context switch to a profiled thread on that
-/// CPU, i.e. when the profiled thread now running on it came in.
+/// Per CPU: its run queue (the kernel's `struct rq` address, found at the first switch to a
+/// profiled thread; 0 until then), the task the last context switch on it brought in (its
+/// `task_struct` address), and the counter values when the profiled thread now running on it
+/// came in.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuSwitch {
-    pub last_switch_ns: u64,
+    pub rq: u64,
+    pub task: u64,
     pub counters: [u64; NUM_COUNTERS],
 }
-const _: () = assert!(core::mem::size_of::<CpuSwitch>() == 24);
+const _: () = assert!(core::mem::size_of::<CpuSwitch>() == 32);
 
 /// One burst at or above the duration filter, sent through the ring buffer.
 #[repr(C)]
@@ -273,11 +276,15 @@ pub struct ThreadState {
     /// On-CPU snapshot at the entry of the polling call in progress.
     pub poll_entry_oncpu: u64,
     pub poll_entry_counters: [u64; NUM_COUNTERS],
-    /// The thread's run time as the scheduler accounts it (the sum of its `sched_stat_runtime`
-    /// deltas since it was first seen), and when it was last accounted (CLOCK_MONOTONIC ns).
-    /// Running since then or since its switch-in (`CpuSwitch`), whichever is later, adds to it.
+    /// The thread's on-CPU time (its task's run time as the scheduler accounts it, taken at its
+    /// last switch in), when it was taken (CLOCK_MONOTONIC ns), and what its CPU's run queue
+    /// clock had lost to steal and interrupts then: running since then adds the wall time less
+    /// what the run queue lost since.
     pub oncpu_ns: u64,
     pub oncpu_accounted_ns: u64,
+    pub oncpu_rq_lost_ns: u64,
+    /// The thread's kernel task (`task_struct` address).
+    pub task: u64,
     /// Per-thread counter totals, virtualised from per-CPU counters at sched_switch.
     pub counters: [u64; NUM_COUNTERS],
     /// When the state was made (CLOCK_MONOTONIC ns): with the tid, it names this life of the
@@ -319,7 +326,7 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 424 + CALL_CACHE_WAYS * 80);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 440 + CALL_CACHE_WAYS * 80);
 
 /// Ways of a thread's cache of call statistics (`ThreadState::call_cache`): a code's main loop
 /// calls MPI from a few call sites, and a call whose site is in the cache updates its statistics

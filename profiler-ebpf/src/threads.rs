@@ -15,7 +15,7 @@ use profiler_common::{
 use crate::{
     call_stats::write_back_all,
     libraries::{hold_for, launched},
-    oncpu::scheduler_detached,
+    oncpu::{account_start, scheduler_detached},
     shared::count_lost,
 };
 
@@ -36,8 +36,8 @@ static THREADS: LruHashMap<u32, ThreadState> = LruHashMap::with_max_entries(THRE
 /// BPF stack.
 #[map]
 static FRESH_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
-/// Kernel task (task_struct address) → thread, for the threads with a state: sched_stat_runtime
-/// names the task, which may run on another CPU than the one accounting it.
+/// Kernel task (task_struct address) → thread, for the threads with a state: sched_switch names
+/// the task coming on a CPU.
 #[map]
 pub(crate) static TASK_THREADS: LruHashMap<u64, TaskThread> =
     LruHashMap::with_max_entries(65536, 0);
@@ -112,7 +112,7 @@ pub(crate) fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadStat
 }
 
 /// Makes `st` the state of a thread seen for the first time, in place: a state is too large for
-/// the BPF stack. Its run time counts from here: the scheduler's updates add to it from now on.
+/// the BPF stack. Its on-CPU time is the scheduler's from here on (oncpu.rs).
 #[inline(always)]
 fn start_state(st: &mut ThreadState, tid: u32, pid: u32) {
     let now = unsafe { bpf_ktime_get_ns() };
@@ -121,7 +121,7 @@ fn start_state(st: &mut ThreadState, tid: u32, pid: u32) {
     st.tid = tid;
     st.outer_func = NO_FUNC;
     st.burst_start_func = NO_FUNC;
-    st.oncpu_accounted_ns = now;
+    account_start(st, unsafe { bpf_get_current_task() }, now);
     st.born_ns = now;
     st.totals.pid = pid;
 }

@@ -333,11 +333,8 @@ struct SchedulerRound {
     without_ns: f64,
     floor_ns: f64,
     with_ns: f64,
-    /// By the kernel's BPF statistics: both programs' run time per switch, sched_switch's, and
-    /// sched_stat_runtime's runs per switch.
+    /// By the kernel's BPF statistics: the program's run time per switch.
     stats_ns: f64,
-    switch_ns: f64,
-    runtime_runs: f64,
 }
 
 /// Wall ns per context switch of two yield loops that hand CPU 0 to each other.
@@ -409,14 +406,11 @@ fn scheduler_cost(config: &Config) -> Result<Vec<SchedulerRound>> {
             Ok(((t1 - t0) as f64, (n1 - n0) as f64))
         };
         let (switch_ns, switches) = delta("sched_switch")?;
-        let (runtime_ns, runtime_runs) = delta("sched_stat_runtime")?;
         let r = SchedulerRound {
             without_ns,
             floor_ns,
             with_ns,
-            stats_ns: (switch_ns + runtime_ns) / switches,
-            switch_ns: switch_ns / switches,
-            runtime_runs: runtime_runs / switches,
+            stats_ns: switch_ns / switches,
         };
         eprintln!(
             "round {}: a context switch {:.1} ns without the scheduler programs, {:.1} ns with an \
@@ -444,13 +438,10 @@ fn print_scheduler_cost(rounds: Vec<SchedulerRound>) {
          time, BPF statistics off as deployed ({without:.1} ns without the programs, {with:.1} ns \
          with them), {:.2} times the floor, an empty program on sched_switch alone \
          ({floor_added:+.1} ns, {floor:.1} ns a switch: what the kernel's dispatch of any raw \
-         tracepoint program costs a switch here); {:.1} ns of run time by the kernel's BPF \
-         statistics, their own clock reads included (sched_switch {:.1} ns, sched_stat_runtime \
-         {:.2} runs per switch)",
+         tracepoint program costs a switch here); {:.1} ns of sched_switch's run time by the \
+         kernel's BPF statistics, their own clock reads included",
         added / floor_added,
-        of(|r| r.stats_ns),
-        of(|r| r.switch_ns),
-        of(|r| r.runtime_runs)
+        of(|r| r.stats_ns)
     );
 }
 

@@ -188,7 +188,7 @@ pub struct Burst {
     pub start_ns: u64,
     /// Wall-clock duration without the time spent in polling MPI calls inside the burst.
     pub duration_ns: u64,
-    /// Time the thread ran during the burst, as the scheduler accounts it (sched_stat_runtime):
+    /// Time the thread ran during the burst, as the scheduler accounts it (sum_exec_runtime):
     /// what the thread's own CLOCK_THREAD_CPUTIME_ID counts, without time stolen by a hypervisor.
     pub oncpu_ns: u64,
     pub counters: Option<HwCounters>,

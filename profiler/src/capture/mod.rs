@@ -8,6 +8,7 @@ mod file_io;
 mod governed;
 pub mod governor;
 pub mod hold_guard;
+mod kernel_btf;
 mod libraries;
 mod mapping;
 mod multi;
@@ -49,6 +50,7 @@ use profiler_common::{
 pub use scheduler::SchedulerFloor;
 
 use config::CaptureConfig;
+use kernel_btf::SchedOffsets;
 use multi::ProbeKind;
 use ring::RecordRing;
 use scheduler::{SchedulerPrograms, SCHED_RAW_TRACEPOINTS};
@@ -116,6 +118,8 @@ pub enum CaptureError {
     Tracefs(#[from] tracefs::TracefsError),
     #[error(transparent)]
     HoldGuard(#[from] hold_guard::HoldGuardError),
+    #[error(transparent)]
+    KernelBtf(#[from] kernel_btf::KernelBtfError),
     #[error("tracepoint {event}: {detail}")]
     TracepointFormat { event: String, detail: String },
 }
@@ -266,7 +270,8 @@ pub struct Capture {
 }
 
 /// Loads the BPF object with its load-time settings: the duration filter, the ring's size and
-/// wake-up threshold, the counters, the tracepoints' field offsets on this kernel.
+/// wake-up threshold, the counters, the tracepoints' and the scheduler's field offsets on this
+/// kernel.
 fn load_object(
     config: &CaptureConfig,
     setup: &CounterSetup,
@@ -283,6 +288,15 @@ fn load_object(
     } else {
         (0, 0)
     };
+    let sched = SchedOffsets::of_running_kernel()?;
+    let (task_cfs_rq_offset, cfs_rq_rq_offset) = sched.rq_path.unwrap_or_else(|| {
+        tracing::warn!(
+            "this kernel has no group scheduling (CONFIG_FAIR_GROUP_SCHED), so the scheduler \
+             program cannot reach a CPU's run queue: within a time slice, the on-CPU time of a \
+             burst includes what a hypervisor stole from the virtual CPU"
+        );
+        (0, 0)
+    });
     let min_burst_ns = config.min_burst_ns();
     let counters_enabled: u32 = matches!(setup, CounterSetup::Enabled(_)).into();
     let max_cpu = cpus.iter().copied().max().unwrap_or(0) + 1;
@@ -296,6 +310,11 @@ fn load_object(
         .override_global("IO_FD_OFFSET", &io_fd_offset, true)
         .override_global("IO_RET_OFFSET", &io_ret_offset, true)
         .override_global("DAEMON_PID", &std::process::id(), true)
+        .override_global("TASK_RUNTIME_OFFSET", &sched.task_runtime, true)
+        .override_global("TASK_CFS_RQ_OFFSET", &task_cfs_rq_offset, true)
+        .override_global("CFS_RQ_RQ_OFFSET", &cfs_rq_rq_offset, true)
+        .override_global("RQ_CLOCK_OFFSET", &sched.rq_clock, true)
+        .override_global("RQ_CLOCK_TASK_OFFSET", &sched.rq_clock_task, true)
         .override_global(
             "OPENAT_RET_OFFSET",
             openat_ret_offset.as_ref().unwrap_or(&0),

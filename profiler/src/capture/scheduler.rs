@@ -1,16 +1,15 @@
-//! The scheduler programs (profiler-ebpf's scheduler.rs): the raw tracepoints sched_stat_runtime
-//! and sched_switch, which give each MPI thread its on-CPU time.
+//! The scheduler program (profiler-ebpf's scheduler.rs): the raw tracepoint sched_switch, which
+//! gives each MPI thread its on-CPU time.
 //!
-//! They run for every task on the node, at every context switch and every update of a task's
-//! run time: about 100 ns per sched_yield of any process here (docs/performance.md, "System-call
-//! tax"). With `capture.scheduler_on_demand`, where the daemon can hold processes (its hold
-//! guard runs), they are attached only while the node has an MPI thread, and for
+//! It runs at every context switch on the node, whichever task it is for (docs/performance.md,
+//! "System-call tax"). With `capture.scheduler_on_demand`, where the daemon can hold processes
+//! (its hold guard runs), it is attached only while the node has an MPI thread, and for
 //! `capture.detach_idle_after_s` after the last one.
 //!
-//! A thread's on-CPU time is whole only if they run from its first probed call on. So while they
-//! are detached, the BPF flag SCHEDULER_DETACHED is set, and a thread's first probed call holds
-//! its process (a `hold::FIRST_CALL` report) until the daemon has attached them again
-//! ([`FlaggedLinks`]): the work they wait for is a thread state, which a probe makes before it
+//! A thread's on-CPU time is right only if it runs from the thread's first probed call on. So
+//! while it is detached, the BPF flag SCHEDULER_DETACHED is set, and a thread's first probed call
+//! holds its process (a `hold::FIRST_CALL` report) until the daemon has attached it again
+//! ([`FlaggedLinks`]): the work it waits for is a thread state, which a probe makes before it
 //! reads the flag (threads.rs).
 
 use aya::{
@@ -20,11 +19,8 @@ use aya::{
 
 use super::{on_demand::FlaggedLinks, program_mut, CaptureError, BPF_OBJECT};
 
-/// The programs and the raw tracepoints they attach to.
-pub(super) const SCHED_RAW_TRACEPOINTS: [(&str, &str); 2] = [
-    ("sched_stat_runtime", "sched_stat_runtime"),
-    ("sched_switch", "sched_switch"),
-];
+/// The program and the raw tracepoint it attaches to.
+pub(super) const SCHED_RAW_TRACEPOINTS: [(&str, &str); 1] = [("sched_switch", "sched_switch")];
 
 /// The scheduler programs' links.
 pub(super) type SchedulerPrograms = FlaggedLinks<RawTracePoint, RawTracePointLink>;
