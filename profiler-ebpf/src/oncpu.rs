@@ -4,7 +4,7 @@
 //! A thread's on-CPU time is the scheduler's own accounting, its task's `se.sum_exec_runtime`
 //! (what CLOCK_THREAD_CPUTIME_ID reads: it leaves out the time a hypervisor stole from the
 //! virtual CPU, and the time of interrupts where the kernel accounts it). The scheduler updates
-//! it at every switch out, so it is exact when the thread comes on a CPU (`account_switch_in`).
+//! it at every switch out, so it is exact when the thread comes on a CPU (`account_from`).
 //! From then on the wall time counts, less the time the CPU's run queue clock has since lost to
 //! steal and interrupts: its `clock` less its `clock_task`, which the kernel brings up to date at
 //! every tick and switch. A probe reads the run queue again once the time counted so passes
