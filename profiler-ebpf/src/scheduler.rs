@@ -22,7 +22,7 @@ use profiler_common::NUM_COUNTERS;
 use crate::{
     oncpu::{account_from, read_counters, COUNTERS_ENABLED, CPU_SWITCH},
     shared::config,
-    threads::{task_filter_slot, thread, TASK_FILTER, TASK_THREADS},
+    threads::{maybe_profiled, thread, TASK_THREADS},
 };
 
 /// Every context switch: the CPU notes the task coming in. A profiled thread coming in takes its
@@ -41,8 +41,8 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
     let cpu = unsafe { &mut *cpu };
     cpu.task = next;
     let counting = config(&COUNTERS_ENABLED) != 0;
-    let leaving = counting && profiled(prev);
-    let coming = profiled(next);
+    let leaving = counting && maybe_profiled(prev);
+    let coming = maybe_profiled(next);
     if !leaving && !coming {
         return 0;
     }
@@ -73,11 +73,4 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch_floor(_ctx: RawTracePointContext) -> i32 {
     0
-}
-
-/// Whether `task` may be a profiled thread: its bit in TASK_FILTER (shared by a few others).
-#[inline(always)]
-fn profiled(task: u64) -> bool {
-    let (word, bit) = task_filter_slot(task);
-    TASK_FILTER.get(word).is_some_and(|w| w & bit != 0)
 }

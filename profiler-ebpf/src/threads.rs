@@ -41,13 +41,15 @@ static FRESH_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 
 #[map]
 pub(crate) static TASK_THREADS: LruHashMap<u64, TaskThread> =
     LruHashMap::with_max_entries(65536, 0);
-/// One bit per hash of the address of every task in TASK_THREADS (bits are never cleared): the
-/// scheduler's updates of other tasks, the vast majority, leave after one array read instead
-/// of a hash lookup.
+/// One byte per hash of the address of every task in TASK_THREADS, eight to a word (bytes are
+/// never cleared): the scheduler's switches of other tasks, the vast majority, leave after one
+/// array read instead of a hash lookup. A byte, not a bit: storing a thread's byte cannot undo
+/// another CPU's store to a byte beside it, as a read-modify-write of a shared word could (the
+/// BPF target here has no atomic OR), so it is stored once, at the thread's first call.
 #[map]
-pub(crate) static TASK_FILTER: Array<u64> = Array::with_max_entries(TASK_FILTER_WORDS, 0);
+static TASK_FILTER: Array<u64> = Array::with_max_entries(TASK_FILTER_WORDS, 0);
 const TASK_FILTER_BITS: u32 = 16;
-const TASK_FILTER_WORDS: u32 = 1 << (TASK_FILTER_BITS - 6);
+const TASK_FILTER_WORDS: u32 = 1 << (TASK_FILTER_BITS - 3);
 /// The burst totals of ended thread states, by thread life (see `keep_totals`).
 #[map]
 static BURST_TOTALS: HashMap<ThreadLife, BurstTotals> = HashMap::with_max_entries(65536, 0);
@@ -71,16 +73,6 @@ pub(crate) fn thread(tid: u32) -> Option<&'static mut ThreadState> {
 /// The calling thread's state, made at its first probed call.
 #[inline(always)]
 pub(crate) fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadState> {
-    // Checked at every call, not only the first: the BPF target has no atomic OR, and another
-    // CPU setting a bit of the same word at the same moment may undo this one until the next
-    // call. Stored only when missing: a store at every call would keep the word's cache line
-    // moving between the CPUs that read it at every scheduler update.
-    let (word, bit) = task_filter_slot(unsafe { bpf_get_current_task() });
-    if let Some(w) = TASK_FILTER.get_ptr_mut(word) {
-        if unsafe { *w } & bit == 0 {
-            unsafe { *w |= bit };
-        }
-    }
     let found = thread(tid);
     if let Some(st) = &found {
         if st.pid == pid {
@@ -96,6 +88,7 @@ pub(crate) fn thread_state(tid: u32, pid: u32) -> Option<&'static mut ThreadStat
         claim_state(tid, pid);
     }
     let task = unsafe { bpf_get_current_task() };
+    mark_profiled(task);
     if TASK_THREADS
         .insert(&task, &TaskThread { tid, pid }, 0)
         .is_err()
@@ -156,12 +149,30 @@ fn claim_state(tid: u32, pid: u32) {
     }
 }
 
-/// The word and bit of a task address in TASK_FILTER (Fibonacci hashing: task_struct addresses
-/// share their low bits).
+/// The word of a task address in TASK_FILTER and its byte in that word (Fibonacci hashing:
+/// task_struct addresses share their low bits).
 #[inline(always)]
-pub(crate) fn task_filter_slot(task: u64) -> (u32, u64) {
+fn task_filter_slot(task: u64) -> (u32, u64) {
     let h = task.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - TASK_FILTER_BITS);
-    ((h >> 6) as u32, 1 << (h & 63))
+    ((h >> 3) as u32, h & 7)
+}
+
+/// Marks `task` in TASK_FILTER: the scheduler program looks it up from now on.
+#[inline(always)]
+fn mark_profiled(task: u64) {
+    let (word, byte) = task_filter_slot(task);
+    if let Some(w) = TASK_FILTER.get_ptr_mut(word) {
+        unsafe { (w as *mut u8).add(byte as usize).write_volatile(1) };
+    }
+}
+
+/// Whether `task` may be a profiled thread: its byte in TASK_FILTER (shared by a few others).
+#[inline(always)]
+pub(crate) fn maybe_profiled(task: u64) -> bool {
+    let (word, byte) = task_filter_slot(task);
+    TASK_FILTER
+        .get(word)
+        .is_some_and(|w| (w >> (byte * 8)) & 0xff != 0)
 }
 
 /// Ends the state of an exiting thread: keeps its burst totals, and frees its slot for the next

@@ -12,9 +12,11 @@
 //! and its Fortran twin call_loop.f90, whose MPI_Barrier goes through the Fortran wrapper to the
 //! C function: two probed functions per call, the C one nested.
 //! The probe cost of a configuration is its ns per call minus (c); the target is
-//! cost(b) ≤ 1.1 × cost(a). Configurations alternate over several rounds and medians are taken,
-//! so drift on the machine hits all three alike. Where the kernel would single-step a function's
-//! first instruction, the probes sit further in (capture/placement.rs): the table shows where.
+//! cost(b) ≤ 1.15 × cost(a) on the collective and completion classes, and at most 250 ns of the
+//! programs' own work per call on every class. Configurations alternate over several rounds and
+//! medians are taken, so drift on the machine hits all three alike. Where the kernel would
+//! single-step a function's first instruction, the probes sit further in
+//! (capture/placement.rs): the table shows where.
 //!
 //! Three more alternating rounds run with the kernel's BPF statistics on, and the medians of the
 //! run time and runs of the probe programs per call are printed, the floor's empty programs
@@ -714,7 +716,7 @@ fn measured(mpis: &[Mpi]) -> impl Iterator<Item = (&Mpi, &(&str, &str, &str, &st
 fn print_cost_per_call(mpis: &[Mpi], rounds: &Rounds) {
     println!(
         "cost per call, {CALLS} calls per run, median of {ROUNDS} alternating rounds (ns per call; \
-         probe cost = with probes - without; target: mpiburst/floor <= 1.1):"
+         probe cost = with probes - without; target: mpiburst/floor <= 1.15):"
     );
     println!(
         "  {:<9} {:<14} {:<26} {:>8} {:>8} {:>8} {:>9} {:>11} {:>13} {:>6}",
