@@ -63,10 +63,13 @@
 //! 2. one is a stretch of time of a larger cluster of the region that every rank running it also
 //!    runs: on every such rank its bursts form at most [`MAX_STRETCHES`] unbroken runs among
 //!    that cluster's bursts: the code ran at another speed for a while on every rank. Of several
-//!    such clusters, the nearest. In a phase alternating between 12 and 24 ms, iterations
-//!    slowed to 18 ms on every rank for a while are a stretch of the 12 ms cluster only (among
-//!    the 24 ms bursts they make a run per iteration); one such iteration alone is a stretch of
-//!    both, and joins the nearer, the 24 ms one, beyond the midpoint (17 ms).
+//!    such clusters, the one whose place it takes: among the bursts of the region on each rank,
+//!    the guest's bursts sit between the neighbours the host's usually sit between. Then the
+//!    nearest. In a phase alternating between 12 and 24 ms, iterations slowed to 18 ms on every
+//!    rank for a while are a stretch of the 12 ms cluster only (among the 24 ms bursts they make
+//!    a run per iteration); one such iteration alone is a stretch of both, nearer the 24 ms one
+//!    beyond the midpoint (17 ms), but it sits between two 24 ms bursts, where the 12 ms bursts
+//!    sit, and joins the 12 ms one.
 //!
 //! Its spread and per-rank balance then show the slowdown. Clusters of one region that take turns
 //! on every rank at once, such as a phase that alternates between two durations with the
@@ -362,21 +365,34 @@ fn contexts(
     labels: &[ClusterId],
     sequences: &RankSequences,
 ) -> BTreeMap<ClusterId, BTreeMap<Context, u64>> {
+    contexts_within(labels, sequences, |_| 0)
+}
+
+/// Every context each cluster was seen in, with counts, where a burst's neighbours are the
+/// clustered bursts of its own group (`group_of` a point) before and after it in its rank's
+/// sequence.
+fn contexts_within(
+    labels: &[ClusterId],
+    sequences: &RankSequences,
+    group_of: impl Fn(usize) -> u32,
+) -> BTreeMap<ClusterId, BTreeMap<Context, u64>> {
     let mut out: BTreeMap<ClusterId, BTreeMap<Context, u64>> = BTreeMap::new();
     for rank in 0..sequences.ranks() {
-        let clustered: Vec<ClusterId> = sequences
-            .sequence(rank)
-            .iter()
-            .map(|&p| labels[p])
-            .filter(|&l| l != NOISE)
-            .collect();
-        for (k, &id) in clustered.iter().enumerate() {
-            let before = k.checked_sub(1).map(|k| clustered[k]);
-            let after = clustered.get(k + 1).copied();
-            *out.entry(id)
-                .or_default()
-                .entry((before, after))
-                .or_default() += 1;
+        let mut clustered: BTreeMap<u32, Vec<ClusterId>> = BTreeMap::new();
+        for &p in sequences.sequence(rank) {
+            if labels[p] != NOISE {
+                clustered.entry(group_of(p)).or_default().push(labels[p]);
+            }
+        }
+        for group in clustered.values() {
+            for (k, &id) in group.iter().enumerate() {
+                let before = k.checked_sub(1).map(|k| group[k]);
+                let after = group.get(k + 1).copied();
+                *out.entry(id)
+                    .or_default()
+                    .entry((before, after))
+                    .or_default() += 1;
+            }
         }
     }
     out
@@ -446,7 +462,7 @@ pub fn join_same_region(
     }
 
     // Stretches of time of a larger cluster of the region that runs on every rank the guest runs
-    // on: the nearest (ties: the lower id).
+    // on: the one whose place it takes most often, then the nearest, then the lower id.
     let centroid = |id: ClusterId| clusters[&id].centroid();
     let larger = |a: ClusterId, b: ClusterId| {
         (clusters[&a].points, std::cmp::Reverse(a)) > (clusters[&b].points, std::cmp::Reverse(b))
@@ -466,6 +482,12 @@ pub fn join_same_region(
             runs <= MAX_STRETCHES
         })
     };
+    // The guest's bursts that sit where the host's usually do, among the bursts of their region.
+    let within_region = contexts_within(labels, sequences, |p| points.groups()[p]);
+    let in_place_of = |guest: ClusterId, host: ClusterId| {
+        let usual = most_common(&within_region[&host]);
+        within_region[&guest].get(&usual).copied().unwrap_or(0)
+    };
     for (&guest, &(group, _)) in &region {
         let ranks = |id: ClusterId| clusters[&id].ranks.iter();
         let host = region
@@ -476,9 +498,12 @@ pub fn join_same_region(
                     && ranks(guest).zip(ranks(host)).all(|(&g, &h)| h || !g)
                     && stretch_of(guest, host)
             })
-            .map(|(&host, _)| (distance2(&centroid(guest), &centroid(host)), host))
-            .min_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
-        if let Some((_, host)) = host {
+            .map(|(&host, _)| {
+                let place = std::cmp::Reverse(in_place_of(guest, host));
+                (place, distance2(&centroid(guest), &centroid(host)), host)
+            })
+            .min_by(|x, y| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1)).then(x.2.cmp(&y.2)));
+        if let Some((.., host)) = host {
             sets.union(guest, host);
         }
     }

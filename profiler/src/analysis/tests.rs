@@ -266,10 +266,15 @@ fn assert_alternate(bursts: &[Burst], analysis: &Analysis, ids: &[ClusterId], co
 fn iterations_slowed_on_every_rank_in_an_alternating_phase_join_the_short_cluster() {
     // Phase 1 doubles on odd iterations. Every rank runs it 1.25 times slower in iteration 38, an
     // even one: a one-column cluster nearer the short cluster than the long one, which holds one
-    // burst more per rank. Or 1.5 times slower in iterations 20, 22 and 24: nearer the long
-    // cluster, but a stretch of time of the short one only. Either way it joins the short one,
-    // and the phase still alternates.
-    let slowdowns = [vec![(38, 1.25)], vec![(20, 1.5), (22, 1.5), (24, 1.5)]];
+    // burst more per rank. Or 1.6 times slower: beyond the midpoint (√2), nearer the long
+    // cluster, but between two long bursts, in the short one's place. Or 1.5 times slower in
+    // iterations 20, 22 and 24: nearer the long cluster, but a stretch of time of the short one
+    // only. Each way it joins the short one, and the phase still alternates.
+    let slowdowns = [
+        vec![(38, 1.25)],
+        vec![(38, 1.6)],
+        vec![(20, 1.5), (22, 1.5), (24, 1.5)],
+    ];
     for (counters, slowed) in [false, true]
         .into_iter()
         .flat_map(|c| slowdowns.iter().map(move |s| (c, s.clone())))
