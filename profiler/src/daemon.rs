@@ -242,6 +242,7 @@ impl Daemon {
     /// update.
     fn drain(&mut self) {
         self.libraries.handle_holds(&mut self.capture);
+        self.usage.mark_daemon_cpu(unix_now_ns());
         let now = Instant::now();
         for exec in self.capture.drain_execs() {
             self.members.exec(exec.pid, exec.exec_ns);
@@ -402,7 +403,7 @@ impl Daemon {
     fn charge_daemon_cpu(&mut self, taken: &DaemonCpuTaken) {
         for (id, &ns) in &taken.jobs {
             if let Some(job) = self.state.store.jobs.get_mut(id) {
-                probe_cost::charge_daemon_cpu(job, ns, (taken.from_ns, taken.to_ns));
+                probe_cost::charge_daemon_cpu(job, ns, &taken.spans);
             }
         }
     }
