@@ -1330,48 +1330,62 @@ fn a_polling_storm_is_demoted_and_the_counts_it_touched_are_marked() {
     }
 }
 
-/// On a node without idle time (a busy loop per core beside the job), the daemon's own CPU is
-/// taken from what runs there: each rank of the job is charged part of it, never more than the
-/// daemon used while the job ran.
+/// A rank that computes on the one CPU the daemon runs on loses the CPU to the daemon's threads
+/// whenever they run: the scheduler program charges it the time they ran after taking the CPU
+/// from it mid-burst. That is never more than the daemon's CPU during the job, nor more than the
+/// rank's own bursts spent off the CPU; and it is most of the daemon's CPU while the rank
+/// computes, since nothing else there wants the CPU.
 #[test]
 #[ignore = "needs root to load BPF programs: run `sudo -E cargo xtask test`"]
-fn the_daemon_s_cpu_is_charged_to_the_ranks_of_a_job_on_a_node_without_idle_time() {
-    let daemon = Daemon::start(&[]);
-    let hogs = CpuHogs::start();
+fn the_daemon_s_threads_taking_a_computing_rank_s_cpu_are_charged_to_it() {
+    let daemon = Daemon::start_under(&["taskset", "-c", "0"], &[]);
     let daemon_cpu_ns: Vec<(Mpi, u64)> = Mpi::ALL
         .into_iter()
         .map(|mpi| {
             let before = daemon.cpu_ns();
-            // Several statistics updates within the regions: a job that starts and ends between
-            // two is never read, as its processes are gone at the next. Beside the busy loops,
-            // Open MPI's oversubscribed ranks crawl (10 s), MPICH's not (4 s).
-            let iterations = match mpi {
-                Mpi::OpenMpi => "1500",
-                Mpi::Mpich => "8000",
-            };
-            run_mpi(mpi, 2, &program("solver", mpi), &[iterations]);
+            // One rank on CPU 0, 3 phases of 1 s of computing, twice: 6 s of bursts.
+            let launcher = mpi.launcher(1);
+            let mut pinned = Command::new("taskset");
+            pinned.args(["-c", "0"]).arg(launcher.get_program());
+            pinned.args(launcher.get_args());
+            pinned
+                .arg(program("phases", mpi))
+                .args(["iters=2", "ms=1000,1000,1000"]);
+            let st = run_with_timeout(pinned, Duration::from_secs(120));
+            assert!(st.success(), "phases under {mpi:?} failed: {st}");
             (mpi, daemon.cpu_ns() - before)
         })
         .collect();
-    drop(hogs);
     let recording = daemon.stop();
     for (mpi, daemon_cpu_ns) in daemon_cpu_ns {
-        let job = job_of(&recording, &program("solver", mpi));
-        for rank in job.ranks.values() {
-            let what = format!("{mpi:?}, rank {}", rank.rank);
-            let cost = rank.probe_cost.unwrap_or_else(|| panic!("{what}: no cost"));
-            eprintln!(
-                "{what}: charged {} µs of the daemon's {} µs of CPU during the job",
-                cost.daemon_ns / 1000,
-                daemon_cpu_ns / 1000
-            );
-            // One clock tick of /proc/PID/stat's rounding more.
-            assert!(
-                cost.daemon_ns > 0 && cost.daemon_ns <= daemon_cpu_ns + 10_000_000,
-                "{what}: charged {} ns of the daemon's {daemon_cpu_ns} ns",
-                cost.daemon_ns
-            );
-        }
+        let job = job_of(&recording, &program("phases", mpi));
+        let rank = &job.ranks[&0];
+        let cost = rank
+            .probe_cost
+            .unwrap_or_else(|| panic!("{mpi:?}: no cost"));
+        let off_cpu_ns = rank.totals.burst_ns - rank.totals.burst_oncpu_ns;
+        eprintln!(
+            "{mpi:?}: charged {} µs; the daemon's CPU during the job {} µs; the rank's bursts \
+             {} µs off the CPU",
+            cost.daemon_ns / 1000,
+            daemon_cpu_ns / 1000,
+            off_cpu_ns / 1000
+        );
+        // One clock tick of /proc/PID/stat's rounding more.
+        assert!(
+            cost.daemon_ns <= daemon_cpu_ns + 10_000_000,
+            "{mpi:?}: charged {} ns of the daemon's {daemon_cpu_ns} ns",
+            cost.daemon_ns
+        );
+        assert!(
+            cost.daemon_ns <= off_cpu_ns,
+            "{mpi:?}: charged {} ns, while the rank's bursts spent {off_cpu_ns} ns off the CPU",
+            cost.daemon_ns
+        );
+        assert!(
+            cost.daemon_ns > 0,
+            "{mpi:?}: nothing charged of the daemon's {daemon_cpu_ns} ns of CPU"
+        );
     }
 }
 

@@ -127,8 +127,14 @@ pub struct CpuSwitch {
     pub rq: u64,
     pub task: u64,
     pub counters: [u64; NUM_COUNTERS],
+    /// The profiled thread that the last switch took off this CPU mid-burst while it could run,
+    /// and when (CLOCK_MONOTONIC ns); tid 0 when the last switch took off no such thread. The
+    /// next switch on the CPU ends the run of the task that displaced it.
+    pub displaced_tid: u32,
+    pub _pad: u32,
+    pub displaced_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<CpuSwitch>() == 32);
+const _: () = assert!(core::mem::size_of::<CpuSwitch>() == 48);
 
 /// One burst at or above the duration filter, sent through the ring buffer.
 #[repr(C)]
@@ -299,6 +305,9 @@ pub struct ThreadState {
     pub storm_start_ns: u64,
     pub storm_reported: u32,
     pub _pad: u32,
+    /// When a switch last took the thread off a CPU mid-burst while it could run (CLOCK_MONOTONIC
+    /// ns), until it comes back on one: 0 while it runs or waits.
+    pub displaced_ns: u64,
     /// The statistics of some of the thread's call sites, in place of their `FUNC_STATS`
     /// entries (see `CachedCallStats`).
     pub call_cache: [CachedCallStats; CALL_CACHE_WAYS],
@@ -326,7 +335,7 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 440 + CALL_CACHE_WAYS * 80);
+const _: () = assert!(core::mem::size_of::<ThreadState>() == 456 + CALL_CACHE_WAYS * 80);
 
 /// Ways of a thread's cache of call statistics (`ThreadState::call_cache`): a code's main loop
 /// calls MPI from a few call sites, and a call whose site is in the cache updates its statistics
@@ -525,8 +534,12 @@ pub struct BurstTotals {
     /// the core's caches.
     pub timed_runs: u64,
     pub timed_run_ns: u64,
+    /// The time the daemon's threads ran on the thread's CPU after taking it from the thread
+    /// mid-burst, while the thread could have run on (it was preempted, not waiting), until the
+    /// thread came back: what the daemon's own CPU delayed its computation.
+    pub daemon_delay_ns: u64,
 }
-const _: () = assert!(core::mem::size_of::<BurstTotals>() == 88);
+const _: () = assert!(core::mem::size_of::<BurstTotals>() == 96);
 
 /// One probe run in this many at an outermost call is timed to its end (`BurstTotals`): each
 /// costs one more clock read.

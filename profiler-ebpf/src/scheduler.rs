@@ -4,6 +4,13 @@
 //! It runs at every context switch on the node and leaves after one array read unless a task it
 //! names is one of the profiled threads (TASK_FILTER).
 //!
+//! It also measures what the daemon's own CPU delays the ranks: a profiled thread that a switch
+//! takes off its CPU mid-burst while it could run on (preempted: the scheduler's `prev_state` is
+//! TASK_RUNNING) has lost the CPU to the task coming in. When that task is a thread of the
+//! daemon, the next switch on the CPU ends its run, and the run's time, from the thread's switch
+//! out, is charged to the thread (`BurstTotals::daemon_delay_ns`) unless it came back on another
+//! CPU meanwhile. A thread inside an MPI call, or polling, waits: a delay there costs it nothing.
+//!
 //! The daemon detaches it while the node has no MPI thread (see the capture's scheduler.rs):
 //! oncpu.rs's SCHEDULER_DETACHED is set then, and a thread's first probed call holds its process
 //! until it is attached again.
@@ -17,9 +24,10 @@ use aya_ebpf::{
     macros::raw_tracepoint,
     programs::RawTracePointContext,
 };
-use profiler_common::NUM_COUNTERS;
+use profiler_common::{CpuSwitch, NUM_COUNTERS};
 
 use crate::{
+    libraries::DAEMON_PID,
     oncpu::{account_from, read_counters, COUNTERS_ENABLED, CPU_SWITCH},
     shared::config,
     threads::{maybe_profiled, thread, TASK_THREADS},
@@ -33,25 +41,38 @@ use crate::{
 /// profiled thread that is running (`oncpu::thread_now`), whose own switch in set them.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
-    // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, ...)
-    let (prev, next): (u64, u64) = (ctx.arg(1), ctx.arg(2));
+    // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
+    //          unsigned int prev_state)
+    let (prev, next, prev_state): (u64, u64, u64) = (ctx.arg(1), ctx.arg(2), ctx.arg(3));
     let Some(cpu) = CPU_SWITCH.get_ptr_mut(0) else {
         return 0;
     };
     let cpu = unsafe { &mut *cpu };
     cpu.task = next;
-    let counting = config(&COUNTERS_ENABLED) != 0;
-    let leaving = counting && maybe_profiled(prev);
+    if cpu.displaced_tid != 0 {
+        end_displacement(cpu);
+    }
+    let leaving = maybe_profiled(prev);
     let coming = maybe_profiled(next);
     if !leaving && !coming {
         return 0;
     }
+    let counting = config(&COUNTERS_ENABLED) != 0;
     let counters_now = read_counters();
     if leaving {
         let prev = bpf_get_current_pid_tgid() as u32;
         if let Some(st) = thread(prev) {
-            for i in 0..NUM_COUNTERS {
-                st.counters[i] += counters_now[i].wrapping_sub(cpu.counters[i]);
+            if counting {
+                for i in 0..NUM_COUNTERS {
+                    st.counters[i] += counters_now[i].wrapping_sub(cpu.counters[i]);
+                }
+            }
+            // TASK_RUNNING (0): taken off the CPU while it could run on.
+            if prev_state as u32 == 0 && st.depth == 0 && st.polling_calls == 0 {
+                let now = unsafe { bpf_ktime_get_ns() };
+                st.displaced_ns = now;
+                cpu.displaced_tid = prev;
+                cpu.displaced_ns = now;
             }
         }
     }
@@ -61,10 +82,29 @@ pub fn sched_switch(ctx: RawTracePointContext) -> i32 {
             return 0;
         };
         if let Some(st) = thread(known.tid) {
+            st.displaced_ns = 0;
             account_from(st, cpu, next, unsafe { bpf_ktime_get_ns() });
         }
     }
     0
+}
+
+/// The switch after a profiled thread was displaced on this CPU ends the run of the task that
+/// displaced it (the current one): a thread of the daemon's delayed the thread by its run, unless
+/// the thread came back on another CPU meanwhile.
+#[inline(always)]
+fn end_displacement(cpu: &mut CpuSwitch) {
+    let tid = cpu.displaced_tid;
+    cpu.displaced_tid = 0;
+    if (bpf_get_current_pid_tgid() >> 32) as u32 != config(&DAEMON_PID) {
+        return;
+    }
+    if let Some(st) = thread(tid) {
+        if st.displaced_ns == cpu.displaced_ns {
+            let now = unsafe { bpf_ktime_get_ns() };
+            st.totals.daemon_delay_ns += now.saturating_sub(cpu.displaced_ns);
+        }
+    }
 }
 
 /// The floor of the scheduler programs: an empty program on sched_switch. The daemon never

@@ -33,12 +33,7 @@ use tokio::{signal::unix::SignalKind, sync::watch};
 
 use crate::{
     analysis::online::PhasesSnapshot,
-    capture::{
-        self,
-        governor::Governor,
-        node_usage::{DaemonCpuTaken, NodeUsage},
-        usage, Capture,
-    },
+    capture::{self, governor::Governor, node_usage::NodeUsage, usage, Capture},
     config::Config,
     export::{
         printed::PrintedReports,
@@ -53,7 +48,6 @@ use crate::{
         clock::Clock,
         ingest::Ingest,
         members::{Member, Members},
-        probe_cost,
         readings::Reading,
         JobStore,
     },
@@ -242,7 +236,6 @@ impl Daemon {
     /// update.
     fn drain(&mut self) {
         self.libraries.handle_holds(&mut self.capture);
-        self.usage.mark_daemon_cpu(unix_now_ns());
         let now = Instant::now();
         for exec in self.capture.drain_execs() {
             self.members.exec(exec.pid, exec.exec_ns);
@@ -322,16 +315,14 @@ impl Daemon {
         let now = unix_now_ns();
         let oldest_start = self.read_ranks(&gone, now)?;
         let io = self.capture.read_io()?;
-        let taken = self.usage.read(
+        self.usage.read(
             self.members.iter().map(|(pid, m)| (pid, &m.job)),
             &io,
             &gone,
-            now,
         );
         // A rank that exited without MPI_Finalize has its region end at its exit, before it is
         // charged.
         self.mark_ended(&gone, now);
-        self.charge_daemon_cpu(&taken);
         self.end_ranks(&gone, last)?;
         self.tick_analysis(now);
         self.evaluate_properties(now);
@@ -397,15 +388,6 @@ impl Daemon {
             reading.read(rank, *pid, process, life, &mut self.ingest.resolver);
         }
         Ok(oldest_start)
-    }
-
-    /// Charges each job's ranks with the daemon's CPU taken from them since the last update.
-    fn charge_daemon_cpu(&mut self, taken: &DaemonCpuTaken) {
-        for (id, &ns) in &taken.jobs {
-            if let Some(job) = self.state.store.jobs.get_mut(id) {
-                probe_cost::charge_daemon_cpu(job, ns, &taken.spans);
-            }
-        }
     }
 
     /// Sets the end of the ranks whose process is gone.

@@ -70,13 +70,13 @@ pub fn proc_environ(data: &[u8]) {
     env.size();
 }
 
-/// The /proc/PID/stat family: `stat`, then optionally `statm`, `status`, /proc/meminfo and
-/// /proc/stat, each after a NUL byte (none of them holds one).
+/// The /proc/PID/stat family: `stat`, then optionally `statm`, `status` and /proc/meminfo, each
+/// after a NUL byte (none of them holds one).
 pub fn proc_stat(data: &[u8]) {
     let mut parts = data.split(|&b| b == 0);
     let stat = parts.next().unwrap_or_default();
     let mut text = || String::from_utf8_lossy(parts.next().unwrap_or_default());
-    let (statm, status, meminfo, node_stat) = (text(), text(), text(), text());
+    let (statm, status, meminfo) = (text(), text(), text());
     if let Ok(process) = proc::parse_stat(stat) {
         discovery::is_launcher(&process.comm);
     }
@@ -84,7 +84,6 @@ pub fn proc_stat(data: &[u8]) {
     let _ = proc::parse_start_time_ns(stat, tick_ns);
     let _ = proc::parse_process(stat, &statm, &status, tick_ns, 4096);
     let _ = proc::parse_mem_total(&meminfo);
-    let _ = proc::parse_node_cpu(&node_stat, tick_ns);
 }
 
 /// A /proc/PID/cgroup file after a first line naming a Slurm job id and a cgroup scope

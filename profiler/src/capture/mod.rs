@@ -1067,6 +1067,7 @@ pub fn per_process(totals: &KernelTotals) -> BTreeMap<u32, ProcessTotals> {
         e.dropped_bursts += t.dropped_bursts;
         e.timed_runs += t.timed_runs;
         e.timed_run_ns += t.timed_run_ns;
+        e.daemon_delay_ns += t.daemon_delay_ns;
         for (sum, c) in e.counters.iter_mut().zip(t.counters) {
             *sum += c;
         }

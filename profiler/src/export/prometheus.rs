@@ -394,7 +394,7 @@ fn job_families(f: &mut Families, jobs: &LabelledJobs<'_>) {
     );
     f.gauge(
         "mpiburst_job_profiling_daemon_seconds",
-        "The part of mpiburst_job_profiling_cost_seconds that is the daemon's own CPU: what the node's idle time could not hold, shared among the jobs by their CPU, charged to each rank here at the ranks' computing share while it was in its region of interest. Absent when the daemon measured no probe cost.",
+        "The part of mpiburst_job_profiling_cost_seconds that is the daemon's own CPU: how long the daemon's threads ran after taking a rank's CPU from it mid-burst, summed over the ranks here. Absent when the daemon measured no probe cost.",
         probe_costs.iter().map(|(l, costs)| {
             let daemon = costs.iter().map(|c| c.daemon_ns as f64);
             ((*l).clone(), daemon.sum::<f64>() / 1e9)

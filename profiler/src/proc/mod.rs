@@ -22,8 +22,8 @@ use procfs::{FromBufRead, ProcessCGroups};
 pub(crate) use cpu_list::parse_cpu_list;
 pub use maps::{parse_maps, read_maps, Mapping, MapsError};
 pub(crate) use stat::{parse_stat, read_stat, ProcStat};
-pub use usage::{node_cpu, node_memory_bytes, read_process, start_time_ns, NodeCpu, ProcessUsage};
-pub(crate) use usage::{parse_mem_total, parse_node_cpu, parse_process, parse_start_time_ns};
+pub use usage::{node_memory_bytes, read_process, start_time_ns, ProcessUsage};
+pub(crate) use usage::{parse_mem_total, parse_process, parse_start_time_ns};
 
 /// A failed read of a /proc file, or a file whose content is not what Linux writes there.
 #[derive(Debug, thiserror::Error)]

@@ -32,10 +32,6 @@ pub enum UsageError {
     CpusAllowed(#[from] CpuListError),
     #[error("no MemTotal line with a size in kB")]
     MemTotal,
-    #[error("stat: no \"cpu\" line with 8 times in ticks")]
-    NodeCpu,
-    #[error("stat: the node's CPU time overflows ns")]
-    NodeCpuOverflow,
 }
 
 /// `sysconf(name)`, or the POSIX default where this system does not know the name.
@@ -148,47 +144,6 @@ fn read_node_file<T>(
     })
 }
 
-/// The CPU time of the whole node since boot, summed over its CPUs, from the first line of
-/// /proc/stat (to the clock tick, USER_HZ).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NodeCpu {
-    /// Time running anything: user, nice, system, irq and softirq (guests are in user).
-    pub busy_ns: u64,
-    /// Time idle, waiting for I/O included. Time the hypervisor stole is in neither.
-    pub idle_ns: u64,
-}
-
-/// Reads the node's CPU time from /proc/stat.
-pub fn node_cpu() -> Result<NodeCpu, ProcError> {
-    read_node_file("/proc/stat", |text| parse_node_cpu(text, ns_per_tick()))
-}
-
-/// [`node_cpu`] from the text of /proc/stat and the clock tick.
-pub(crate) fn parse_node_cpu(stat: &str, tick_ns: u64) -> Result<NodeCpu, UsageError> {
-    let ticks: Vec<u64> = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("cpu "))
-        .ok_or(UsageError::NodeCpu)?
-        .split_whitespace()
-        .take(8)
-        .map(|v| v.parse().map_err(|_| UsageError::NodeCpu))
-        .collect::<Result<_, _>>()?;
-    let [user, nice, system, idle, iowait, irq, softirq, _steal] = ticks[..] else {
-        return Err(UsageError::NodeCpu);
-    };
-    let ns = |ticks: &[u64]| {
-        ticks
-            .iter()
-            .try_fold(0u64, |sum, &t| sum.checked_add(t))
-            .and_then(|t| t.checked_mul(tick_ns))
-            .ok_or(UsageError::NodeCpuOverflow)
-    };
-    Ok(NodeCpu {
-        busy_ns: ns(&[user, nice, system, irq, softirq])?,
-        idle_ns: ns(&[idle, iowait])?,
-    })
-}
-
 /// [`node_memory_bytes`] from the text of /proc/meminfo.
 pub(crate) fn parse_mem_total(meminfo: &str) -> Result<u64, UsageError> {
     meminfo
@@ -231,14 +186,6 @@ mod tests {
         let start = parse_start_time_ns(&stat_text("0", "0", "5"), 10_000_000).unwrap();
         assert_eq!(start, 50_000_000);
         assert_eq!(parse_mem_total("MemTotal:  2048 kB\n").unwrap(), 2 << 20);
-        let stat = "cpu  10 1 5 100 2 1 1 7 0 0\ncpu0 5 0 2 50 1 0 0 3 0 0\n";
-        assert_eq!(
-            parse_node_cpu(stat, 10_000_000).unwrap(),
-            NodeCpu {
-                busy_ns: 180_000_000,
-                idle_ns: 1_020_000_000,
-            }
-        );
     }
 
     #[test]
@@ -250,10 +197,6 @@ mod tests {
                 .contains("field 22")
         );
         assert!(error(parse_mem_total(&format!("MemTotal: {huge} kB"))).contains("MemTotal"));
-        let node = |stat: &str| parse_node_cpu(stat, 10).unwrap_err().to_string();
-        assert!(node(&format!("cpu  {huge} 1 0 0 0 0 0 0\n")).contains("overflows"));
-        assert!(node("cpu  1 2 3\n").contains("8 times"));
-        assert!(node("cpu0 1 2 3 4 5 6 7 8\n").contains("8 times"));
         let status = "Cpus_allowed_list:\t0\n";
         let usage = |stat: &[u8], statm: &str| {
             parse_process(stat, statm, status, 10_000_000, 4096)

@@ -13,17 +13,17 @@
 //! a hit back to back per call. The calls of a polling function the governor demoted (counted at
 //! entry only, or sampled) were made in a polling storm, a thread calling back to back while it
 //! waits: the waiting absorbs their hits, which show as fewer polls rather than a longer run, so
-//! they are counted apart (CPU the probes took, not time the rank lost). The daemon's own CPU
-//! that the node's idle time could not hold is time lost too ([`charge_daemon_cpu`]). Each rank
-//! keeps the costs of its own node, so that the ranks of a job recorded on several nodes sum
-//! exactly.
+//! they are counted apart (CPU the probes took, not time the rank lost). The time the daemon's
+//! own threads took the CPU from a rank mid-burst is time lost too: the scheduler program
+//! measures it (`BurstTotals::daemon_delay_ns`). Each rank keeps the costs of its own node, so
+//! that the ranks of a job recorded on several nodes sum exactly.
 //!
 //! [`TIMED_RUN_ONE_IN`]: profiler_common::TIMED_RUN_ONE_IN
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    capture::{node_usage::DaemonCpuSpan, ProbeCost, TimedRuns},
+    capture::{ProbeCost, TimedRuns},
     store::{CallStats, Job},
 };
 
@@ -46,9 +46,9 @@ pub struct RankProbeCost {
     pub timed_runs: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_ns: Option<f64>,
-    /// The daemon's CPU taken from the job's ranks on the rank's node while the rank was in its
-    /// region of interest, in ns: time the rank lost, as a rank the daemon delays holds up the
-    /// others at their next exchange ([`charge_daemon_cpu`]).
+    /// The time the daemon's threads ran on the rank's CPU after taking it from the rank
+    /// mid-burst, in ns, as the scheduler program measured it: time the rank lost, as a rank the
+    /// daemon delays while it computes holds up the others at their next exchange.
     #[serde(default)]
     pub daemon_ns: u64,
 }
@@ -91,29 +91,6 @@ impl RankProbeCost {
         self.full_calls as f64 * self.full_hit_ns
     }
 
-    /// Charges the rank with `daemon_lost_ns`, the time the daemon's CPU cost its job's ranks
-    /// over `spans`, where it is shared by the daemon's CPU in each span: for each span, the
-    /// part of it the rank spent in `region`.
-    fn charge_daemon(&mut self, daemon_lost_ns: f64, spans: &[DaemonCpuSpan], region: (u64, u64)) {
-        let cpu: u64 = spans.iter().map(|s| s.cpu_ns).sum();
-        if cpu == 0 {
-            return;
-        }
-        let charged: f64 = spans
-            .iter()
-            .filter(|s| s.to_ns > s.from_ns)
-            .map(|s| {
-                let inside = region
-                    .1
-                    .min(s.to_ns)
-                    .saturating_sub(region.0.max(s.from_ns));
-                let part = s.cpu_ns as f64 / cpu as f64;
-                daemon_lost_ns * part * inside as f64 / (s.to_ns - s.from_ns) as f64
-            })
-            .sum();
-        self.daemon_ns += charged.round() as u64;
-    }
-
     /// The CPU the hits of polling storms took, in ns (inside waiting: not lost).
     pub fn storm_ns(&self) -> f64 {
         self.storm_calls as f64 * self.entry_hit_ns.unwrap_or(0.0)
@@ -128,39 +105,6 @@ impl RankProbeCost {
 fn hit_among(hit: &ProbeCost, run_ns: f64) -> Option<f64> {
     let reference = hit.run_back_to_back_ns.filter(|&r| r > 0.0)?;
     Some(hit.full_ns * run_ns / reference)
-}
-
-/// Charges `job`'s ranks with `taken_ns` of the daemon's CPU taken from them on this node over
-/// `spans` (the daemon's CPU by time). A rank the daemon delays while it computes holds up the
-/// others at their next exchange, so each rank loses the delay; a rank it delays while it waits
-/// in MPI loses nothing, as its wait absorbs the delay. The daemon preempts ranks whatever they
-/// do, so each rank is charged `taken_ns` times the share of the job's run time so far that the
-/// ranks spent computing, in the spans and in the parts of them the rank ran in its region.
-pub fn charge_daemon_cpu(job: &mut Job, taken_ns: u64, spans: &[DaemonCpuSpan]) {
-    let Some(now) = spans.last().map(|s| s.to_ns) else {
-        return;
-    };
-    let (useful, runtime) = job
-        .ranks
-        .values()
-        .filter_map(|r| {
-            let (start, end) = r.region_span(now)?;
-            Some((
-                (end - start).saturating_sub(r.region_mpi_ns(now)),
-                end - start,
-            ))
-        })
-        .fold((0u64, 0u64), |(u, t), (ru, rt)| (u + ru, t + rt));
-    if runtime == 0 {
-        return;
-    }
-    let daemon_lost_ns = taken_ns as f64 * useful as f64 / runtime as f64;
-    for rank in job.ranks.values_mut() {
-        let region = rank.region_span(now);
-        if let (Some(cost), Some(region)) = (rank.probe_cost.as_mut(), region) {
-            cost.charge_daemon(daemon_lost_ns, spans, region);
-        }
-    }
 }
 
 /// What profiling cost a job's ranks, summed over those with an estimate.
@@ -268,32 +212,6 @@ mod tests {
     }
 
     #[test]
-    fn the_daemon_s_cpu_is_charged_for_the_ranks_computing_share_and_their_time_in_the_region() {
-        let mut cost = RankProbeCost::default();
-        let span = |from_ns: u64, to_ns: u64| DaemonCpuSpan {
-            from_ns,
-            to_ns,
-            cpu_ns: 40_000_000,
-        };
-        // 30 ms lost over 1 s; the rank's region began 0.4 s into it.
-        cost.charge_daemon(
-            30e6,
-            &[span(10_000, 1_000_010_000)],
-            (400_010_000, 2_000_000_000),
-        );
-        assert_eq!(cost.daemon_ns, 18_000_000);
-        // A region that ended before the interval, an empty span, and no daemon CPU take nothing.
-        cost.charge_daemon(30e6, &[span(5_000_000_000, 6_000_000_000)], (0, 1_000));
-        cost.charge_daemon(30e6, &[span(7, 7)], (0, 10));
-        let idle = DaemonCpuSpan {
-            cpu_ns: 0,
-            ..span(0, 10)
-        };
-        cost.charge_daemon(30e6, &[idle], (0, 10));
-        assert_eq!(cost.daemon_ns, 18_000_000);
-    }
-
-    #[test]
     fn a_rank_with_few_timed_runs_costs_a_hit_among_the_node_s_work() {
         let few = TimedRuns {
             runs: MIN_TIMED_RUNS - 1,
@@ -311,14 +229,6 @@ mod tests {
         };
         let cost = RankProbeCost::of(&functions(), unmeasured, runs);
         assert_eq!(cost.full_hit_ns, 2_000.0);
-    }
-
-    /// Sets the daemon's CPU charged to ranks 0 and 1 of `job`.
-    fn set_daemon_ns(job: &mut Job, ns: u64) {
-        for r in [0, 1] {
-            let rank = job.ranks.get_mut(&r).unwrap();
-            rank.probe_cost.as_mut().unwrap().daemon_ns = ns;
-        }
     }
 
     #[test]
@@ -354,51 +264,6 @@ mod tests {
                 },
             );
         }
-        // The ranks' regions, 0.5 to 1.5 s, hold no MPI time: all of it computing. 10 ms of the
-        // daemon's CPU taken over 0 to 2 s, used evenly: each estimated rank was in its region for
-        // half of it.
-        let ms = 1_000_000;
-        let span = |from_ms: u64, to_ms: u64, cpu_ms: u64| DaemonCpuSpan {
-            from_ns: from_ms * ms,
-            to_ns: to_ms * ms,
-            cpu_ns: cpu_ms * ms,
-        };
-        let even = [span(0, 1_000, 20), span(1_000, 2_000, 20)];
-        charge_daemon_cpu(&mut job, 10_000_000, &even);
-        for r in [0, 1] {
-            assert_eq!(
-                job.ranks[&r].probe_cost.unwrap().daemon_ns,
-                2_500_000 + 5_000_000
-            );
-        }
-        // The daemon's CPU where it was used: all of it before the regions started (the last
-        // clustering of the job before), then all of it while they ran.
-        let daemon_ns = |job: &Job| job.ranks[&0].probe_cost.unwrap().daemon_ns;
-        let before = [span(0, 400, 30), span(400, 2_000, 0)];
-        charge_daemon_cpu(&mut job, 10_000_000, &before);
-        assert_eq!(daemon_ns(&job), 7_500_000);
-        let during = [span(0, 600, 0), span(600, 1_000, 30), span(1_000, 2_000, 0)];
-        charge_daemon_cpu(&mut job, 10_000_000, &during);
-        assert_eq!(daemon_ns(&job), 7_500_000 + 10_000_000);
-        set_daemon_ns(&mut job, 7_500_000);
-        // Half of the ranks' time in MPI (all three count, estimated or not): half of the
-        // daemon's CPU delayed the job.
-        for (r, mpi_ns) in [(0, 1_000_000_000), (1, 500_000_000)] {
-            job.ranks.get_mut(&r).unwrap().functions.insert(
-                "MPI_Recv".into(),
-                CallStats {
-                    calls: 1,
-                    time_ns: mpi_ns,
-                    ..CallStats::default()
-                },
-            );
-        }
-        charge_daemon_cpu(&mut job, 10_000_000, &even);
-        assert_eq!(
-            job.ranks[&1].probe_cost.unwrap().daemon_ns,
-            7_500_000 + 2_500_000
-        );
-        set_daemon_ns(&mut job, 2_500_000);
         let cost = JobProbeCost::of(&job, 3_000_000_000);
         assert_eq!((cost.ranks, cost.ranks_unestimated), (2, 1));
         assert_eq!((cost.lost_ns, cost.daemon_ns), (5_000_000, 5_000_000));

@@ -48,10 +48,8 @@ impl Reading<'_> {
             counter_sums: self.counters.then_some(bursts.counters),
         };
         self.read_functions(rank, process, life);
-        // The daemon's CPU is charged between readings and accumulates.
-        let daemon_ns = rank.probe_cost.map_or(0, |c| c.daemon_ns);
         rank.probe_cost = self.probe_cost.map(|cost| RankProbeCost {
-            daemon_ns,
+            daemon_ns: bursts.daemon_delay_ns,
             ..RankProbeCost::of(rank.functions.values(), cost, TimedRuns::of(bursts))
         });
         rank.call_sites = process
