@@ -320,8 +320,7 @@ impl Daemon {
             &io,
             &gone,
         );
-        // A rank that exited without MPI_Finalize has its region end at its exit, before it is
-        // charged.
+        // A rank that exited without MPI_Finalize has its region end at its exit.
         self.mark_ended(&gone, now);
         self.end_ranks(&gone, last)?;
         self.tick_analysis(now);
