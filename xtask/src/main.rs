@@ -514,6 +514,11 @@ const NEEDS_ROOT: &str = "needs root to load BPF programs";
 /// harness.rs writes it).
 const SKIPPED_AT_RUN_TIME: &str = "mpiburst-test skipped at run time: ";
 
+/// How much of each failed test's panic the report repeats: enough for an assertion's message
+/// and the state it prints, little enough that the result lines stay the last of the output.
+const PANIC_LINES_SHOWN: usize = 12;
+const PANIC_LINE_CHARS: usize = 4000;
+
 enum Outcome {
     Passed,
     Failed,
@@ -641,6 +646,12 @@ struct TestRun {
     /// The names under the last "failures:" line so far; libtest lists the failed tests of a
     /// binary there, just before its result line.
     failure_list: Option<Vec<String>>,
+    /// Each failed test's panic, as `binary::test` and the lines from "panicked at" on: the CI
+    /// log keeps only the end of the output, where the report repeats them.
+    panics: Vec<(String, Vec<String>)>,
+    /// The failed test whose captured output is being read ("---- NAME stdout ----" to the next
+    /// such line or the list of failures), and whether its panic has begun.
+    captured: Option<(String, bool)>,
     cargo_status: Option<std::process::ExitStatus>,
 }
 
@@ -697,6 +708,26 @@ impl TestRun {
                 .extend(failed.into_iter().map(|name| format!("{binary}::{name}")));
         } else if line == "failures:" {
             self.failure_list = Some(Vec::new());
+            self.captured = None;
+        } else if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|rest| rest.strip_suffix(" stdout ----"))
+        {
+            self.failure_list = None;
+            self.captured = Some((format!("{binary}::{name}"), false));
+        } else if let Some((test, in_panic)) = &mut self.captured {
+            // "thread 'NAME' panicked at …", or with the thread's id: "thread 'NAME' (42) panicked at …"
+            if line.starts_with("thread '") && line.contains(" panicked at ") {
+                *in_panic = true;
+                self.panics.push((test.clone(), Vec::new()));
+            } else if line == "stack backtrace:" {
+                *in_panic = false;
+            }
+            if *in_panic && !line.is_empty() && !line.starts_with("note: ") {
+                if let Some((_, lines)) = self.panics.last_mut() {
+                    lines.push(line.to_string());
+                }
+            }
         } else if let (Some(list), Some(name)) = (&mut self.failure_list, line.strip_prefix("    "))
         {
             list.push(name.trim().to_string());
@@ -754,6 +785,18 @@ impl TestRun {
             for t in &self.failed {
                 println!("    {t}");
             }
+            for (test, lines) in &self.panics {
+                println!("xtask: {test}:");
+                for line in lines.iter().take(PANIC_LINES_SHOWN) {
+                    println!("    {}", truncated(line, PANIC_LINE_CHARS));
+                }
+                if lines.len() > PANIC_LINES_SHOWN {
+                    println!(
+                        "    ... {} lines more above",
+                        lines.len() - PANIC_LINES_SHOWN
+                    );
+                }
+            }
         }
         let cargo_ok = self.cargo_status.is_some_and(|s| s.success());
         // cargo fails without a failed test when a binary does not build or crashes.
@@ -800,6 +843,14 @@ impl TestRun {
 }
 
 /// The number just before `word` in a result line ("5 passed; 0 failed; ..."), or 0.
+/// `line` cut to at most `max` characters, marked where it was cut.
+fn truncated(line: &str, max: usize) -> String {
+    match line.char_indices().nth(max) {
+        Some((cut, _)) => format!("{} [cut]", &line[..cut]),
+        None => line.to_string(),
+    }
+}
+
 fn count_before(line: &str, word: &str) -> u64 {
     line.split_once(word)
         .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok())
@@ -1086,8 +1137,11 @@ test kill_9 ... FAILED
 failures:
 
 ---- kill_9 stdout ----
-thread 'kill_9' panicked at tests/capture.rs:1:1:
+what the test printed before its panic
+thread 'kill_9' (42) panicked at tests/capture.rs:1:1:
     an indented line of a panic message
+
+note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace
 
 failures:
     kill_9
@@ -1108,6 +1162,16 @@ test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; fini
         assert_eq!(run.binaries, ["mpiburst (bin)", "capture", "slurm"]);
         assert_eq!(run.passed, 2);
         assert_eq!(run.failed, ["capture::kill_9"]);
+        assert_eq!(
+            run.panics,
+            [(
+                "capture::kill_9".to_string(),
+                vec![
+                    "thread 'kill_9' (42) panicked at tests/capture.rs:1:1:".to_string(),
+                    "    an indented line of a panic message".to_string()
+                ]
+            )]
+        );
         assert_eq!(
             run.skipped,
             [
