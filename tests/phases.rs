@@ -471,17 +471,25 @@ fn a_phase_alternating_with_iteration_parity_gives_two_alternating_clusters() {
     let (_, bursts) = record_phases(2, &["iters=40", "ms=2,6,12", "alternate=2:2"]);
     let analysis = analyse(&bursts, 2, &AnalysisParams::default()).unwrap();
     let phase2 = clusters_ending_in(&bursts, &analysis, "MPI_Bcast");
-    let timeline = bcast_bursts_by_rank(&bursts, &analysis);
+    let timeline = format!(
+        "{:?}; clusters (id, bursts, SPMD score, median ms): {:?}; {:?}",
+        bcast_bursts_by_rank(&bursts, &analysis),
+        phase2
+            .iter()
+            .map(|c| (c.id, c.bursts, c.spmd_score, c.duration.p50_ns as f64 / 1e6))
+            .collect::<Vec<_>>(),
+        analysis.clustering
+    );
     assert_eq!(
         phase2.len(),
         2,
-        "the bi-modal phase must give two clusters; per rank, on-CPU ms and cluster of each burst: {timeline:?}"
+        "the bi-modal phase must give two clusters; per rank, on-CPU ms and cluster of each burst: {timeline}"
     );
     for c in &phase2 {
-        assert_eq!(c.spmd_score, 1.0, "cluster {}: {timeline:?}", c.id);
+        assert_eq!(c.spmd_score, 1.0, "cluster {}: {timeline}", c.id);
         assert_eq!(
             c.bursts, 40,
-            "cluster {}: 20 iterations × 2 ranks; per rank, on-CPU ms and cluster of each burst: {timeline:?}",
+            "cluster {}: 20 iterations × 2 ranks; per rank, on-CPU ms and cluster of each burst: {timeline}",
             c.id
         );
     }
@@ -497,7 +505,7 @@ fn a_phase_alternating_with_iteration_parity_gives_two_alternating_clusters() {
         sequence.sort();
         assert!(
             sequence.windows(2).all(|w| w[0].1 != w[1].1),
-            "rank {rank}: clusters do not alternate: {timeline:?}"
+            "rank {rank}: clusters do not alternate: {timeline}"
         );
     }
 }

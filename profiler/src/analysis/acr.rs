@@ -22,7 +22,9 @@
 //! 2. Rare clusters join the frequent cluster whose place they take in the sequences
 //!    ([`super::roles::join_rare_variants`]), and the clusters of one code region that are one
 //!    computation at other speeds join ([`super::roles::join_same_region`]).
-//! 3. Column-majority absorption, again after the merges.
+//! 3. Lone bursts that take another cluster's place among their region's bursts join it
+//!    ([`super::roles::place_lone_bursts`]).
+//! 4. Column-majority absorption, again after the merges.
 //!
 //! Column-majority absorption (our addition, along the fix González García (2013) proposes in
 //! §10.5.2 for residual noise and over-aggregation: classify bursts on each iteration): in an
@@ -47,7 +49,9 @@ use serde::{Deserialize, Serialize};
 use super::css::{sequence_score, RankSequences, SequenceScore};
 use super::dbscan::{dbscan, k_distances_sample};
 use super::points::{cluster_count, PointSet};
-use super::roles::{join_rare_variants, join_same_region, merge_region_variants, relabel};
+use super::roles::{
+    join_rare_variants, join_same_region, merge_region_variants, place_lone_bursts, relabel,
+};
 use super::{ClusterId, NOISE};
 
 /// The top of the k-dist curve that the knee line and the largest Eps skip, as a share of the
@@ -99,6 +103,10 @@ pub struct ClusteringReport {
     /// ([`super::roles::join_same_region`]).
     #[serde(default)]
     pub same_region_joined: usize,
+    /// Lone bursts that joined the cluster whose place they take among their code region's bursts
+    /// on their rank ([`super::roles::place_lone_bursts`]).
+    #[serde(default)]
+    pub placed_by_context: usize,
 }
 
 /// A final labelling (1 = most time, [`NOISE`] = 0), its score and how it was reached.
@@ -234,6 +242,8 @@ pub fn acr(
         .map(|(&guest, host)| (guest, *hosts.get(host).unwrap_or(host)))
         .chain(hosts.iter().map(|(&guest, &host)| (guest, host)))
         .collect();
+    let (placed, placed_by_context) = place_lone_bursts(points, &labels, sequences);
+    labels = placed;
     absorb_into_column_majority(&mut labels, &mut absorbed, sequences, &score);
     let absorbed_by_column = absorbed.iter().filter(|&&a| a).count();
     let (labels, final_id) = number_by_time(&labels, sequences.durations());
@@ -249,6 +259,7 @@ pub fn acr(
             region_variants_merged,
             rare_clusters_joined: hosts.len(),
             same_region_joined: same_region.len(),
+            placed_by_context,
         },
     }
 }
@@ -393,6 +404,7 @@ pub fn single_dbscan(
             region_variants_merged: 0,
             rare_clusters_joined: 0,
             same_region_joined: 0,
+            placed_by_context: 0,
         },
     }
 }

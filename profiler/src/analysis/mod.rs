@@ -48,7 +48,9 @@
 //!   (2013)) runs unconditionally; then rare clusters (at most 1/8 of the columns of the most
 //!   frequent one) that take a frequent cluster's place in the sequences and end at one of its
 //!   call sites join it, because a phase recurs and such a cluster is that phase in a perturbed
-//!   iteration ([`roles::join_rare_variants`]); then the absorption once more.
+//!   iteration ([`roles::join_rare_variants`]); then a lone burst that takes another cluster's
+//!   place among its code region's bursts on its rank joins that cluster
+//!   ([`roles::place_lone_bursts`]); then the absorption once more.
 //! * **CSS** ([`css`], [`msa`]): one sequence per rank (all its threads' bursts by start time);
 //!   Eq. 5.2 divided by the number of ranks m, which counts ranks without bursts; noise is a symbol
 //!   in the sequences but has no weight in the global score, which is weighted by time over all

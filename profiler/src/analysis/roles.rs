@@ -69,7 +69,10 @@
 //!    rank for a while are a stretch of the 12 ms cluster only (among the 24 ms bursts they make
 //!    a run per iteration); one such iteration alone is a stretch of both, nearer the 24 ms one
 //!    beyond the midpoint (17 ms), but it sits between two 24 ms bursts, where the 12 ms bursts
-//!    sit, and joins the 12 ms one.
+//!    sit, and joins the 12 ms one. Guests slowed at the same time are placed together
+//!    (`place_stretches`): a stretch of both parities slowed 1.7 times makes a 20 ms and a
+//!    41 ms cluster that sit between each other; read as the 24 ms cluster, the 41 ms bursts put
+//!    the 20 ms ones where the 12 ms bursts sit.
 //!
 //! Its spread and per-rank balance then show the slowdown. Clusters of one region that take turns
 //! on every rank at once, such as a phase that alternates between two durations with the
@@ -77,6 +80,20 @@
 //! also gives the rare variants above the contexts of whole phases (the slow first burst of a run
 //! takes the place of a phase whose next phase had split). Only where the groups are code regions
 //! (no counters), as for rank splits.
+//!
+//! **Lone bursts out of place** ([`place_lone_bursts`], once, at the very end). A burst slowed on
+//! its own can land in another cluster of its region or in the noise: a 12 ms step of an
+//! alternating phase slowed 1.9 times on one rank lies within the 24 ms cluster's reach. Among
+//! the bursts of a code region on each rank, a *place* is the pair of clusters before and after a
+//! burst; it is a cluster's when at least [`MIN_PLACE_BURSTS`] bursts over all ranks take it and
+//! at least [`PLACE_SHARE`] of them are of that cluster. A burst that takes another cluster's
+//! place, noise included, joins that cluster, unless a clustered neighbour of it is out of place
+//! too (then the neighbours themselves are in doubt: a stretch, which the joins above handle), or
+//! most bursts of its own cluster are out of place as well (a path the code takes now and then,
+//! such as a longer step every sixth iteration, is a behaviour of its own). At either end of the
+//! run one side decides. In a region with one cluster every place is that cluster's, so a noise
+//! burst of the region joins it; a region whose behaviour changed for good keeps both clusters,
+//! because the change leaves each in its own place.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -482,15 +499,11 @@ pub fn join_same_region(
             runs <= MAX_STRETCHES
         })
     };
-    // The guest's bursts that sit where the host's usually do, among the bursts of their region.
     let within_region = contexts_within(labels, sequences, |p| points.groups()[p]);
-    let in_place_of = |guest: ClusterId, host: ClusterId| {
-        let usual = most_common(&within_region[&host]);
-        within_region[&guest].get(&usual).copied().unwrap_or(0)
-    };
+    let mut hosts: BTreeMap<ClusterId, Vec<ClusterId>> = BTreeMap::new();
     for (&guest, &(group, _)) in &region {
         let ranks = |id: ClusterId| clusters[&id].ranks.iter();
-        let host = region
+        let mut candidates: Vec<ClusterId> = region
             .iter()
             .filter(|&(&host, &(host_group, _))| {
                 host_group == group
@@ -498,14 +511,223 @@ pub fn join_same_region(
                     && ranks(guest).zip(ranks(host)).all(|(&g, &h)| h || !g)
                     && stretch_of(guest, host)
             })
-            .map(|(&host, _)| {
-                let place = std::cmp::Reverse(in_place_of(guest, host));
-                (place, distance2(&centroid(guest), &centroid(host)), host)
-            })
-            .min_by(|x, y| x.0.cmp(&y.0).then(x.1.total_cmp(&y.1)).then(x.2.cmp(&y.2)));
-        if let Some((.., host)) = host {
-            sets.union(guest, host);
+            .map(|(&host, _)| host)
+            .collect();
+        candidates.sort_by(|&a, &b| {
+            distance2(&centroid(guest), &centroid(a))
+                .total_cmp(&distance2(&centroid(guest), &centroid(b)))
+                .then(a.cmp(&b))
+        });
+        if !candidates.is_empty() {
+            hosts.insert(guest, candidates);
         }
     }
+    for (guest, host) in place_stretches(&hosts, &within_region) {
+        sets.union(guest, host);
+    }
     sets.mapping()
+}
+
+/// Rounds of `place_stretches`' search at most: each round moves one guest to a host whose
+/// place more of the guests' bursts take, so it ends long before on any real job.
+const MAX_PLACING_ROUNDS: usize = 64;
+
+/// A host for each stretch guest among its `candidates` (nearest first): the assignment under
+/// which the most guest bursts sit where their host's bursts usually sit among the bursts of
+/// their region, every guest read as its host (see the module documentation). The search starts
+/// from the nearest hosts and moves one guest at a time while that places more bursts.
+fn place_stretches(
+    candidates: &BTreeMap<ClusterId, Vec<ClusterId>>,
+    within_region: &BTreeMap<ClusterId, BTreeMap<Context, u64>>,
+) -> BTreeMap<ClusterId, ClusterId> {
+    let mut assignment: BTreeMap<ClusterId, ClusterId> =
+        candidates.iter().map(|(&g, hosts)| (g, hosts[0])).collect();
+    // A guest read as its host, through hosts that are guests themselves (hosts are larger, so
+    // the chain ends).
+    let read = |assignment: &BTreeMap<ClusterId, ClusterId>, mut id: ClusterId| {
+        while let Some(&host) = assignment.get(&id) {
+            id = host;
+        }
+        id
+    };
+    let placed = |assignment: &BTreeMap<ClusterId, ClusterId>| -> u64 {
+        let map = |(before, after): Context| {
+            (
+                before.map(|id| read(assignment, id)),
+                after.map(|id| read(assignment, id)),
+            )
+        };
+        // Either end of a rank's run of the region matches any neighbour.
+        let side =
+            |mine: Option<ClusterId>, usual: Option<ClusterId>| mine.is_none() || mine == usual;
+        assignment
+            .iter()
+            .map(|(guest, &host)| {
+                let usual = map(most_common(&within_region[&read(assignment, host)]));
+                within_region[guest]
+                    .iter()
+                    .filter(|&(&context, _)| {
+                        let (before, after) = map(context);
+                        side(before, usual.0) && side(after, usual.1)
+                    })
+                    .map(|(_, &n)| n)
+                    .sum::<u64>()
+            })
+            .sum()
+    };
+    let mut best = placed(&assignment);
+    for _ in 0..MAX_PLACING_ROUNDS {
+        let better = candidates
+            .iter()
+            .flat_map(|(&guest, hosts)| hosts.iter().map(move |&host| (guest, host)))
+            .filter(|&(guest, host)| assignment[&guest] != host)
+            .filter_map(|(guest, host)| {
+                let mut tried = assignment.clone();
+                tried.insert(guest, host);
+                let n = placed(&tried);
+                (n > best).then_some((n, tried))
+            })
+            .max_by_key(|(n, _)| *n);
+        let Some((n, tried)) = better else { break };
+        best = n;
+        assignment = tried;
+    }
+    assignment
+}
+
+/// Bursts of a code region that take a cluster's place at least this many times over all ranks
+/// make that place a pattern.
+pub const MIN_PLACE_BURSTS: u64 = 4;
+/// A place is a cluster's when at least this share of the bursts that take it are of that cluster.
+pub const PLACE_SHARE: f64 = 0.75;
+
+/// Moves each lone burst, clustered or noise, that sits where another cluster of its code region
+/// almost always sits into that cluster (see the module documentation). Returns the new labels
+/// and how many bursts moved.
+pub fn place_lone_bursts(
+    points: &PointSet,
+    labels: &[ClusterId],
+    sequences: &RankSequences,
+) -> (Vec<ClusterId>, usize) {
+    if !points.by_region() {
+        return (labels.to_vec(), 0);
+    }
+    let region = |p: usize| points.groups()[p];
+    // Per rank and region, the bursts in time order.
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    for rank in 0..sequences.ranks() {
+        let mut by_region: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for &p in sequences.sequence(rank) {
+            by_region.entry(region(p)).or_default().push(p);
+        }
+        runs.extend(by_region.into_values());
+    }
+    // Each burst's context: the nearest clustered bursts of its run before and after it, with
+    // their positions.
+    let neighbours = |run: &[usize]| -> Vec<(Option<usize>, Option<usize>)> {
+        let mut out = vec![(None, None); run.len()];
+        let mut last = None;
+        for (k, &p) in run.iter().enumerate() {
+            out[k].0 = last;
+            if labels[p] != NOISE {
+                last = Some(k);
+            }
+        }
+        last = None;
+        for (k, &p) in run.iter().enumerate().rev() {
+            out[k].1 = last;
+            if labels[p] != NOISE {
+                last = Some(k);
+            }
+        }
+        out
+    };
+    let context = |run: &[usize], (before, after): (Option<usize>, Option<usize>)| -> Context {
+        (
+            before.map(|k| labels[run[k]]),
+            after.map(|k| labels[run[k]]),
+        )
+    };
+    // Per region and context, the clusters of the clustered bursts found there. A burst at either
+    // end of its run is seen in every context whose other side it shares: the first burst of a
+    // run is not known to be out of place by its start, but by what follows it.
+    let mut seen: BTreeMap<(u32, Context), BTreeMap<ClusterId, u64>> = BTreeMap::new();
+    for run in &runs {
+        for (&p, &around) in run.iter().zip(&neighbours(run)) {
+            if labels[p] == NOISE {
+                continue;
+            }
+            let (before, after) = context(run, around);
+            let keys: BTreeSet<Context> = [(before, after), (None, after), (before, None)]
+                .into_iter()
+                .filter(|&key| key != (None, None))
+                .collect();
+            for key in keys {
+                *seen
+                    .entry((region(p), key))
+                    .or_default()
+                    .entry(labels[p])
+                    .or_default() += 1;
+            }
+        }
+    }
+    // The cluster whose place a context of a region is, if any.
+    let owner = |region: u32, context: Context| -> Option<ClusterId> {
+        if context == (None, None) {
+            return None;
+        }
+        let found = seen.get(&(region, context))?;
+        let total: u64 = found.values().sum();
+        let (&id, &n) = found
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
+        (n >= MIN_PLACE_BURSTS && n as f64 >= PLACE_SHARE * total as f64).then_some(id)
+    };
+    let elsewhere: Vec<Vec<Option<ClusterId>>> = runs
+        .iter()
+        .map(|run| {
+            run.iter()
+                .zip(neighbours(run))
+                .map(|(&p, a)| owner(region(p), context(run, a)).filter(|&id| id != labels[p]))
+                .collect()
+        })
+        .collect();
+    // A cluster whose bursts mostly sit in other clusters' places is a path of its own that the
+    // code takes now and then (every sixth iteration, say), not a burst that strayed.
+    let mut out_of_place: BTreeMap<ClusterId, (usize, usize)> = BTreeMap::new();
+    for (run, elsewhere) in runs.iter().zip(&elsewhere) {
+        for (&p, e) in run.iter().zip(elsewhere) {
+            let (out, all) = out_of_place.entry(labels[p]).or_default();
+            *out += usize::from(e.is_some());
+            *all += 1;
+        }
+    }
+    let strays = |id: ClusterId| {
+        id == NOISE
+            || out_of_place
+                .get(&id)
+                .is_some_and(|&(out, all)| 2 * out < all)
+    };
+    let mut placed = labels.to_vec();
+    let mut moved = 0;
+    for (run, elsewhere) in runs.iter().zip(&elsewhere) {
+        let around = neighbours(run);
+        // A clustered neighbour out of place too makes the context itself unsure; one at the end
+        // of the run is out of place by one side only, which the burst itself may have put there.
+        let unsure = |k: Option<usize>| {
+            k.is_some_and(|k| {
+                let (before, after) = around[k];
+                before.is_some() && after.is_some() && elsewhere[k].is_some()
+            })
+        };
+        for (k, &p) in run.iter().enumerate() {
+            let Some(host) = elsewhere[k] else { continue };
+            let (before, after) = around[k];
+            if strays(labels[p]) && !unsure(before) && !unsure(after) {
+                placed[p] = host;
+                moved += 1;
+            }
+        }
+    }
+    (placed, moved)
 }

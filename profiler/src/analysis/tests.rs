@@ -3,7 +3,7 @@
 //! a phase alternating with the iteration's parity gives two alternating clusters (Table 4.4), E5
 //! a too small Eps scores lower (Table 5.1).
 
-use super::synthetic::{Phase, SyntheticJob};
+use super::synthetic::{Phase, SplitMix64, SyntheticJob};
 use super::*;
 use crate::model::{CallSite, HwCounters, Name};
 
@@ -240,21 +240,50 @@ fn e3_parity_alternating_phase_gives_two_alternating_perfect_clusters() {
             .map(|c| c.id)
             .collect();
         assert_eq!(phase_one.len(), 2, "{context}");
-        assert_alternate(&bursts, &analysis, &phase_one, &context);
+        assert_alternate(&bursts, &analysis, &phase_one, (4, 50), &context);
     }
 }
 
-/// Along each rank's time-line, one burst of a phase every iteration alternates between the
-/// clusters `ids`.
-fn assert_alternate(bursts: &[Burst], analysis: &Analysis, ids: &[ClusterId], context: &str) {
-    for rank in 0..4 {
+/// Phase `phase` of a job of `ranks` and `iterations` is two clusters, one per iteration parity,
+/// that alternate on every rank.
+fn assert_two_alternating_clusters(
+    bursts: &[Burst],
+    analysis: &Analysis,
+    phase: u64,
+    (ranks, iterations): (u32, usize),
+    context: &str,
+) {
+    let clusters: Vec<&ClusterStats> = analysis
+        .clusters
+        .iter()
+        .filter(|c| phases_of(c) == [phase])
+        .collect();
+    assert_eq!(clusters.len(), 2, "{context}");
+    for cluster in &clusters {
+        let half = u64::from(ranks) * iterations as u64 / 2;
+        assert_eq!(cluster.bursts, half, "{context}: cluster {}", cluster.id);
+    }
+    let ids: Vec<ClusterId> = clusters.iter().map(|c| c.id).collect();
+    assert_alternate(bursts, analysis, &ids, (ranks, iterations), context);
+}
+
+/// Along the time-line of each of `ranks`, one burst of a phase in each of `iterations`
+/// alternates between the clusters `ids`.
+fn assert_alternate(
+    bursts: &[Burst],
+    analysis: &Analysis,
+    ids: &[ClusterId],
+    (ranks, iterations): (u32, usize),
+    context: &str,
+) {
+    for rank in 0..ranks {
         let sequence: Vec<ClusterId> = bursts
             .iter()
             .zip(&analysis.labels)
             .filter(|(b, label)| b.rank == rank && label.is_some_and(|l| ids.contains(&l)))
             .map(|(_, label)| label.unwrap())
             .collect();
-        assert_eq!(sequence.len(), 50, "{context}: rank {rank}");
+        assert_eq!(sequence.len(), iterations, "{context}: rank {rank}");
         assert!(
             sequence.windows(2).all(|w| w[0] != w[1]),
             "{context}: rank {rank} {sequence:?}"
@@ -290,17 +319,7 @@ fn iterations_slowed_on_every_rank_in_an_alternating_phase_join_the_short_cluste
         if !counters {
             assert!(analysis.clustering.same_region_joined > 0, "{context}");
         }
-        let phase_one: Vec<&ClusterStats> = analysis
-            .clusters
-            .iter()
-            .filter(|c| phases_of(c) == [1])
-            .collect();
-        assert_eq!(phase_one.len(), 2, "{context}");
-        for cluster in &phase_one {
-            assert_eq!(cluster.bursts, 25 * 4, "{context}: cluster {}", cluster.id);
-        }
-        let ids: Vec<ClusterId> = phase_one.iter().map(|c| c.id).collect();
-        assert_alternate(&bursts, &analysis, &ids, &context);
+        assert_two_alternating_clusters(&bursts, &analysis, 1, (4, 50), &context);
     }
 }
 
@@ -736,4 +755,65 @@ fn slower_stretches_that_come_back_often_stay_apart() {
         .collect();
     assert_eq!(phase1.len(), 2, "{:?}", analysis.clustering);
     assert_eq!(analysis.clustering.same_region_joined, 0);
+}
+
+#[test]
+fn an_alternating_phase_keeps_its_two_clusters_under_slowdowns_the_machine_makes() {
+    // The `phases` program of the integration tests (2 ranks, 40 iterations of 2, 6 and 12 ms,
+    // the last phase twice as long on odd iterations), slowed as a shared virtual machine slows
+    // it: one iteration on every rank or on one rank, up to 1.95 times (beyond the midpoint of 12
+    // and 24 ms), or a stretch of 2 to 5 iterations on every rank, up to 1.7 times. Each way the
+    // phase keeps one cluster per parity, with every burst of it.
+    let mut random = SplitMix64(0xa17e);
+    for case in 0..300 {
+        let mut job = SyntheticJob {
+            tiny_bursts_per_phase: 0,
+            seed: case,
+            ..SyntheticJob::three_phases(2, 40, false)
+        };
+        for (phase, ms) in job.phases.iter_mut().zip([2.0, 6.0, 12.0]) {
+            // 2.5 instructions per ns at IPC 1: ms milliseconds.
+            *phase = Phase::new(ms * 2.5e6, 1.0, 0.01);
+        }
+        let phase = &mut job.phases[2];
+        phase.odd_iteration_factor = 2.0;
+        let iteration = random.uniform(0.0, 40.0) as u32;
+        match case % 3 {
+            0 => phase.slowed = vec![(iteration, random.uniform(1.1, 1.95))],
+            1 => {
+                let rank = random.uniform(0.0, 2.0) as u32;
+                phase.slowed_on = vec![(rank, iteration, random.uniform(1.1, 1.95))];
+            }
+            _ => {
+                let length = random.uniform(2.0, 6.0) as u32;
+                let factor = random.uniform(1.1, 1.7);
+                phase.slowed = (iteration..(iteration + length).min(40))
+                    .map(|it| (it, factor))
+                    .collect();
+            }
+        }
+        let context = format!("{:?} {:?}", phase.slowed, phase.slowed_on);
+        let (bursts, analysis) = analyse_job(&job);
+        let context = format!("{context}: {:?}", analysis.clustering);
+        assert_two_alternating_clusters(&bursts, &analysis, 2, (2, 40), &context);
+    }
+}
+
+#[test]
+fn a_phase_that_takes_another_path_every_sixth_iteration_keeps_both_clusters() {
+    // Every sixth iteration phase 1 runs three times as long, in the same code region: a path
+    // the code takes on purpose (not rare: 9 of 50 iterations), which keeps a cluster of its own
+    // although its bursts sit where the usual ones do.
+    let mut job = e1_job(4, false);
+    job.phases[1].slowed = (0..50).step_by(6).map(|it| (it, 3.0)).collect();
+    let (_, analysis) = analyse_job(&job);
+    let context = format!("{:?}", analysis.clustering);
+    let mut sizes: Vec<u64> = analysis
+        .clusters
+        .iter()
+        .filter(|c| phases_of(c) == [1])
+        .map(|c| c.bursts)
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [9 * 4, 41 * 4], "{context}");
 }

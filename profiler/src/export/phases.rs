@@ -157,6 +157,13 @@ fn clustering_line(c: &ClusteringReport, method: Option<&ClusteringMethod>) -> S
             counted(c.same_region_joined, "cluster")
         );
     }
+    if c.placed_by_context > 0 {
+        let _ = write!(
+            line,
+            "; {} bursts joined the cluster whose place they take in their rank's sequence",
+            c.placed_by_context
+        );
+    }
     if c.absorbed_by_column > 0 {
         let _ = write!(
             line,
