@@ -85,13 +85,15 @@
 //! its own can land in another cluster of its region or in the noise: a 12 ms step of an
 //! alternating phase slowed 1.9 times on one rank lies within the 24 ms cluster's reach. Among
 //! the bursts of a code region on each rank, a *place* is the pair of clusters before and after a
-//! burst; it is a cluster's when at least [`MIN_PLACE_BURSTS`] bursts over all ranks take it and
-//! at least [`PLACE_SHARE`] of them are of that cluster. A burst that takes another cluster's
-//! place, noise included, joins that cluster, unless a clustered neighbour of it is out of place
-//! too (then the neighbours themselves are in doubt: a stretch, which the joins above handle), or
-//! most bursts of its own cluster are out of place as well (a path the code takes now and then,
-//! such as a longer step every sixth iteration, is a behaviour of its own). At either end of the
-//! run one side decides. In a region with one cluster every place is that cluster's, so a noise
+//! burst; it is a cluster's when at least [`MIN_PLACE_BURSTS`] bursts of that cluster over all
+//! ranks take it, and they are at least [`PLACE_SHARE`] of the clustered bursts that take it. A
+//! burst that takes another cluster's place, noise included, joins that cluster, unless a
+//! clustered neighbour of it is out of place too (then the neighbours themselves are in doubt: a
+//! stretch, which the joins above handle), or, on its rank, most bursts of its own cluster are
+//! out of place as well (a path the rank takes now and then, such as a longer step every sixth
+//! iteration, is a behaviour of its own), or it is noise beside noise (a run of noise takes one
+//! place by the bursts around it, which at most one of them can be in). At either end of the run
+//! one side decides. In a region with one cluster every place is that cluster's, so a noise
 //! burst of the region joins it; a region whose behaviour changed for good keeps both clusters,
 //! because the change leaves each in its own place.
 
@@ -528,66 +530,99 @@ pub fn join_same_region(
     sets.mapping()
 }
 
-/// Rounds of `place_stretches`' search at most: each round moves one guest to a host whose
-/// place more of the guests' bursts take, so it ends long before on any real job.
+/// Rounds of `place_stretches`' search at most: each round moves one guest to a host whose place
+/// more of the guests' bursts take, so it ends long before on any real job.
 const MAX_PLACING_ROUNDS: usize = 64;
+/// (guest, host) pairs above which `place_stretches` keeps each guest's own choice: each round
+/// scores every pair, and a few stretches slowed together make a handful of pairs.
+const MAX_PLACING_PAIRS: usize = 64;
 
-/// A host for each stretch guest among its `candidates` (nearest first): the assignment under
-/// which the most guest bursts sit where their host's bursts usually sit among the bursts of
-/// their region, every guest read as its host (see the module documentation). The search starts
-/// from the nearest hosts and moves one guest at a time while that places more bursts.
+/// A host for each stretch guest among its `candidates` (nearest first). Each guest first takes
+/// the host whose usual place most of its bursts take, then the nearest. Then the search looks
+/// for the assignment under which the most guest bursts sit where their host's bursts usually
+/// sit among the bursts of their region, every guest read as its host (see the module
+/// documentation): it moves one guest at a time while that places more bursts, taking the first
+/// of a round's best moves.
 fn place_stretches(
     candidates: &BTreeMap<ClusterId, Vec<ClusterId>>,
     within_region: &BTreeMap<ClusterId, BTreeMap<Context, u64>>,
 ) -> BTreeMap<ClusterId, ClusterId> {
-    let mut assignment: BTreeMap<ClusterId, ClusterId> =
-        candidates.iter().map(|(&g, hosts)| (g, hosts[0])).collect();
-    // A guest read as its host, through hosts that are guests themselves (hosts are larger, so
-    // the chain ends).
-    let read = |assignment: &BTreeMap<ClusterId, ClusterId>, mut id: ClusterId| {
-        while let Some(&host) = assignment.get(&id) {
-            id = host;
-        }
-        id
-    };
-    let placed = |assignment: &BTreeMap<ClusterId, ClusterId>| -> u64 {
-        let map = |(before, after): Context| {
-            (
-                before.map(|id| read(assignment, id)),
-                after.map(|id| read(assignment, id)),
-            )
+    let own_choice = |guest: ClusterId, hosts: &[ClusterId]| {
+        let in_place = |host: ClusterId| {
+            let usual = most_common(&within_region[&host]);
+            within_region[&guest].get(&usual).copied().unwrap_or(0)
         };
+        // The first of the most placed: the nearest of them.
+        let mut best = hosts[0];
+        for &host in &hosts[1..] {
+            if in_place(host) > in_place(best) {
+                best = host;
+            }
+        }
+        best
+    };
+    let mut assignment: BTreeMap<ClusterId, ClusterId> = candidates
+        .iter()
+        .map(|(&guest, hosts)| (guest, own_choice(guest, hosts)))
+        .collect();
+    let pairs: usize = candidates.values().map(Vec::len).sum();
+    if pairs > MAX_PLACING_PAIRS || pairs == candidates.len() {
+        return assignment;
+    }
+    let placed = |assignment: &BTreeMap<ClusterId, ClusterId>| -> u64 {
+        // Every guest read as its last host (hosts are larger, so the chains end).
+        let resolved: BTreeMap<ClusterId, ClusterId> = assignment
+            .keys()
+            .map(|&guest| {
+                let mut id = guest;
+                while let Some(&host) = assignment.get(&id) {
+                    id = host;
+                }
+                (guest, id)
+            })
+            .collect();
+        let read = |id: ClusterId| resolved.get(&id).copied().unwrap_or(id);
+        let map = |(before, after): Context| (before.map(read), after.map(read));
         // Either end of a rank's run of the region matches any neighbour.
         let side =
             |mine: Option<ClusterId>, usual: Option<ClusterId>| mine.is_none() || mine == usual;
-        assignment
-            .iter()
-            .map(|(guest, &host)| {
-                let usual = map(most_common(&within_region[&read(assignment, host)]));
-                within_region[guest]
-                    .iter()
-                    .filter(|&(&context, _)| {
-                        let (before, after) = map(context);
-                        side(before, usual.0) && side(after, usual.1)
-                    })
-                    .map(|(_, &n)| n)
-                    .sum::<u64>()
-            })
-            .sum()
+        let mut usual: BTreeMap<ClusterId, Context> = BTreeMap::new();
+        let mut total = 0;
+        for (guest, &host) in &resolved {
+            let usual = *usual.entry(host).or_insert_with(|| {
+                let mut seen: BTreeMap<Context, u64> = BTreeMap::new();
+                for (&context, &n) in &within_region[&host] {
+                    *seen.entry(map(context)).or_default() += n;
+                }
+                most_common(&seen)
+            });
+            total += within_region[guest]
+                .iter()
+                .filter(|&(&context, _)| {
+                    let (before, after) = map(context);
+                    side(before, usual.0) && side(after, usual.1)
+                })
+                .map(|(_, &n)| n)
+                .sum::<u64>();
+        }
+        total
     };
     let mut best = placed(&assignment);
     for _ in 0..MAX_PLACING_ROUNDS {
-        let better = candidates
-            .iter()
-            .flat_map(|(&guest, hosts)| hosts.iter().map(move |&host| (guest, host)))
-            .filter(|&(guest, host)| assignment[&guest] != host)
-            .filter_map(|(guest, host)| {
+        let mut better: Option<(u64, BTreeMap<ClusterId, ClusterId>)> = None;
+        for (&guest, hosts) in candidates {
+            for &host in hosts {
+                if assignment[&guest] == host {
+                    continue;
+                }
                 let mut tried = assignment.clone();
                 tried.insert(guest, host);
                 let n = placed(&tried);
-                (n > best).then_some((n, tried))
-            })
-            .max_by_key(|(n, _)| *n);
+                if n > better.as_ref().map_or(best, |(m, _)| *m) {
+                    better = Some((n, tried));
+                }
+            }
+        }
         let Some((n, tried)) = better else { break };
         best = n;
         assignment = tried;
@@ -595,10 +630,11 @@ fn place_stretches(
     assignment
 }
 
-/// Bursts of a code region that take a cluster's place at least this many times over all ranks
-/// make that place a pattern.
+/// Bursts of a cluster that take a place at least this many times over all ranks make that place
+/// a pattern.
 pub const MIN_PLACE_BURSTS: u64 = 4;
-/// A place is a cluster's when at least this share of the bursts that take it are of that cluster.
+/// A place is a cluster's when at least this share of the clustered bursts that take it are of
+/// that cluster.
 pub const PLACE_SHARE: f64 = 0.75;
 
 /// Moves each lone burst, clustered or noise, that sits where another cluster of its code region
@@ -692,21 +728,24 @@ pub fn place_lone_bursts(
                 .collect()
         })
         .collect();
-    // A cluster whose bursts mostly sit in other clusters' places is a path of its own that the
-    // code takes now and then (every sixth iteration, say), not a burst that strayed.
-    let mut out_of_place: BTreeMap<ClusterId, (usize, usize)> = BTreeMap::new();
+    // A cluster whose bursts on a rank mostly sit in other clusters' places there is a path of
+    // its own that the rank takes now and then (every sixth iteration, say), not a burst that
+    // strayed.
+    let mut out_of_place: BTreeMap<(ClusterId, u32), (usize, usize)> = BTreeMap::new();
     for (run, elsewhere) in runs.iter().zip(&elsewhere) {
         for (&p, e) in run.iter().zip(elsewhere) {
-            let (out, all) = out_of_place.entry(labels[p]).or_default();
+            let (out, all) = out_of_place
+                .entry((labels[p], sequences.rank_of(p)))
+                .or_default();
             *out += usize::from(e.is_some());
             *all += 1;
         }
     }
-    let strays = |id: ClusterId| {
-        id == NOISE
-            || out_of_place
-                .get(&id)
-                .is_some_and(|&(out, all)| 2 * out < all)
+    let strays = |p: usize| {
+        let key = (labels[p], sequences.rank_of(p));
+        out_of_place
+            .get(&key)
+            .is_some_and(|&(out, all)| 2 * out < all)
     };
     let mut placed = labels.to_vec();
     let mut moved = 0;
@@ -720,14 +759,92 @@ pub fn place_lone_bursts(
                 before.is_some() && after.is_some() && elsewhere[k].is_some()
             })
         };
+        // Noise beside noise: a run of bursts that all take one place by the clustered bursts
+        // around them, which at most one of them can be in.
+        let noise_at = |k: Option<usize>| k.is_some_and(|k| labels[run[k]] == NOISE);
         for (k, &p) in run.iter().enumerate() {
             let Some(host) = elsewhere[k] else { continue };
             let (before, after) = around[k];
-            if strays(labels[p]) && !unsure(before) && !unsure(after) {
+            let lone = if labels[p] == NOISE {
+                !noise_at(k.checked_sub(1)) && !noise_at(Some(k + 1).filter(|&k| k < run.len()))
+            } else {
+                strays(p)
+            };
+            if lone && !unsure(before) && !unsure(after) {
                 placed[p] = host;
                 moved += 1;
             }
         }
     }
     (placed, moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `place_lone_bursts` on one code region, each rank's bursts labelled in time order.
+    fn placed(ranks: &[&[ClusterId]]) -> (Vec<Vec<ClusterId>>, usize) {
+        let labels: Vec<ClusterId> = ranks.iter().flat_map(|r| r.iter().copied()).collect();
+        let rank_of: Vec<u32> = ranks
+            .iter()
+            .enumerate()
+            .flat_map(|(rank, r)| std::iter::repeat_n(rank as u32, r.len()))
+            .collect();
+        let start: Vec<u64> = (0..labels.len() as u64).collect();
+        let sequences = RankSequences::new(ranks.len(), rank_of, &start, vec![1; labels.len()]);
+        let points = PointSet::with_regions(
+            1,
+            vec![[0.0; MAX_DIMS]; labels.len()],
+            vec![0; labels.len()],
+        );
+        let (out, moved) = place_lone_bursts(&points, &labels, &sequences);
+        let mut rest = &out[..];
+        let per_rank = ranks
+            .iter()
+            .map(|r| {
+                let (mine, others) = rest.split_at(r.len());
+                rest = others;
+                mine.to_vec()
+            })
+            .collect();
+        (per_rank, moved)
+    }
+
+    const A: ClusterId = 1;
+    const B: ClusterId = 2;
+    const C: ClusterId = 3;
+    const N: ClusterId = NOISE;
+
+    #[test]
+    fn a_lone_burst_in_the_other_cluster_s_place_joins_it() {
+        let strayed: &[ClusterId] = &[A, B, A, B, B, B, A, B, A, B, A, B];
+        let clean: &[ClusterId] = &[A, B, A, B, A, B, A, B, A, B, A, B];
+        let (out, moved) = placed(&[strayed, clean]);
+        assert_eq!((out[0].as_slice(), moved), (clean, 1));
+    }
+
+    #[test]
+    fn noise_beside_noise_stays_noise() {
+        // The three noise bursts all sit between two A bursts, B's place, where only the middle
+        // one belongs.
+        let noisy: &[ClusterId] = &[A, B, A, B, A, N, N, N, A, B, A, B];
+        let clean: &[ClusterId] = &[A, B, A, B, A, B, A, B, A, B, A, B];
+        let (out, moved) = placed(&[noisy, clean]);
+        assert_eq!((out[0].as_slice(), moved), (noisy, 0));
+        // Alone, a noise burst joins the cluster whose place it takes.
+        let lone: &[ClusterId] = &[A, B, A, B, A, N, A, B, A, B, A, B];
+        let (out, moved) = placed(&[lone, clean]);
+        assert_eq!((out[0].as_slice(), moved), (clean, 1));
+    }
+
+    #[test]
+    fn a_path_a_rank_takes_now_and_then_keeps_its_cluster() {
+        // Rank 0 takes path C every sixth step, in A's place; rank 1 takes it always. On rank 0
+        // every C is out of place, so C is a path of its own there, whatever rank 1 does.
+        let sometimes: &[ClusterId] = &[A, A, A, A, A, C, A, A, A, A, A, C, A, A, A, A, A, C, A];
+        let always: &[ClusterId] = &[C; 19];
+        let (out, moved) = placed(&[sometimes, always]);
+        assert_eq!((out[0].as_slice(), moved), (sometimes, 0));
+    }
 }
