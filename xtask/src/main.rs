@@ -792,7 +792,7 @@ impl TestRun {
                 }
                 if lines.len() > PANIC_LINES_SHOWN {
                     println!(
-                        "    ... {} lines more above",
+                        "    ... {} lines more, in the test's output above",
                         lines.len() - PANIC_LINES_SHOWN
                     );
                 }
@@ -842,7 +842,6 @@ impl TestRun {
     }
 }
 
-/// The number just before `word` in a result line ("5 passed; 0 failed; ..."), or 0.
 /// `line` cut to at most `max` characters, marked where it was cut.
 fn truncated(line: &str, max: usize) -> String {
     match line.char_indices().nth(max) {
@@ -851,6 +850,7 @@ fn truncated(line: &str, max: usize) -> String {
     }
 }
 
+/// The number just before `word` in a result line ("5 passed; 0 failed; ..."), or 0.
 fn count_before(line: &str, word: &str) -> u64 {
     line.split_once(word)
         .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok())
