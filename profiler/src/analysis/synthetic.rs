@@ -79,18 +79,18 @@ pub struct SyntheticJob {
     pub seed: u64,
 }
 
-/// splitmix64: tiny, seedable, and good enough for test data.
-pub(crate) struct SplitMix64(pub(crate) u64);
+/// splitmix64: tiny, seedable, and good enough for test data and resampling.
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let z = mix(self.0);
         self.0 = self.0.wrapping_add(GOLDEN_GAMMA);
         z
     }
 
     /// Uniform in [low, high).
-    pub(crate) fn uniform(&mut self, low: f64, high: f64) -> f64 {
+    pub fn uniform(&mut self, low: f64, high: f64) -> f64 {
         low + (high - low) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
     }
 }
