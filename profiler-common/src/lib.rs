@@ -261,12 +261,14 @@ pub struct ThreadState {
     /// entry probe; 0 until read, and again after an exec.
     pub world_slot: u64,
     pub world_comm: u64,
-    /// Open MPI: the last datatype handle whose size was read from the datatype object, its
-    /// size, and the datatype epoch (DTYPE_EPOCH) it was read in; reused while the handle and
-    /// the epoch are the same. The epoch is 0 until read, and again after an exec, whose new
-    /// program may have another datatype at the same address.
-    pub dtype_handle: u64,
-    pub dtype_size: u64,
+    /// Open MPI: the last datatype handles whose sizes were read from their datatype objects,
+    /// their sizes, and the datatype epoch (DTYPE_EPOCH) they were read in; a size is reused
+    /// while its handle is called with in the same epoch. Several ways, since codes alternate
+    /// datatypes from call to call (a halo exchange's contiguous rows and vector columns). A
+    /// handle of 0 is an empty way. The epoch is 0 until read, and again after an exec, whose
+    /// new program may have other datatypes at the same addresses.
+    pub dtype_handles: [u64; DTYPE_CACHE_WAYS],
+    pub dtype_sizes: [u32; DTYPE_CACHE_WAYS],
     pub dtype_epoch: u64,
     pub outer_flags: u32,
     pub polling_calls: u32,
@@ -335,7 +337,13 @@ pub const OUTER_REGION_START: u32 = 8;
 pub const OUTER_PEER_DONE: u32 = 16;
 /// `outer_peer` holds a rank of MPI_COMM_WORLD.
 pub const OUTER_WORLD_PEER: u32 = 32;
-const _: () = assert!(core::mem::size_of::<ThreadState>() == 456 + CALL_CACHE_WAYS * 80);
+const _: () = assert!(
+    core::mem::size_of::<ThreadState>() == 440 + DTYPE_CACHE_WAYS * 12 + CALL_CACHE_WAYS * 80
+);
+
+/// Ways of a thread's cache of Open MPI datatype sizes (`ThreadState::dtype_handles`); a power
+/// of two, as a way to fill is drawn from the clock's low bits.
+pub const DTYPE_CACHE_WAYS: usize = 4;
 
 /// Ways of a thread's cache of call statistics (`ThreadState::call_cache`): a code's main loop
 /// calls MPI from a few call sites, and a call whose site is in the cache updates its statistics

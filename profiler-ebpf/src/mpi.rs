@@ -166,7 +166,7 @@ fn enter(st: &mut ThreadState, regs: &pt_regs, c: u64, now: u64, tid: u32, pid: 
     // pointers; the C call it makes has the values).
     if st.outer_flags & OUTER_BYTES_DONE == 0 && cookie::dtype(c) != cookie::DTYPE_NONE {
         st.outer_flags |= OUTER_BYTES_DONE;
-        if let Some(bytes) = call_bytes(st, regs, c) {
+        if let Some(bytes) = call_bytes(st, regs, c, now) {
             st.outer_bytes = bytes;
         } else {
             st.outer_flags &= !OUTER_BYTES_DONE;

@@ -8,7 +8,7 @@ use aya_ebpf::{
     macros::map,
     maps::Array,
 };
-use profiler_common::{cookie, ThreadState};
+use profiler_common::{cookie, ThreadState, DTYPE_CACHE_WAYS};
 
 /// Byte offset of the size field inside an Open MPI datatype object, set by the daemon when it
 /// attaches to the first Open MPI library (checked against the library's own predefined
@@ -91,11 +91,11 @@ pub(super) fn world_peer(st: &mut ThreadState, regs: &pt_regs, c: u64) -> Option
 
 /// Bytes of a call's (count, datatype) pair, or None where the datatype size is unknown.
 #[inline(always)]
-pub(super) fn call_bytes(st: &mut ThreadState, regs: &pt_regs, c: u64) -> Option<u64> {
+pub(super) fn call_bytes(st: &mut ThreadState, regs: &pt_regs, c: u64, now: u64) -> Option<u64> {
     let count = arg(regs, cookie::count_arg(c)) as i32;
     let handle = arg(regs, cookie::dtype_arg(c));
     let size = match cookie::dtype(c) {
-        cookie::DTYPE_OPENMPI => ompi_dtype_size(st, handle)?,
+        cookie::DTYPE_OPENMPI => ompi_dtype_size(st, handle, now)?,
         // MPICH builtin datatypes: handle kind "builtin" (01) and object kind "datatype"
         // (0011) in the top six bits; the size sits in bits 8–15.
         cookie::DTYPE_MPICH if (handle as u32) & 0xfc00_0000 == 0x4c00_0000 => (handle >> 8) & 0xff,
@@ -108,24 +108,34 @@ pub(super) fn call_bytes(st: &mut ThreadState, regs: &pt_regs, c: u64) -> Option
 }
 
 /// The size of the Open MPI datatype `handle` points at: read from the object (a user memory
-/// read costs more than the rest of the entry probe), or remembered from this thread's last
-/// read of the same handle in the same datatype epoch.
+/// read costs more than the rest of the entry probe), or remembered from this thread's read of
+/// the same handle in the same datatype epoch. A new size takes a way drawn from the low bits
+/// of `now`: a code alternating a few datatypes soon has each in a way of its own.
 #[inline(always)]
-fn ompi_dtype_size(st: &mut ThreadState, handle: u64) -> Option<u64> {
+fn ompi_dtype_size(st: &mut ThreadState, handle: u64, now: u64) -> Option<u64> {
     // The epoch before the read: a free racing with the read raises it, and the next call reads
     // again.
     let epoch = unsafe { core::ptr::read_volatile(DTYPE_EPOCH.get_ptr(0)?) };
-    if epoch != 0 && st.dtype_epoch == epoch && st.dtype_handle == handle {
-        return Some(st.dtype_size);
+    if epoch != 0 && st.dtype_epoch == epoch && handle != 0 {
+        for way in 0..DTYPE_CACHE_WAYS {
+            if st.dtype_handles[way] == handle {
+                return Some(st.dtype_sizes[way] as u64);
+            }
+        }
     }
     let addr = handle.checked_add(*OMPI_DTYPE_SIZE_OFFSET.get(0)?)?;
     let size = unsafe { bpf_probe_read_user(addr as *const u64) }.ok()?;
     if size > 1 << 20 {
         return None;
     }
-    st.dtype_handle = handle;
-    st.dtype_size = size;
-    st.dtype_epoch = epoch;
+    if st.dtype_epoch != epoch {
+        // The sizes remembered in another epoch may belong to freed datatypes.
+        st.dtype_handles = [0; DTYPE_CACHE_WAYS];
+        st.dtype_epoch = epoch;
+    }
+    let way = (now as usize) & (DTYPE_CACHE_WAYS - 1);
+    st.dtype_handles[way] = handle;
+    st.dtype_sizes[way] = size as u32;
     Some(size)
 }
 
