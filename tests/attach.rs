@@ -39,6 +39,15 @@ fn copied_library(mpi: Mpi) -> (tempfile::TempDir, PathBuf) {
     (dir, copy)
 }
 
+/// A shell script `name` in `dir` that runs its arguments as its child (not `exec "$@"`, which
+/// would make the command the script's own process) and exits with its status.
+fn parent_script(dir: &Path, name: &str) -> PathBuf {
+    let script = dir.join(name);
+    std::fs::write(&script, "#!/bin/sh\n\"$@\"\nexit $?\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    script
+}
+
 /// The launcher for `program`, passing `env` to the ranks only (not to the launcher itself).
 fn launch(mpi: Mpi, program: &Path, env: &[(&str, &str)], out: &Path) -> Command {
     let mut cmd = mpi.launcher(RANKS);
@@ -158,11 +167,23 @@ fn between_jobs_the_library_watch_is_detached_and_a_launchers_child_attaches_it_
     // kernel's traced path: between jobs it is detached, and the exec of a process a launcher
     // started (a rank, a proxy) holds that process until it is attached again, so that the
     // ranks' opens of a library at a new path are still held.
+    //
+    // A statistics update that finds a launcher running attaches the watch as well, and mpirun
+    // takes hundreds of ms to start its ranks on a loaded machine: the job starts under a
+    // listed launcher that starts mpirun at once (as slurmstepd starts a step's ranks), with
+    // the updates 2 s apart, so that it is the exec of the launcher's child that finds the
+    // watch detached.
     let watch = r#"mpiburst_on_demand_programs_attached{programs="library_watch"}"#;
     // Copied first: reading a file named like an MPI library holds this process too.
     let copies: Vec<_> = Mpi::ALL.map(copied_library).into();
+    let launcher_dir = tempfile::tempdir().unwrap();
+    let launcher = parent_script(launcher_dir.path(), "jobstep");
+    let mut launchers = mpiburst::config::Config::default().mpi.launchers;
+    launchers.push("jobstep".into());
     let daemon = Daemon::with_config(
-        "[capture]\nstats_interval_ms = 100\ndetach_idle_after_s = 0\n",
+        &format!(
+            "[capture]\nstats_interval_ms = 2000\ndetach_idle_after_s = 0\n[mpi]\nlaunchers = {launchers:?}\n"
+        ),
         &["--min-burst-us", "0"],
     );
     let mut runs = Vec::new();
@@ -176,7 +197,20 @@ fn between_jobs_the_library_watch_is_detached_and_a_launchers_child_attaches_it_
         let launched = metric(&daemon.addr, "mpiburst_launched_held_total");
         let attached = metric(&daemon.addr, "mpiburst_library_opens_attached_total");
         let program = program("counts", mpi);
-        runs.push((mpi, program, run_counts_on_copy(mpi, dir.path())));
+        let out = tempfile::tempdir().unwrap();
+        let job = launch(
+            mpi,
+            &program,
+            &[("LD_LIBRARY_PATH", dir.path().to_str().unwrap())],
+            out.path(),
+        );
+        let mut cmd = Command::new(&launcher);
+        cmd.arg(job.get_program()).args(job.get_args());
+        run(
+            cmd,
+            &format!("counts under {mpi:?} on a copied library, under jobstep"),
+        );
+        runs.push((mpi, program, rank_outputs(out.path(), "counts", RANKS)));
         wait_for_metric(&daemon.addr, "mpiburst_launched_held_total", launched + 1.0);
         wait_for_metric(
             &daemon.addr,
@@ -196,14 +230,7 @@ fn a_rank_that_no_listed_launcher_started_names_its_parent_once() {
     // once, for mpi.launchers, under both MPIs; ranks the launchers start themselves name
     // nothing.
     let dir = tempfile::tempdir().unwrap();
-    let wrapper = dir.path().join("rankwrap.sh");
-    // Not `exec "$@"`: the rank must be the wrapper's child.
-    std::fs::write(&wrapper, "#!/bin/sh\n\"$@\"\nexit $?\n").unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let wrapper = parent_script(dir.path(), "rankwrap.sh");
     let daemon = Daemon::start(&["--min-burst-us", "0"]);
     let mut runs = Vec::new();
     for mpi in Mpi::ALL {

@@ -492,21 +492,49 @@ fn one_rank_under_each_mpi(name: &str, args: &[&str]) -> Vec<(Mpi, Vec<serde_jso
 }
 
 /// Checks each daemon burst's on-CPU time against the CPU time the program's thread measured
-/// over it (the first value after the start): within 5 % or 0.1 ms, but for one burst in 40.
-/// The probes add the wall time since the scheduler last accounted the thread, and the thread's
-/// clock leaves out what a hypervisor stole in that stretch: on a loaded host, now and then a
-/// fifth of a 1 ms burst. A thread's time kept in another thread's state, or a missed switch,
-/// is off in many bursts.
+/// over it (the first value after the start): within 5 % or 0.1 ms, but for one stretch in 40
+/// bursts. The probes add the wall time since the scheduler last accounted the thread, and the
+/// thread's clock leaves out what a hypervisor stole in that stretch: on a loaded host, now and
+/// then a fifth of a 1 ms burst. The scheduler's next accounting leaves it out, so the thread's
+/// next burst comes out short by as much: two bursts of a thread in a row, off by opposite
+/// amounts that add up within the tolerance of the two, are one such stretch. A thread's time
+/// kept in another thread's state, or a missed switch, is off in many bursts.
 fn assert_on_cpu_time_agrees(pairs: &[(Vec<u64>, mpiburst::model::Burst)], what: &str) {
-    let off: Vec<String> = pairs
-        .iter()
-        .map(|(values, burst)| (values[0] as f64, burst.oncpu_ns as f64))
-        .filter(|&(cpu, seen)| (seen - cpu).abs() > (cpu * 0.05).max(100_000.0))
-        .map(|(cpu, seen)| format!("{seen} ns for {cpu} ns"))
-        .collect();
+    let error = |(values, burst): &(Vec<u64>, mpiburst::model::Burst)| {
+        let (cpu, seen) = (values[0] as f64, burst.oncpu_ns as f64);
+        (cpu, seen - cpu)
+    };
+    let tolerance = |cpu: f64| (cpu * 0.05).max(100_000.0);
+    let mut off = Vec::new();
+    let mut i = 0;
+    while i < pairs.len() {
+        let (cpu, err) = error(&pairs[i]);
+        if err.abs() <= tolerance(cpu) {
+            i += 1;
+            continue;
+        }
+        let seen = |(cpu, err): (f64, f64)| format!("{} ns for {cpu} ns", cpu + err);
+        let moved_on = pairs.get(i + 1).filter(|next| {
+            let (next_cpu, next_err) = error(next);
+            next.1.tid == pairs[i].1.tid
+                && next_err.signum() != err.signum()
+                && next_err.abs() > tolerance(next_cpu)
+                && (err + next_err).abs() <= tolerance(cpu + next_cpu)
+        });
+        match moved_on {
+            Some(next) => {
+                off.push(format!("{} then {}", seen((cpu, err)), seen(error(next))));
+                i += 2;
+            }
+            None => {
+                off.push(seen((cpu, err)));
+                i += 1;
+            }
+        }
+    }
     assert!(
         off.len() <= pairs.len() / 40,
-        "{what}: the on-CPU time of {} of {} bursts is off the thread's own clock: {}",
+        "{what}: the on-CPU time of {} stretches of {} bursts is off the thread's own clock: {}",
         off.len(),
         pairs.len(),
         off.join(", ")
