@@ -668,7 +668,7 @@ fn on_cpu_time_of_every_burst_matches_the_threads_own_cpu_clock() {
 
 /// Each `oncpu` burst's on-CPU time in the recording against the thread's own CPU clock, for the
 /// runs' outputs by MPI, at least `min_bursts` of them; `steal`: the ticks a hypervisor stole
-/// meanwhile (for the message).
+/// meanwhile, each of which may put a stretch of bursts off.
 fn assert_on_cpu_of_oncpu_bursts(
     recording: Recording,
     outputs: &[(Mpi, Vec<serde_json::Value>)],
@@ -704,9 +704,13 @@ fn assert_on_cpu_of_oncpu_bursts(
         errors.len()
     );
     assert!(median < 0.005, "median error {median}");
+    // One stretch in 200 bursts, and one more per tick the hypervisor stole meanwhile (a tick is
+    // 10 ms; a stretch that puts a burst off takes 0.06 to 0.6 ms of it): without stolen time
+    // the allowance is what it was.
+    let allowed = errors.len() as u64 / 200 + steal;
     assert!(
-        off.len() <= errors.len() / 200,
-        "{} stretches of {} bursts are off by more than 3 %: {}",
+        off.len() as u64 <= allowed,
+        "{} stretches of {} bursts are off by more than 3 %, where {allowed} are allowed: {}",
         off.len(),
         errors.len(),
         off.join(", ")
