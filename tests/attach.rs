@@ -98,13 +98,25 @@ fn job_with_outputs<'a>(
 /// Runs counts on the library copied to `dir` (LD_LIBRARY_PATH) under a running daemon and
 /// returns the ranks' own counts.
 fn run_counts_on_copy(mpi: Mpi, dir: &Path) -> Vec<serde_json::Value> {
+    run_counts_on_copy_under(mpi, dir, None)
+}
+
+/// `run_counts_on_copy` with the launcher started by the script `parent` (`parent_script`), if
+/// any.
+fn run_counts_on_copy_under(mpi: Mpi, dir: &Path, parent: Option<&Path>) -> Vec<serde_json::Value> {
     let program = program("counts", mpi);
     let out = tempfile::tempdir().unwrap();
     let dir = dir.to_str().unwrap();
-    run(
-        launch(mpi, &program, &[("LD_LIBRARY_PATH", dir)], out.path()),
-        &format!("counts under {mpi:?} on a copied library"),
-    );
+    let job = launch(mpi, &program, &[("LD_LIBRARY_PATH", dir)], out.path());
+    let cmd = match parent {
+        Some(parent) => {
+            let mut cmd = Command::new(parent);
+            cmd.arg(job.get_program()).args(job.get_args());
+            cmd
+        }
+        None => job,
+    };
+    run(cmd, &format!("counts under {mpi:?} on a copied library"));
     rank_outputs(out.path(), "counts", RANKS)
 }
 
@@ -197,20 +209,8 @@ fn between_jobs_the_library_watch_is_detached_and_a_launchers_child_attaches_it_
         let launched = metric(&daemon.addr, "mpiburst_launched_held_total");
         let attached = metric(&daemon.addr, "mpiburst_library_opens_attached_total");
         let program = program("counts", mpi);
-        let out = tempfile::tempdir().unwrap();
-        let job = launch(
-            mpi,
-            &program,
-            &[("LD_LIBRARY_PATH", dir.path().to_str().unwrap())],
-            out.path(),
-        );
-        let mut cmd = Command::new(&launcher);
-        cmd.arg(job.get_program()).args(job.get_args());
-        run(
-            cmd,
-            &format!("counts under {mpi:?} on a copied library, under jobstep"),
-        );
-        runs.push((mpi, program, rank_outputs(out.path(), "counts", RANKS)));
+        let outputs = run_counts_on_copy_under(mpi, dir.path(), Some(&launcher));
+        runs.push((mpi, program, outputs));
         wait_for_metric(&daemon.addr, "mpiburst_launched_held_total", launched + 1.0);
         wait_for_metric(
             &daemon.addr,
